@@ -1,0 +1,33 @@
+# The two commands a newcomer runs: `make demo` and `make test`.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-stamp
+
+.PHONY: demo test test-fast bench install clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	# torch is pinned here too: a newer or unpinned torch pulls a multi-GB CUDA build.
+	$(PY) -m pip install -q "torch==2.13.0" -e ".[train,test]"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/resilienced drill
+
+test: $(STAMP)
+	$(PY) -m pytest
+
+test-fast: $(STAMP)
+	$(PY) -m pytest -m "not e2e"
+
+bench: $(STAMP)
+	$(PY) bench/intake.py
+	$(PY) bench/burst.py
+	$(PY) bench/checkpoint.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .hypothesis
