@@ -6,6 +6,10 @@ STAMP := $(VENV)/.installed-stamp
 
 .PHONY: demo test test-fast bench install clean
 
+.DEFAULT_GOAL := test
+
+include deploy/tools.mk
+
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
@@ -18,7 +22,7 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(VENV)/bin/resilienced drill
 
-test: $(STAMP)
+test: $(STAMP) deploy-tools
 	$(PY) -m pytest
 
 test-fast: $(STAMP)
@@ -29,5 +33,5 @@ bench: $(STAMP)
 	$(PY) bench/burst.py
 	$(PY) bench/checkpoint.py
 
-clean:
+clean: deploy-tools-clean
 	rm -rf $(VENV) .pytest_cache .hypothesis

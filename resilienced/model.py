@@ -160,7 +160,7 @@ class Result(str, enum.Enum):
     DONE = "done"  # the plan ran to its end (or was a no-op by design)
     DUPLICATE = "duplicate"  # another delivery of an event already handled or being handled
     NOT_ACTIONABLE = "not_actionable"  # valid, but nothing to do (unknown kind, pending state...)
-    INVALID = "invalid"  # broke a validation rule: nothing to act on, acknowledged
+    INVALID = "invalid"  # broke a validation rule: nothing to act on; dead-lettered for an operator
     UNDECODABLE = "undecodable"  # not an event at all: poison
     RETRY = "retry"  # a temporary failure: leave it
     FAILED = "failed"  # a permanent failure for this event: recorded and acknowledged

@@ -1,0 +1,55 @@
+"""Capacity Block expiration warning: the reservation ends soon, with every instance in it.
+
+The payload as the EC2 User Guide documents it (its sample writes ``detail_type`` and
+``customer_event_id``; a real EventBridge envelope has ``detail-type`` and ``id``)::
+
+    {
+      "version": "0",
+      "id": "cr-0123456789abcdef0-approaching-expiry",
+      "detail-type": "Capacity Block Reservation Expiration Warning",
+      "source": "aws.ec2",
+      "account": "123456789012",
+      "time": "2024-05-01T10:50:00Z",
+      "region": "us-east-2",
+      "resources": ["arn:aws:ec2:us-east-2:123456789012:capacity-reservation/cr-0123456789abcdef0"],
+      "detail": {"capacity-reservation-id": "cr-0123456789abcdef0",
+                 "end-date": "2024-05-01T11:30:00Z"}
+    }
+
+Sent 40 minutes before the block ends; EC2 starts terminating its instances 30 minutes before
+the end.  Deadline: ``end-date`` - 30 min.  The instances are not in the event: they are found
+through the reservation when the plan is carried out, so ``instance_ids`` is empty and the plan
+names the reservation.  Plan: signal, durable, requeue, for every instance of the reservation.
+(Stored copies of the guide disagree on the detail-type; both spellings are accepted.)
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from datetime import timedelta
+
+from resilienced import validate
+from resilienced.model import Envelope, Event, Kind, Plan, Step
+from resilienced.settings import IntakeSettings
+
+SOURCE = "aws.ec2"
+DETAIL_TYPES = ("Capacity Block Reservation Expiration Warning", "Capacity Block Expiration Warning")
+KIND = Kind.CAPACITY_BLOCK_EXPIRY
+#: EC2 begins terminating the block's instances this long before its end.
+TERMINATION_LEAD = timedelta(minutes=30)
+STEPS = (Step.SIGNAL, Step.DURABLE, Step.REQUEUE)
+
+
+def parse(envelope: Envelope, base: Event, settings: IntakeSettings) -> Event:
+    detail = envelope.detail
+    reservation = validate.reservation_id(detail.get("capacity-reservation-id"),
+                                          field="detail.capacity-reservation-id")
+    end = validate.iso_time(detail.get("end-date"), field="detail.end-date")
+    deadline = validate.shift(end, -TERMINATION_LEAD, field="detail.end-date")
+    return replace(base, kind=KIND, capacity_reservation_id=reservation, deadline=deadline,
+                   attributes={"end_date": validate.isoformat(end)})
+
+
+def plan(event: Event, settings: IntakeSettings) -> Plan:
+    return Plan(event=event, actionable=True, steps=STEPS,
+                capacity_reservation_id=event.capacity_reservation_id, deadline=event.deadline)

@@ -1,0 +1,59 @@
+"""Interruptible Capacity Reservation: an instance is being taken back.
+
+A real payload (aws/karpenter-provider-aws, interruption controller test fixture)::
+
+    {
+      "version": "0",
+      "id": "22222222-2222-2222-2222-222222222222",
+      "detail-type": "EC2 Capacity Reservation Instance Interruption Warning",
+      "source": "aws.ec2",
+      "account": "000000000000",
+      "time": "2024-01-01T00:00:00Z",
+      "region": "us-west-2",
+      "resources": ["arn:aws:ec2:us-west-2:instance/i-0123456789abcdef0"],
+      "detail": {"instance-id": "i-0123456789abcdef0", "instance-action": "terminate"}
+    }
+
+The EC2 User Guide documents two more detail fields, ``instance-termination-time`` and
+``azId``, and an interruption "2 minutes before your instances are terminated".
+Deadline: ``instance-termination-time`` when present, else ``time`` + 120 s.
+Plan: signal, durable, requeue.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from datetime import timedelta
+
+from resilienced import validate
+from resilienced.model import Envelope, Event, Kind, Plan, Step
+from resilienced.settings import IntakeSettings
+
+SOURCE = "aws.ec2"
+DETAIL_TYPES = ("EC2 Capacity Reservation Instance Interruption Warning",)
+KIND = Kind.CAPACITY_RESERVATION_INTERRUPTION
+NOTICE = timedelta(seconds=120)
+STEPS = (Step.SIGNAL, Step.DURABLE, Step.REQUEUE)
+
+
+def parse(envelope: Envelope, base: Event, settings: IntakeSettings) -> Event:
+    detail = envelope.detail
+    instance = validate.instance_id(detail.get("instance-id"), field="detail.instance-id")
+    action = validate.text(detail.get("instance-action"), field="detail.instance-action",
+                           required=False)
+    az_id = validate.text(detail.get("azId"), field="detail.azId", required=False)
+    termination = detail.get("instance-termination-time")
+    if termination is not None:
+        deadline = validate.iso_time(termination, field="detail.instance-termination-time")
+    else:
+        deadline = validate.shift(base.time, NOTICE, field="time")
+    return replace(base, kind=KIND, instance_ids=(instance,), deadline=deadline, attributes={
+        "instance_action": action,
+        "az_id": az_id,
+        "deadline_from": "instance-termination-time" if termination is not None else "time+120s",
+    })
+
+
+def plan(event: Event, settings: IntakeSettings) -> Plan:
+    return Plan(event=event, actionable=True, steps=STEPS, instance_ids=event.instance_ids,
+                deadline=event.deadline)

@@ -1,0 +1,53 @@
+"""Capacity: where a requeued run goes (Spot, a Capacity Block, On-Demand, or wait) and why.
+
+Modules, pure first:
+
+* ``policy``   :class:`CapacityPolicy`, the knobs (a settings group).
+* ``decision`` :func:`decide`, the pure decision, and its values (:class:`Capacity`,
+  :class:`Pool`, :class:`CapacityDecision`, :class:`CapacityOffering`).
+* ``history``  :class:`InterruptionHistory` (sliding window per pool) and
+  :class:`UnavailableCache` (the ICE cache); in memory, per replica.
+* ``request``  :class:`CapacityRequest`: the question for one run, from a Target and an Event.
+* ``ec2``      :class:`Ec2Capacity`, the EC2 adapter (aiobotocore), and :data:`IAM_ACTIONS`.
+* ``planner``  :class:`CapacityPlanner`: gathers the inputs, decides, buys when told to.
+
+See docs/requeue.md for the decision table and the reasons behind each default.
+"""
+
+from resilienced.capacity.decision import (
+    CAPACITY_BLOCK_TYPE,
+    PLACEMENTS,
+    Capacity,
+    CapacityDecision,
+    CapacityOffering,
+    Pool,
+    choose_offering,
+    decide,
+    usable_blocks,
+)
+from resilienced.capacity.ec2 import IAM_ACTIONS, IAM_ACTIONS_READ_ONLY, Ec2Capacity, PurchaseResult
+from resilienced.capacity.history import InterruptionHistory, UnavailableCache
+from resilienced.capacity.planner import CapacityPlanner
+from resilienced.capacity.policy import CapacityPolicy
+from resilienced.capacity.request import CapacityRequest
+
+__all__ = [
+    "CAPACITY_BLOCK_TYPE",
+    "IAM_ACTIONS",
+    "IAM_ACTIONS_READ_ONLY",
+    "PLACEMENTS",
+    "Capacity",
+    "CapacityDecision",
+    "CapacityOffering",
+    "CapacityPlanner",
+    "CapacityPolicy",
+    "CapacityRequest",
+    "Ec2Capacity",
+    "InterruptionHistory",
+    "Pool",
+    "PurchaseResult",
+    "UnavailableCache",
+    "choose_offering",
+    "decide",
+    "usable_blocks",
+]

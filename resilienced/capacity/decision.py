@@ -1,0 +1,407 @@
+"""The capacity decision: where a requeued run goes.  A pure function, tested as a table.
+
+:func:`decide` takes what is known right now (the run's pool and size, the pool's recent
+interruptions, the active Capacity Blocks, what is known to have no capacity, where the run is
+and since when, the policy) and returns a :class:`CapacityDecision`: ``spot``,
+``capacity-block`` (with the reservation id, or an offering to buy), ``on-demand`` or ``wait``,
+with a reason a person can read on the decision line.
+
+The order of preference::
+
+    Spot          healthy: fewer than `interruption_threshold` interruptions of the pool within
+                  `interruption_window`, not known to be out of capacity, and, for a run that was
+                  moved off Spot, `spot_cooldown` passed since that move with no interruption in it
+    Capacity Block  an active `capacity-block` reservation for the instance type (and AZ) with
+                  enough available instances that does not end within the run's needs
+                  (never one inside its last `block_end_margin`); `prefer_blocks` puts it first
+    purchase      (only with `purchase_blocks`) an offering within `price_cap` that starts within
+                  `purchase_max_wait` and covers the run's needs
+    On-Demand     if `allow_on_demand` and not known to be out of capacity
+    Spot again    when Spot was passed over only for the cool-down: better than waiting
+    wait          nothing above: leave the run where it is and try again after `wait_retry`
+
+Nothing here does I/O or reads a clock: ``now`` is an argument.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from decimal import Decimal
+from typing import Any
+
+from resilienced.capacity.policy import CapacityPolicy
+from resilienced.ports import CapacityReservation
+
+#: ``CapacityReservation.reservation_type`` of a Capacity Block.
+CAPACITY_BLOCK_TYPE = "capacity-block"
+#: The only reservation state whose instances can be launched into.
+ACTIVE = "active"
+
+
+class Capacity(str, enum.Enum):
+    """Where a run can be placed (``wait``: nowhere right now)."""
+
+    SPOT = "spot"
+    CAPACITY_BLOCK = "capacity-block"
+    ON_DEMAND = "on-demand"
+    WAIT = "wait"
+
+
+#: Capacity types that place a run (everything but ``wait``).
+PLACEMENTS = (Capacity.SPOT, Capacity.CAPACITY_BLOCK, Capacity.ON_DEMAND)
+
+
+@dataclass(frozen=True)
+class Pool:
+    """An EC2 capacity pool: instance type x Availability Zone (None: AZ not known)."""
+
+    instance_type: str
+    availability_zone: str | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.instance_type, str) or not self.instance_type.strip():
+            raise ValueError(f"pool.instance_type must be a non-empty string, got {self.instance_type!r}")
+        if self.availability_zone is not None and (
+            not isinstance(self.availability_zone, str) or not self.availability_zone.strip()
+        ):
+            raise ValueError(f"pool.availability_zone must be a non-empty string or None, "
+                             f"got {self.availability_zone!r}")
+
+    def __str__(self) -> str:
+        return f"{self.instance_type}/{self.availability_zone or '*'}"
+
+
+@dataclass(frozen=True)
+class CapacityOffering:
+    """One Capacity Block offering (DescribeCapacityBlockOfferings), in the decision's terms."""
+
+    offering_id: str
+    instance_type: str
+    availability_zone: str
+    instance_count: int
+    start: datetime
+    end: datetime
+    upfront_fee: Decimal
+    currency: str = "USD"
+
+
+@dataclass(frozen=True)
+class CapacityDecision:
+    """Where the run goes, and why.
+
+    ``reservation_id`` is set for ``capacity-block`` on an existing reservation;
+    ``offering`` is set instead when the block is to be bought first.  ``details`` holds the
+    numbers behind the reason (JSON-serialisable) for the decision line and the dry-run plan.
+    """
+
+    capacity: Capacity
+    reason: str
+    reservation_id: str | None = None
+    offering: CapacityOffering | None = None
+    retry_after: timedelta | None = None
+    details: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "capacity", Capacity(self.capacity))
+        if self.capacity is not Capacity.CAPACITY_BLOCK and (self.reservation_id or self.offering):
+            raise ValueError(f"a {self.capacity.value} decision has no reservation or offering")
+
+    @property
+    def places(self) -> bool:
+        """Whether the decision puts the run somewhere (not ``wait``)."""
+        return self.capacity is not Capacity.WAIT
+
+    def as_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"capacity": self.capacity.value, "reason": self.reason}
+        if self.reservation_id:
+            out["reservation_id"] = self.reservation_id
+        if self.offering:
+            out["offering"] = {
+                "offering_id": self.offering.offering_id,
+                "availability_zone": self.offering.availability_zone,
+                "instance_count": self.offering.instance_count,
+                "start": self.offering.start.isoformat(),
+                "end": self.offering.end.isoformat(),
+                "upfront_fee": str(self.offering.upfront_fee),
+                "currency": self.offering.currency,
+            }
+        if self.retry_after is not None:
+            out["retry_after_seconds"] = self.retry_after.total_seconds()
+        if self.details:
+            out["details"] = dict(self.details)
+        return out
+
+
+# --------------------------------------------------------------------------- the decision
+def decide(
+    *,
+    pool: Pool,
+    instance_count: int,
+    interruptions: Sequence[datetime],
+    reservations: Sequence[CapacityReservation],
+    unavailable: Collection[str] = frozenset(),
+    now: datetime,
+    run_needs: timedelta | None,
+    current_capacity: Capacity | str | None,
+    last_move: datetime | None,
+    policy: CapacityPolicy,
+    current_reservation_id: str | None = None,
+    offerings: Sequence[CapacityOffering] = (),
+) -> CapacityDecision:
+    """Decide where a run of ``instance_count`` instances of ``pool`` goes now.
+
+    Args:
+        pool: the run's instance type and AZ (AZ None: any AZ will do for a block).
+        instance_count: instances the run needs placed (>= 1).
+        interruptions: when the pool's instances were interrupted (tz-aware); those outside
+            ``policy.interruption_window`` are ignored.
+        reservations: Capacity Reservations as DescribeCapacityReservations lists them; only
+            ``capacity-block`` ones that are ``active`` count.
+        unavailable: what is known to have no capacity right now (an ICE cache): capacity type
+            names (``"spot"``, ``"on-demand"``, ``"capacity-block"`` for every block) and
+            reservation ids (one block).
+        now: the current time (tz-aware).
+        run_needs: how much longer the run needs the capacity, or None when unknown.
+        current_capacity: where the run is now (None: not known / new).
+        last_move: when the run was last moved between capacity types (None: never).
+        policy: the knobs.
+        current_reservation_id: the block the run is on now, preferred when it still fits.
+        offerings: Capacity Block offerings to consider buying (only with ``purchase_blocks``).
+    """
+    _check_inputs(pool=pool, instance_count=instance_count, interruptions=interruptions,
+                  now=now, run_needs=run_needs, last_move=last_move, unavailable=unavailable)
+    current = Capacity(current_capacity) if current_capacity is not None else None
+    if current is Capacity.WAIT:
+        current = None
+    unavailable = frozenset(unavailable)
+
+    window_start = now - policy.interruption_window
+    recent = sorted(t for t in interruptions if window_start < t <= now)
+    details: dict[str, Any] = {
+        "pool": str(pool),
+        "instance_count": instance_count,
+        "interruptions_in_window": len(recent),
+        "interruption_threshold": policy.interruption_threshold,
+    }
+
+    spot_reason, why_not_spot, spot_soft = _spot(
+        pool=pool, recent=recent, interruptions=interruptions, unavailable=unavailable, now=now,
+        current=current, last_move=last_move, policy=policy)
+    blocks, why_no_block = usable_blocks(
+        reservations, pool=pool, instance_count=instance_count, now=now, run_needs=run_needs,
+        policy=policy, unavailable=unavailable, prefer=current_reservation_id)
+
+    def block_decision(prefix: str) -> CapacityDecision:
+        block = blocks[0]
+        usable_until = block.end - policy.block_end_margin  # type: ignore[operator]
+        return CapacityDecision(
+            Capacity.CAPACITY_BLOCK,
+            f"{prefix}; Capacity Block {block.reservation_id} has {block.available_instances} of "
+            f"{block.total_instances} instances free, usable until {usable_until.isoformat()}",
+            reservation_id=block.reservation_id,
+            details={**details, "reservation_available": block.available_instances,
+                     "reservation_end": block.end.isoformat()},  # type: ignore[union-attr]
+        )
+
+    if blocks and policy.prefer_blocks:
+        return block_decision("prefer_blocks is on")
+    if spot_reason is not None:
+        return CapacityDecision(Capacity.SPOT, spot_reason, details=details)
+    if blocks:
+        return block_decision(why_not_spot)
+
+    if policy.purchase_blocks and offerings:
+        offering, why_no_offering = choose_offering(
+            offerings, pool=pool, instance_count=instance_count, now=now, run_needs=run_needs,
+            policy=policy)
+        if offering is not None:
+            return CapacityDecision(
+                Capacity.CAPACITY_BLOCK,
+                f"{why_not_spot}; {why_no_block}; buy offering {offering.offering_id} "
+                f"({offering.instance_count} x {offering.instance_type} in "
+                f"{offering.availability_zone} from {offering.start.isoformat()}) for "
+                f"{offering.upfront_fee} {offering.currency} (cap {policy.price_cap})",
+                offering=offering, details=details)
+        why_no_block = f"{why_no_block}; {why_no_offering}"
+
+    why_not_on_demand = None
+    if not policy.allow_on_demand:
+        why_not_on_demand = "On-Demand is not allowed"
+    elif Capacity.ON_DEMAND.value in unavailable:
+        why_not_on_demand = "On-Demand has no capacity (ICE)"
+    if why_not_on_demand is None:
+        return CapacityDecision(Capacity.ON_DEMAND, f"{why_not_spot}; {why_no_block}", details=details)
+    if spot_soft:
+        # The cool-down only keeps a run off Spot while somewhere else would take it.
+        return CapacityDecision(
+            Capacity.SPOT,
+            f"{why_not_spot}, but {why_no_block}; {why_not_on_demand}: Spot rather than waiting",
+            details=details)
+    return CapacityDecision(
+        Capacity.WAIT, f"{why_not_spot}; {why_no_block}; {why_not_on_demand}",
+        retry_after=policy.wait_retry, details=details)
+
+
+def _spot(*, pool: Pool, recent: Sequence[datetime], interruptions: Sequence[datetime],
+          unavailable: frozenset[str], now: datetime, current: Capacity | None,
+          last_move: datetime | None, policy: CapacityPolicy) -> tuple[str | None, str, bool]:
+    """(reason to use Spot, "", False), or (None, why not Spot, whether that is only the cool-down)."""
+    n, threshold = len(recent), policy.interruption_threshold
+    window = _fmt(policy.interruption_window)
+    if Capacity.SPOT.value in unavailable:
+        return None, f"Spot {pool} has no capacity (ICE)", False
+    if n >= threshold:
+        return None, (f"Spot {pool} interrupted {n} times in the last {window} "
+                      f"(threshold {threshold})"), False
+    if current in (Capacity.CAPACITY_BLOCK, Capacity.ON_DEMAND):
+        cooldown = policy.spot_cooldown
+        if last_move is not None and now - last_move < cooldown:
+            back = last_move + cooldown
+            return None, (f"cool-down: the run left Spot at {last_move.isoformat()}, "
+                          f"back to Spot not before {back.isoformat()}"), True
+        calm_since = now - cooldown
+        loud = sorted(t for t in interruptions if calm_since < t <= now)
+        if loud:
+            return None, (f"Spot {pool} not calm: interrupted at {loud[-1].isoformat()}, "
+                          f"within the {_fmt(cooldown)} cool-down"), True
+        return (f"cool-down of {_fmt(cooldown)} passed and Spot {pool} is calm "
+                f"(no interruption since {calm_since.isoformat()}): back to Spot"), "", False
+    return (f"Spot {pool} healthy: {n} interruptions in the last {window} "
+            f"(threshold {threshold})"), "", False
+
+
+def usable_blocks(
+    reservations: Sequence[CapacityReservation],
+    *,
+    pool: Pool,
+    instance_count: int,
+    now: datetime,
+    run_needs: timedelta | None,
+    policy: CapacityPolicy,
+    unavailable: Collection[str] = frozenset(),
+    prefer: str | None = None,
+) -> tuple[list[CapacityReservation], str]:
+    """The Capacity Blocks the run can go to, best first, and (when none) why not.
+
+    Best: the block the run is on (``prefer``), then the latest end (fewest moves), then the
+    most room, then the id (stable).  A block qualifies when it is a ``capacity-block``,
+    ``active``, for the pool's instance type (and AZ, when known), not marked unavailable, has
+    ``instance_count`` available instances, and is usable (before its last
+    ``block_end_margin``) for the run's needs, or for ``min_block_time`` when they are unknown.
+    """
+    if Capacity.CAPACITY_BLOCK.value in unavailable:
+        return [], "Capacity Blocks have no capacity (ICE)"
+    need = run_needs if run_needs is not None else policy.min_block_time
+    candidates = [r for r in reservations
+                  if r.reservation_type == CAPACITY_BLOCK_TYPE and r.state == ACTIVE
+                  and r.instance_type == pool.instance_type
+                  and (pool.availability_zone is None or r.availability_zone == pool.availability_zone)]
+    if not candidates:
+        return [], f"no active Capacity Block for {pool}"
+    usable, rejected = [], []
+    for r in candidates:
+        if r.reservation_id in unavailable:
+            rejected.append(f"{r.reservation_id} has no capacity (ICE)")
+        elif r.start is not None and r.start > now:
+            rejected.append(f"{r.reservation_id} starts at {r.start.isoformat()}")
+        elif r.end is None:
+            rejected.append(f"{r.reservation_id} has no end date")
+        elif r.end - policy.block_end_margin <= now:
+            rejected.append(f"{r.reservation_id} is in its last {_fmt(policy.block_end_margin)} "
+                            f"(ends {r.end.isoformat()})")
+        elif r.end - policy.block_end_margin < now + need:
+            rejected.append(f"{r.reservation_id} ends {r.end.isoformat()}, within the run's "
+                            f"{'needs' if run_needs is not None else 'minimum block time'} "
+                            f"({_fmt(need)} + {_fmt(policy.block_end_margin)} margin)")
+        elif r.available_instances < instance_count:
+            rejected.append(f"{r.reservation_id} has {r.available_instances} free, "
+                            f"the run needs {instance_count}")
+        else:
+            usable.append(r)
+    usable.sort(key=lambda r: (r.reservation_id != prefer, -r.end.timestamp(),  # type: ignore[union-attr]
+                               -r.available_instances, r.reservation_id))
+    return usable, ("no usable Capacity Block: " + "; ".join(rejected)) if rejected else ""
+
+
+def choose_offering(
+    offerings: Sequence[CapacityOffering],
+    *,
+    pool: Pool,
+    instance_count: int,
+    now: datetime,
+    run_needs: timedelta | None,
+    policy: CapacityPolicy,
+) -> tuple[CapacityOffering | None, str]:
+    """The cheapest offering worth buying for the run, and (when none) why not.
+
+    Worth buying: the pool's instance type (and AZ), at least ``instance_count`` instances, an
+    upfront fee within ``price_cap``, a start within ``purchase_max_wait``, and an end that
+    covers the run's needs (or ``min_block_time``) plus ``block_end_margin``.
+    """
+    if not policy.purchase_blocks or policy.price_cap is None:
+        return None, "buying Capacity Blocks is off"
+    need = run_needs if run_needs is not None else policy.min_block_time
+    fitting, rejected = [], []
+    for o in offerings:
+        if o.instance_type != pool.instance_type or (
+            pool.availability_zone is not None and o.availability_zone != pool.availability_zone
+        ):
+            continue
+        if o.currency != "USD":
+            rejected.append(f"{o.offering_id} is priced in {o.currency}")
+        elif o.instance_count < instance_count:
+            rejected.append(f"{o.offering_id} has {o.instance_count} instances")
+        elif o.upfront_fee > policy.price_cap:
+            rejected.append(f"{o.offering_id} costs {o.upfront_fee} > cap {policy.price_cap}")
+        elif o.start > now + policy.purchase_max_wait:
+            rejected.append(f"{o.offering_id} starts {o.start.isoformat()}, later than "
+                            f"{_fmt(policy.purchase_max_wait)} from now")
+        elif o.end - policy.block_end_margin < max(o.start, now) + need:
+            rejected.append(f"{o.offering_id} ends {o.end.isoformat()}, too soon")
+        else:
+            fitting.append(o)
+    if not fitting:
+        return None, ("no offering to buy: " + "; ".join(rejected)) if rejected else \
+            f"no Capacity Block offering for {pool}"
+    fitting.sort(key=lambda o: (o.upfront_fee, o.start, o.offering_id))
+    return fitting[0], ""
+
+
+# --------------------------------------------------------------------------- input checks
+def _aware(name: str, value: datetime) -> None:
+    if not isinstance(value, datetime):
+        raise TypeError(f"{name} must be a datetime, got {type(value).__name__}")
+    if value.tzinfo is None or value.utcoffset() is None:
+        raise ValueError(f"{name} must be timezone-aware, got {value.isoformat()}")
+
+
+def _check_inputs(*, pool: Pool, instance_count: int, interruptions: Sequence[datetime],
+                  now: datetime, run_needs: timedelta | None, last_move: datetime | None,
+                  unavailable: Collection[str]) -> None:
+    if not isinstance(pool, Pool):
+        raise TypeError(f"pool must be a Pool, got {type(pool).__name__}")
+    if isinstance(instance_count, bool) or not isinstance(instance_count, int) or instance_count < 1:
+        raise ValueError(f"instance_count must be a whole number >= 1, got {instance_count!r}")
+    _aware("now", now)
+    for i, t in enumerate(interruptions):
+        _aware(f"interruptions[{i}]", t)
+    if last_move is not None:
+        _aware("last_move", last_move)
+    if run_needs is not None and (not isinstance(run_needs, timedelta) or run_needs < timedelta(0)):
+        raise ValueError(f"run_needs must be a non-negative timedelta or None, got {run_needs!r}")
+    if isinstance(unavailable, str):
+        raise TypeError("unavailable must be a collection of names, not one string")
+
+
+def _fmt(delta: timedelta) -> str:
+    seconds = int(delta.total_seconds())
+    if seconds % 86400 == 0 and seconds:
+        return f"{seconds // 86400}d"
+    if seconds % 3600 == 0 and seconds:
+        return f"{seconds // 3600}h"
+    if seconds % 60 == 0 and seconds:
+        return f"{seconds // 60}m"
+    return f"{seconds}s"

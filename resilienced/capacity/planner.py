@@ -1,0 +1,163 @@
+"""The capacity planner: gathers the decision's inputs, decides, and buys a block when told to.
+
+:class:`CapacityPlanner` is the impure shell around :func:`~resilienced.capacity.decision.decide`:
+it reads the active Capacity Blocks from the :class:`~resilienced.ports.CapacitySource`, the
+pool's interruptions from the :class:`InterruptionHistory`, what is out of capacity from the
+:class:`UnavailableCache`, and the clock; then it decides.  When buying is on and the decision
+would be On-Demand or wait, it asks EC2 for offerings, decides again with them, and buys (or,
+with ``purchase_dry_run``, asks EC2 whether it would buy) the chosen one.
+
+A plan with ``dry_run=True`` (``replay --dry-run``) reads but never buys, not even as an EC2
+dry run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+from datetime import datetime, timedelta, timezone
+from decimal import Decimal
+from typing import Any, Protocol, runtime_checkable
+
+from resilienced.capacity.decision import Capacity, CapacityDecision, CapacityOffering, Pool, decide
+from resilienced.capacity.ec2 import PurchaseResult
+from resilienced.capacity.history import InterruptionHistory, UnavailableCache
+from resilienced.capacity.policy import CapacityPolicy
+from resilienced.capacity.request import CapacityRequest
+from resilienced.model import Event, Kind, Target
+from resilienced.ports import CapacitySource
+
+@runtime_checkable
+class BlockMarket(Protocol):
+    """What buying a Capacity Block needs besides the port (``Ec2Capacity`` has both)."""
+
+    async def offerings(self, *, instance_type: str, instance_count: int, duration: timedelta,
+                        start_after: datetime, start_before: datetime) -> list[CapacityOffering]: ...
+
+    async def purchase(self, offering: CapacityOffering, *, platform: str, purchase_key: str,
+                       dry_run: bool, price_cap: Decimal) -> PurchaseResult: ...
+
+
+#: Event kinds that count as an interruption of the pool the instance ran in.
+INTERRUPTION_KINDS = frozenset({Kind.SPOT_INTERRUPTION})
+
+
+def utcnow() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+class CapacityPlanner:
+    """Decides where runs go, from live inputs.
+
+    Args:
+        source: the reservations (``Ec2Capacity`` in production).  Buying needs its
+            ``offerings`` and ``purchase`` methods too.
+        policy: the knobs.
+        history: interruptions per pool (one per process; see :mod:`.history`).
+        unavailable: the ICE cache.
+        clock: returns the current tz-aware time (tests pass a fixed one).
+    """
+
+    def __init__(
+        self,
+        *,
+        source: CapacitySource,
+        policy: CapacityPolicy,
+        history: InterruptionHistory | None = None,
+        unavailable: UnavailableCache | None = None,
+        clock: Callable[[], datetime] = utcnow,
+    ) -> None:
+        self.source = source
+        self.policy = policy
+        self.history = history or InterruptionHistory(
+            keep=max(policy.interruption_window, policy.spot_cooldown))
+        self.unavailable = unavailable or UnavailableCache()
+        self.clock = clock
+
+    def observe(self, event: Event, pool: Pool) -> bool:
+        """Count ``event`` against ``pool`` if it is an interruption (once per event id)."""
+        if event.kind not in INTERRUPTION_KINDS:
+            return False
+        at = event.time or self.clock()
+        return self.history.record(pool, at, event_id=event.event_id)
+
+    def mark_unavailable(self, pool: Pool, key: Capacity | str) -> None:
+        """A provider answered "no capacity" for ``key`` (a capacity type or reservation id)."""
+        self.unavailable.mark(pool, key.value if isinstance(key, Capacity) else key, now=self.clock())
+
+    async def plan_for(self, target: Target, *, event: Event, dry_run: bool = False) -> tuple[CapacityRequest, CapacityDecision]:
+        """Build the request for ``target`` under ``event``, count the interruption, decide.
+
+        A dry run decides as if the interruption were counted but leaves the history as it was.
+        """
+        request = CapacityRequest.from_target(target, event=event)
+        extra: tuple[datetime, ...] = ()
+        if not dry_run:
+            self.observe(event, request.pool)
+        elif event.kind in INTERRUPTION_KINDS and not self.history.seen(request.pool, event.event_id):
+            extra = (event.time or self.clock(),)
+        return request, await self.plan(request, dry_run=dry_run, extra_interruptions=extra)
+
+    async def target_plan(self, target: Target, *, event: Event) -> dict[str, Any]:
+        """``target.as_json()`` plus its ``capacity`` decision and ``reason``: a target of the
+        ``replay --dry-run --json`` plan.  Reads only; counts nothing, buys nothing."""
+        _, decision = await self.plan_for(target, event=event, dry_run=True)
+        out = target.as_json()
+        out.update(decision.as_json())
+        return out
+
+    async def plan(self, request: CapacityRequest, *, dry_run: bool = False,
+                   extra_interruptions: tuple[datetime, ...] = ()) -> CapacityDecision:
+        """Decide for ``request`` now (and buy a block if the policy says so and this is no dry run)."""
+        now = self.clock()
+        pool = request.pool
+        reservations = await self.source.reservations(instance_type=pool.instance_type)
+        unavailable = self.unavailable.unavailable(pool, now=now) | request.exclude
+        interruptions = (*self.history.recent(pool, now=now), *extra_interruptions)
+
+        def run(offerings=()) -> CapacityDecision:
+            return decide(
+                pool=pool, instance_count=request.instance_count, interruptions=interruptions,
+                reservations=reservations, unavailable=unavailable, now=now,
+                run_needs=request.run_needs, current_capacity=request.current_capacity,
+                last_move=request.last_move, policy=self.policy,
+                current_reservation_id=request.current_reservation_id, offerings=offerings)
+
+        decision = run()
+        if decision.capacity not in (Capacity.ON_DEMAND, Capacity.WAIT) or not self.policy.purchase_blocks:
+            return decision
+        market = self.source
+        if not isinstance(market, BlockMarket):
+            return replace(decision, reason=f"{decision.reason}; buying is on but the capacity "
+                                            "source cannot buy")
+        needed = request.run_needs or self.policy.min_block_time
+        offerings = await market.offerings(
+            instance_type=pool.instance_type, instance_count=request.instance_count,
+            duration=needed + self.policy.block_end_margin, start_after=now,
+            start_before=now + self.policy.purchase_max_wait)
+        with_offer = run(offerings)
+        if with_offer.offering is None:
+            return with_offer
+        if dry_run:
+            return replace(with_offer, reason=f"{with_offer.reason} (plan only: nothing bought)")
+        assert self.policy.price_cap is not None  # validated: buying needs a cap
+        bought = await market.purchase(
+            with_offer.offering, platform=self.policy.purchase_platform,
+            purchase_key=request.purchase_key or f"run/{request.run_key}",
+            dry_run=self.policy.purchase_dry_run, price_cap=self.policy.price_cap)
+        if bought.dry_run or bought.reservation is None:
+            return replace(decision, reason=f"{decision.reason}; {bought.message} (purchase_dry_run "
+                                            "is on: nothing bought)",
+                           details={**decision.details, "purchase_dry_run": with_offer.offering.offering_id})
+        block = bought.reservation
+        if block.state == "active" and (block.start is None or block.start <= now):
+            return CapacityDecision(
+                Capacity.CAPACITY_BLOCK, f"{with_offer.reason}; {bought.message}",
+                reservation_id=block.reservation_id, details=with_offer.details)
+        starts = block.start or now
+        return CapacityDecision(
+            Capacity.WAIT,
+            f"{bought.message}; it is {block.state} and starts at {starts.isoformat()}: "
+            "the run waits for it",
+            retry_after=max(starts - now, self.policy.wait_retry),
+            details={**with_offer.details, "bought_reservation_id": block.reservation_id})

@@ -1,0 +1,123 @@
+"""``resilienced run``: wire settings -> SQS -> consumer loop, the HTTP server, and signals.
+
+Start-up checks, once: settings are valid; the queue answers; it has a redrive policy (a DLQ),
+unless ``--allow-no-dlq``.  Then the consumer loop runs until SIGTERM or SIGINT, which stop
+receiving and drain within ``--shutdown-timeout``; the process then exits 0.
+
+The responder is injected (:func:`serve` takes one): today :class:`~resilienced.respond.PlanLogger`;
+the issues that make plans act pass theirs here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+from typing import Any
+
+from resilienced import log, tasks
+from resilienced.claims import MemoryClaims
+from resilienced.consumer import Consumer
+from resilienced.errors import BackendUnavailable, ConfigError, ResilienceError
+from resilienced.http import HttpServer, Readiness
+from resilienced.metrics import Metrics
+from resilienced.ports import ClaimStore
+from resilienced.respond import PlanLogger, Responder
+from resilienced.settings import Settings
+from resilienced.sqs import SqsQueue
+
+#: Seconds between readiness pings of the queue (receives also count).
+PING_INTERVAL = 15.0
+
+
+class StartupError(ResilienceError):
+    """The daemon cannot start (the queue does not answer); the CLI exits 1 with this message."""
+
+
+async def serve(settings: Settings, *, responder: Responder | None = None,
+                claims: ClaimStore | None = None, ready: asyncio.Event | None = None) -> int:
+    """Run the daemon until SIGTERM/SIGINT; return the exit status (0 after a clean stop)."""
+    logger = log.get("resilienced.daemon")
+    qs = settings.queue
+    metrics = Metrics()
+    readiness = Readiness(stale_after=max(60.0, 2 * qs.wait_seconds + PING_INTERVAL))
+    async with SqsQueue.open(queue_url=qs.queue_url, region=qs.effective_region,
+                             endpoint_url=qs.endpoint_url,
+                             max_connections=qs.concurrency * 2 + 4) as queue:
+        try:
+            max_receive_count = await queue.max_receive_count()
+        except BackendUnavailable as e:
+            raise StartupError(f"queue {qs.queue_url} did not answer: {e}") from e
+        readiness.ok()
+        if max_receive_count is None and not qs.allow_no_dlq:
+            raise ConfigError("--queue-url", (
+                f"queue {qs.queue_url} has no redrive policy (no DLQ): poison messages would have "
+                "nowhere to go. Give it a RedrivePolicy with a dead-letter queue, or pass "
+                "--allow-no-dlq (env RESILIENCED_ALLOW_NO_DLQ) to delete them after "
+                f"{qs.max_receives_without_dlq} receives"))
+        consumer = Consumer(
+            queue=queue, responder=responder if responder is not None else PlanLogger(),
+            claims=(claims if claims is not None
+                    else MemoryClaims(done_ttl_seconds=settings.intake.dedupe_seconds)),
+            queue_settings=qs, intake_settings=settings.intake,
+            max_receive_count=max_receive_count, metrics=metrics, readiness=readiness,
+        )
+        http = HttpServer(host=settings.http.http_host, port=settings.http.http_port,
+                          metrics=metrics, readiness=readiness, alive=tasks.alive)
+        try:
+            await http.start()
+        except OSError as e:
+            raise StartupError(f"cannot serve HTTP on {settings.http.http_host}:{settings.http.http_port}: "
+                               f"{e.strerror or e}") from e
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, _on_signal, consumer, logger, sig)
+        pinger = tasks.spawn(_ping(queue, readiness, logger), name="resilienced.ping")
+        logger.info("started", queue_url=qs.queue_url, region=qs.effective_region,
+                    endpoint_url=qs.endpoint_url, max_receive_count=max_receive_count,
+                    concurrency=qs.concurrency, visibility_timeout_s=qs.visibility_timeout,
+                    http_port=http.port, replica=consumer.replica,
+                    rebalance_policy=settings.intake.rebalance_policy)
+        if ready is not None:
+            ready.set()
+        loop_task = tasks.spawn(consumer.run(), name="resilienced.consumer",
+                                may_end=lambda: consumer.stopping)
+        try:
+            await loop_task
+        finally:
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.remove_signal_handler(sig)
+            pinger.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await pinger
+            await http.stop()
+        logger.info("stopped", released=int(metrics.value("resilienced_released_total")))
+    return 0
+
+
+def _on_signal(consumer: Consumer, logger: Any, sig: signal.Signals) -> None:
+    logger.info("signal", signal=sig.name)
+    consumer.stop()
+
+
+async def _ping(queue: SqsQueue, readiness: Readiness, logger: Any) -> None:
+    while True:
+        await asyncio.sleep(PING_INTERVAL)
+        try:
+            await queue.ping()
+            readiness.ok()
+        except BackendUnavailable as e:
+            readiness.failed(str(e))
+            logger.warning("queue ping failed", error=str(e))
+
+
+# --------------------------------------------------------------------------- the `run` command
+def configure(parser: Any) -> None:
+    Settings.add_arguments(parser)
+
+
+def main(args: Any) -> int:
+    settings = Settings.from_args(args, os.environ).validate()
+    log.configure(level=settings.log.log_level)
+    return asyncio.run(serve(settings))

@@ -1,0 +1,440 @@
+"""The durable step: wait until a checkpoint saved after the notice is in S3 (decision 2).
+
+S3 is the source of truth.  The trainer writes, per checkpoint, ``<root>/step-<N>/`` with
+``manifest.json`` last (``trainer/checkpoint.py``)::
+
+    {"format": "resilienced-checkpoint/1", "step": N, "world_size": W,
+     "time": "2026-11-30T00:00:00.123456Z", "saved_at_unix": 1796083200.123456,
+     "reason": "preemption" | "periodic" | "final",
+     "files": [{"path": "__0_0.distcp", "size": 123, "sha256": "<hex>"}, ...]}
+
+FSx exports the checkpoint root to the run's S3 prefix (``checkpoint_uri``), so the same layout
+appears under ``s3://bucket/prefix/step-<N>/``.  A checkpoint is **durable** when
+
+1. ``step-<N>/manifest.json`` is in S3 and parses as the format above, with ``step == N``;
+2. every file it lists is in S3 under ``step-<N>/`` with the listed size, and with the listed
+   SHA-256 where S3 holds a (whole-object) SHA-256 checksum for it.
+
+The step wants a durable checkpoint *saved after the notice* (manifest ``time`` >= the notice
+time): an older one does not hold the step the run was on.  Nothing is trusted before it is
+verified: a malformed manifest is never used (the reason is logged and reported), a file with
+the wrong size or checksum makes its checkpoint not durable (yet: a later export may fix it).
+
+Two export modes (``--export-mode``):
+
+* ``auto`` (default): the data repository association auto-exports (NEW, CHANGED, DELETED);
+  files arrive asynchronously and in any order, so this just polls S3 until a post-notice
+  checkpoint is durable.
+* ``task``: the association does not auto-export (AWS: "Automatic export and export data
+  repository tasks cannot run at the same time").  Export tasks for the checkpoint paths are
+  started and followed until SUCCEEDED, then S3 is verified as above.  The save may still be
+  running when a task starts (an export takes only what is on the file system then), so when a
+  SUCCEEDED task leaves no durable post-notice checkpoint another task is started, until the
+  deadline.  A FAILED task's report (``failures.csv`` in S3) names the files that failed; a
+  FAILED or CANCELED task is not retried (S3 is still checked once).
+
+When nothing durable arrives by ``deadline + grace_seconds``, the result names the *fallback*:
+the newest checkpoint from before the notice that is durable, and how many steps resuming from
+it costs at least (the newest step number seen in S3 minus the fallback's step).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import re
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any
+
+from resilienced.errors import PermanentError
+from resilienced.ports import ExportTask, ExportTasks, ObjectStore, StoredObject
+
+log = logging.getLogger(__name__)
+
+FORMAT = "resilienced-checkpoint/1"
+MANIFEST = "manifest.json"
+_STEP_DIR = re.compile(r"^step-(0|[1-9][0-9]*)/(.+)$")
+_HEX64 = re.compile(r"^[0-9a-f]{64}$")
+_MAX_POLL_S = 60.0
+
+
+class MalformedManifest(ValueError):
+    """A manifest that is not the trainer's format; never trusted."""
+
+
+@dataclass(frozen=True)
+class ManifestFile:
+    path: str  # posix, relative to the step directory
+    size: int
+    sha256: str  # hex, lower case
+
+
+@dataclass(frozen=True)
+class Manifest:
+    step: int
+    world_size: int
+    time: datetime  # tz-aware UTC
+    saved_at_unix: float
+    reason: str
+    files: tuple[ManifestFile, ...]
+
+
+@dataclass(frozen=True)
+class DurableResult:
+    """What :func:`wait_durable` found.
+
+    ``durable``: a checkpoint saved after the notice is in S3 (``step``, ``manifest``).
+    Otherwise ``fallback_step`` is the newest durable checkpoint from before the notice (None:
+    there is none) and ``steps_lost`` a lower bound of the steps resuming from it repeats
+    (the newest step number seen in S3 minus ``fallback_step``; None when no step was seen).
+    ``reason`` says why nothing durable arrived; ``rejected`` lists the checkpoints looked at
+    and not trusted, with why; ``export_tasks`` the FSx task ids started (task mode).
+    """
+
+    durable: bool
+    step: int | None
+    manifest: Manifest | None
+    waited_s: float
+    fallback_step: int | None = None
+    fallback_manifest: Manifest | None = None
+    steps_lost: int | None = None
+    reason: str | None = None
+    rejected: tuple[str, ...] = ()
+    export_tasks: tuple[str, ...] = ()
+    details: Mapping[str, Any] = field(default_factory=dict)
+
+
+# --------------------------------------------------------------------------- manifest
+def parse_manifest(raw: bytes, *, where: str = "manifest.json") -> Manifest:
+    """Parse and check a manifest; :class:`MalformedManifest` names what is wrong."""
+    try:
+        data = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as e:
+        raise MalformedManifest(f"{where}: not UTF-8 ({e.reason})") from e
+    except json.JSONDecodeError as e:
+        raise MalformedManifest(f"{where}: not valid JSON ({e.msg} at char {e.pos})") from e
+    if not isinstance(data, dict):
+        raise MalformedManifest(f"{where}: not a JSON object")
+    if data.get("format") != FORMAT:
+        raise MalformedManifest(f"{where}: format is {data.get('format')!r}, expected {FORMAT!r}")
+    for key, kind in (("step", int), ("world_size", int), ("time", str), ("reason", str),
+                      ("files", list)):
+        value = data.get(key)
+        if not isinstance(value, kind) or isinstance(value, bool):
+            raise MalformedManifest(f"{where}: field {key!r} is missing or not a {kind.__name__}")
+    saved = data.get("saved_at_unix")
+    if not isinstance(saved, (int, float)) or isinstance(saved, bool):
+        raise MalformedManifest(f"{where}: field 'saved_at_unix' is missing or not a number")
+    if data["step"] < 0 or data["world_size"] < 1:
+        raise MalformedManifest(f"{where}: step {data['step']} / world_size {data['world_size']} out of range")
+    when = _parse_time(data["time"])
+    if when is None:
+        raise MalformedManifest(f"{where}: time {data['time']!r} is not ISO-8601 UTC")
+    files = []
+    seen = set()
+    for i, entry in enumerate(data["files"]):
+        if not (isinstance(entry, dict) and isinstance(entry.get("path"), str)
+                and isinstance(entry.get("size"), int) and not isinstance(entry.get("size"), bool)
+                and isinstance(entry.get("sha256"), str)):
+            raise MalformedManifest(f"{where}: files[{i}] is not {{path, size, sha256}}")
+        path, size, digest = entry["path"], entry["size"], entry["sha256"].lower()
+        parts = path.split("/")
+        if (not path or path.startswith("/") or any(p in ("", ".", "..") for p in parts)
+                or path == MANIFEST or "\\" in path):
+            raise MalformedManifest(f"{where}: files[{i}] has a bad path {path!r}")
+        if size < 0:
+            raise MalformedManifest(f"{where}: files[{i}] ({path}) has a negative size")
+        if not _HEX64.match(digest):
+            raise MalformedManifest(f"{where}: files[{i}] ({path}) sha256 is not 64 hex digits")
+        if path in seen:
+            raise MalformedManifest(f"{where}: files[{i}] lists {path} twice")
+        seen.add(path)
+        files.append(ManifestFile(path, size, digest))
+    if not files:
+        raise MalformedManifest(f"{where}: lists no files")
+    return Manifest(step=data["step"], world_size=data["world_size"], time=when,
+                    saved_at_unix=float(saved), reason=data["reason"], files=tuple(files))
+
+
+def _parse_time(text: str) -> datetime | None:
+    try:
+        when = datetime.fromisoformat(text.replace("Z", "+00:00") if text.endswith("Z") else text)
+    except ValueError:
+        return None
+    if when.tzinfo is None:
+        return None
+    return when.astimezone(timezone.utc)
+
+
+# --------------------------------------------------------------------------- one look at S3
+@dataclass
+class _Checkpoint:
+    step: int
+    objects: dict[str, StoredObject]  # path relative to the step dir -> object
+
+
+@dataclass(frozen=True)
+class _Verdict:
+    step: int
+    durable: bool
+    manifest: Manifest | None
+    why: str | None  # when not durable
+
+
+class _Looker:
+    """Lists the prefix and verifies checkpoints; caches manifests by (key, size, time)."""
+
+    def __init__(self, *, store: ObjectStore, bucket: str, prefix: str) -> None:
+        self.store = store
+        self.bucket = bucket
+        self.prefix = prefix
+        self._manifests: dict[tuple[str, int, Any], Manifest | MalformedManifest] = {}
+        self.newest_seen: int | None = None
+        self.rejected: dict[int, str] = {}
+
+    async def look(self) -> dict[int, _Checkpoint]:
+        objects = await self.store.list(bucket=self.bucket, prefix=self.prefix)
+        steps: dict[int, _Checkpoint] = {}
+        for obj in objects:
+            m = _STEP_DIR.match(obj.key[len(self.prefix):]) if obj.key.startswith(self.prefix) else None
+            if not m:
+                continue  # step-N.partial/, .trash-*, reports/ ...: not a committed checkpoint
+            step = int(m.group(1))
+            steps.setdefault(step, _Checkpoint(step, {})).objects[m.group(2)] = obj
+        if steps:
+            newest = max(steps)
+            self.newest_seen = newest if self.newest_seen is None else max(self.newest_seen, newest)
+        return steps
+
+    async def verify(self, ckpt: _Checkpoint) -> _Verdict:
+        manifest_obj = ckpt.objects.get(MANIFEST)
+        if manifest_obj is None:
+            return _Verdict(ckpt.step, False, None, "no manifest.json yet")
+        cache_key = (manifest_obj.key, manifest_obj.size, manifest_obj.last_modified)
+        parsed = self._manifests.get(cache_key)
+        if parsed is None:
+            from resilienced.s3 import ObjectNotFound
+
+            try:
+                raw = await self.store.get(bucket=self.bucket, key=manifest_obj.key)
+            except ObjectNotFound:
+                return _Verdict(ckpt.step, False, None, "manifest.json vanished after the listing")
+            try:
+                parsed = parse_manifest(raw, where=f"s3://{self.bucket}/{manifest_obj.key}")
+                if parsed.step != ckpt.step:
+                    raise MalformedManifest(
+                        f"s3://{self.bucket}/{manifest_obj.key}: says step {parsed.step}, "
+                        f"its directory says step {ckpt.step}"
+                    )
+            except MalformedManifest as e:
+                parsed = e
+                log.warning("checkpoint step %d not trusted: %s", ckpt.step, e)
+            self._manifests[cache_key] = parsed
+        if isinstance(parsed, MalformedManifest):
+            return _Verdict(ckpt.step, False, None, f"malformed manifest: {parsed}")
+        missing, wrong = [], []
+        for f in parsed.files:
+            obj = ckpt.objects.get(f.path)
+            if obj is None:
+                missing.append(f.path)
+            elif obj.size != f.size:
+                wrong.append(f"{f.path} has {obj.size} bytes, manifest says {f.size}")
+            elif obj.checksum_sha256 is not None and obj.checksum_sha256.lower() != f.sha256:
+                wrong.append(f"{f.path} sha256 {obj.checksum_sha256} != manifest {f.sha256}")
+        if wrong:
+            return _Verdict(ckpt.step, False, parsed, "; ".join(wrong))
+        if missing:
+            shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
+            return _Verdict(ckpt.step, False, parsed, f"{len(missing)} of {len(parsed.files)} files not in S3 yet: {shown}")
+        return _Verdict(ckpt.step, True, parsed, None)
+
+    async def newest(self, *, after: datetime | None, before: datetime | None,
+                     steps: dict[int, _Checkpoint]) -> _Verdict | None:
+        """The newest durable checkpoint saved at/after ``after`` or before ``before``."""
+        for step in sorted(steps, reverse=True):
+            verdict = await self.verify(steps[step])
+            if not verdict.durable:
+                self.rejected[step] = verdict.why or "not durable"
+                continue
+            when = verdict.manifest.time  # type: ignore[union-attr]
+            if after is not None and when < after:
+                continue
+            if before is not None and when >= before:
+                continue
+            self.rejected.pop(step, None)
+            return verdict
+        return None
+
+
+# --------------------------------------------------------------------------- the wait
+async def wait_durable(
+    *,
+    store: ObjectStore,
+    uri: str,
+    notice_time: datetime,
+    deadline: datetime,
+    grace_seconds: float = 0.0,
+    poll_interval: float = 2.0,
+    export: ExportTasks | None = None,
+    file_system_id: str | None = None,
+    export_paths: Sequence[str] = (),
+    export_token: str = "resilienced",
+    clock: Callable[[], datetime] | None = None,
+) -> DurableResult:
+    """Wait until a checkpoint saved after ``notice_time`` is durable in S3 under ``uri``.
+
+    Args:
+        store: the object store (``S3Store``).
+        uri: the run's checkpoint prefix, ``s3://bucket/prefix``.
+        notice_time: when the interruption notice was issued (tz-aware).
+        deadline: when the capacity goes away (tz-aware); the wait ends at
+            ``deadline + grace_seconds`` (S3 may still receive an export that FSx queued).
+        poll_interval: seconds between looks at S3 (and at an export task), at most 60.
+        export: FSx export tasks (``--export-mode task``); None: auto-export (``auto``).
+        file_system_id: the FSx file system (task mode).
+        export_paths: what to export, relative to the mount point or absolute under it: the
+            run's checkpoint root (task mode).
+        export_token: the base of each task's ClientRequestToken (the claim key, say): a
+            redelivered message does not start a second task for the same attempt.
+        clock: wall-clock "now" as a tz-aware datetime (default: the system clock).
+    """
+    from resilienced.s3 import parse_s3_uri
+
+    for name, value in (("notice_time", notice_time), ("deadline", deadline)):
+        if not isinstance(value, datetime) or value.tzinfo is None:
+            raise ValueError(f"{name} must be a tz-aware datetime, got {value!r}")
+    if not 0 < poll_interval <= _MAX_POLL_S:
+        raise ValueError(f"poll_interval must be in (0, {_MAX_POLL_S:.0f}] seconds, got {poll_interval}")
+    if grace_seconds < 0:
+        raise ValueError(f"grace_seconds must be >= 0, got {grace_seconds}")
+    if export is not None and (not file_system_id or not export_paths):
+        raise ValueError("export mode 'task' needs file_system_id and export_paths")
+    bucket, prefix = parse_s3_uri(uri)
+    now = clock or (lambda: datetime.now(timezone.utc))
+    started = time.monotonic()
+    give_up = deadline.timestamp() + grace_seconds
+    looker = _Looker(store=store, bucket=bucket, prefix=prefix)
+    tasks: list[str] = []
+    notes: list[str] = []
+
+    def left() -> float:
+        return give_up - now().timestamp()
+
+    def done(verdict: _Verdict) -> DurableResult:
+        log.info("checkpoint step %d in %s is durable (saved %s, %d files)", verdict.step, uri,
+                 verdict.manifest.time.isoformat(), len(verdict.manifest.files))  # type: ignore[union-attr]
+        return DurableResult(durable=True, step=verdict.step, manifest=verdict.manifest,
+                             waited_s=time.monotonic() - started, export_tasks=tuple(tasks))
+
+    async def look_once() -> tuple[_Verdict | None, dict[int, _Checkpoint]]:
+        steps = await looker.look()
+        return await looker.newest(after=notice_time, before=None, steps=steps), steps
+
+    if export is None:
+        while True:
+            verdict, _ = await look_once()
+            if verdict is not None:
+                return done(verdict)
+            if left() <= 0:
+                break
+            await asyncio.sleep(min(poll_interval, max(left(), 0.0)))
+    else:
+        attempt = 0
+        while left() > 0:
+            attempt += 1
+            token = _token(export_token, attempt)
+            task = await export.start_export(file_system_id=file_system_id,  # type: ignore[arg-type]
+                                             paths=list(export_paths), token=token)
+            tasks.append(task.task_id)
+            task = await _follow(export, task, poll_interval=poll_interval, left=left)
+            if task.lifecycle in ("FAILED", "CANCELED"):
+                notes.append(await _task_failure(store, task))
+                log.warning("%s", notes[-1])
+            elif task.lifecycle != "SUCCEEDED":
+                notes.append(f"export task {task.task_id} still {task.lifecycle} at the deadline")
+                break
+            verdict, _ = await look_once()
+            if verdict is not None:
+                return done(verdict)
+            if task.lifecycle != "SUCCEEDED":
+                break  # a failed export fails again; a cancelled one was stopped on purpose
+            log.info("export task %s SUCCEEDED but no post-notice checkpoint is durable yet; "
+                     "exporting again", task.task_id)
+            if left() > 0:
+                await asyncio.sleep(min(poll_interval, max(left(), 0.0)))
+
+    # Nothing durable after the notice: the newest durable one from before it.
+    steps = await looker.look()
+    last = await looker.newest(after=notice_time, before=None, steps=steps)
+    if last is not None:  # arrived during the very last interval
+        return done(last)
+    fallback = await looker.newest(after=None, before=notice_time, steps=steps)
+    newer = sorted((s for s in looker.rejected if fallback is None or s > fallback.step), reverse=True)
+    why = [f"step {s}: {looker.rejected[s]}" for s in newer[:5]]
+    reason = (
+        f"no checkpoint saved after the notice ({notice_time.isoformat()}) was durable in {uri} "
+        f"by {deadline.isoformat()} + {grace_seconds:g}s"
+    )
+    if notes:
+        reason += "; " + "; ".join(notes)
+    if why:
+        reason += "; " + "; ".join(why)
+    fallback_step = fallback.step if fallback else None
+    newest_seen = looker.newest_seen
+    if newest_seen is None:
+        steps_lost = None
+    else:
+        steps_lost = max(0, newest_seen - (fallback_step if fallback_step is not None else 0))
+    log.warning("%s; fallback: %s", reason,
+                f"step {fallback_step} (at least {steps_lost} steps lost)" if fallback else "none")
+    return DurableResult(
+        durable=False, step=None, manifest=None, waited_s=time.monotonic() - started,
+        fallback_step=fallback_step, fallback_manifest=fallback.manifest if fallback else None,
+        steps_lost=steps_lost, reason=reason,
+        rejected=tuple(f"step {s}: {w}" for s, w in sorted(looker.rejected.items(), reverse=True)),
+        export_tasks=tuple(tasks),
+    )
+
+
+def _token(base: str, attempt: int) -> str:
+    clean = re.sub(r"[^A-Za-z0-9_.-]", "-", base) or "resilienced"
+    suffix = f"-{attempt}"
+    return clean[: 63 - len(suffix)] + suffix
+
+
+async def _follow(export: ExportTasks, task: ExportTask, *, poll_interval: float,
+                  left: Callable[[], float]) -> ExportTask:
+    """Poll the task until it ends or time runs out."""
+    while task.lifecycle not in ("SUCCEEDED", "FAILED", "CANCELED") and left() > 0:
+        await asyncio.sleep(min(poll_interval, max(left(), 0.0)))
+        task = await export.describe(task_id=task.task_id)
+    return task
+
+
+async def _task_failure(store: ObjectStore, task: ExportTask) -> str:
+    """Why an export task failed, with the files its report names."""
+    from resilienced.fsx import parse_failures_csv
+    from resilienced.s3 import ObjectNotFound, parse_s3_uri
+
+    text = f"export task {task.task_id} {task.lifecycle}"
+    if task.failure:
+        text += f": {task.failure}"
+    if not task.report_path:
+        return text
+    try:
+        bucket, key = parse_s3_uri(task.report_path)
+        raw = await store.get(bucket=bucket, key=key.rstrip("/"))
+    except ObjectNotFound:
+        return text + f" (no report at {task.report_path})"
+    except (ValueError, PermanentError) as e:
+        return text + f" (report unreadable: {e})"
+    rows = parse_failures_csv(raw.decode("utf-8", errors="replace"))
+    failed = [f"{path} ({code or status})" for path, status, code in rows]
+    if failed:
+        shown = ", ".join(failed[:10]) + (f" and {len(failed) - 10} more" if len(failed) > 10 else "")
+        text += f"; failed files: {shown}"
+    return text

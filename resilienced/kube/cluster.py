@@ -1,0 +1,524 @@
+"""Kubernetes mode: ``ports.Cluster`` for KubeRay, fed by watch caches.
+
+``locate`` reads only the caches (Nodes, Ray pods, RayClusters, RayJobs), plus one GCS call per
+RayCluster to map pod IPs to Ray node ids, cached for ``gcs_ttl_s`` and shared by concurrent
+callers: a burst of 500 notices costs no Kubernetes request and about one GCS call per cluster.
+
+What a Target says in kubernetes mode:
+
+* ``node`` the Node name, ``ray_cluster`` / ``ray_job`` as ``namespace/name`` (``ray_job`` None
+  for a RayCluster no RayJob owns or names), ``ray_address`` the GCS address used,
+  ``checkpoint_uri`` from the annotation ``resilienced.io/checkpoint-uri`` on the RayJob, else
+  the RayCluster (a malformed one leaves the instance unresolved, with the reason).
+* ``ray_node_ids``: the alive Ray nodes whose address is the IP of one of the run's worker pods
+  on that Node.  May be empty (e.g. a state-change notice for an instance already gone: its Ray
+  nodes are dead, yet the run still needs requeueing); ``attributes["unmapped_pods"]`` lists the
+  pods with no alive Ray node.
+* A head pod on the instance: the target is still returned, ``attributes["head_on_instance"]``
+  is True and the head's Ray node id is in ``attributes["head_node_id"]`` but not in
+  ``ray_node_ids``: draining the head is pointless, because without GCS fault tolerance the whole
+  cluster fate-shares with its head, so the whole cluster goes (checkpoint, then requeue the gang).
+  When that head's GCS no longer answers, the target comes back without node ids and with
+  ``attributes["gcs_error"]``; a GCS that does not answer while its head is elsewhere raises
+  BackendUnavailable (retry the message).
+* Per instance, ``unresolved`` says why there is no target: no Node with that providerID, no Ray
+  pod on the Node, a Ray pod whose RayCluster is not known, a malformed checkpoint annotation, a
+  missing or refused Ray token.  An instance carrying two runs may have a target for one and an
+  unresolved reason for the other.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import socket
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from functools import partial
+from typing import Any
+
+from kubernetes_asyncio import client as k8s
+
+from resilienced.errors import BackendUnavailable, PermanentError, RayAuthError
+from resilienced.kube.api import BACKEND, JsonObj, KubeStatusError, call
+from resilienced.kube.cache import CacheOptions, Informer, Source
+from resilienced.kube.events import EventRecorder, ObjectRef, ref_for
+from resilienced.kube.locate import (
+    RAY_POD_SELECTOR,
+    RESERVATION_LABEL,
+    checkpoint_uri,
+    cluster_key_of,
+    gcs_address,
+    instance_id_of,
+    is_head,
+    is_ray_pod,
+    job_cluster_keys,
+    labels,
+    name_of,
+    namespace_of,
+    owning_job_ref,
+    pick_job,
+    pod_ip,
+    ray_nodes_by_address,
+    taint_value,
+    uid_of,
+)
+from resilienced.kube.tokens import RayTokens, auth_mode
+from resilienced.model import Target
+from resilienced.ports import Location, RayControl, RayNode
+
+log = logging.getLogger(__name__)
+
+TAINT_KEY = "resilienced.io/interruption"
+DEADLINE_ANNOTATION = "resilienced.io/interruption-deadline"
+
+RayControlFactory = Callable[[str, str | None], RayControl]
+
+
+@dataclass(frozen=True)
+class KubeOptions:
+    """Settings of kubernetes mode."""
+
+    cache: CacheOptions = field(default_factory=CacheOptions)
+    """How the watch caches list, watch and back off."""
+
+    ready_timeout_s: float = 15.0
+    """How long ``locate`` waits for the first lists before answering BackendUnavailable: the
+    message is retried, and a 2-minute notice still has time once the caches are in."""
+
+    request_timeout_s: float = 10.0
+    """Total time for one Kubernetes request of cordon, record, token reads."""
+
+    gcs_timeout_s: float = 5.0
+    """Time allowed for one GCS node listing (seen here: ~0.5 s with token auth)."""
+
+    gcs_ttl_s: float = 5.0
+    """How long a cluster's Ray node list is reused: long enough to absorb a burst of notices,
+    short enough that a pod replaced a few seconds ago is mapped to its new Ray node."""
+
+    token_ttl_s: float = 60.0
+    """How long a token read from a Secret is reused (dropped at once if the GCS refuses it)."""
+
+    namespace: str | None = None
+    """Watch Ray pods, RayClusters and RayJobs of this namespace only (None: all namespaces)."""
+
+    service_account_token_path: str = "/var/run/secrets/kubernetes.io/serviceaccount/token"
+    """The daemon's own ServiceAccount token, sent to GCSes that delegate auth to Kubernetes."""
+
+    conflict_retries: int = 5
+    """Attempts of a read-modify-patch (cordon) that keeps meeting 409 Conflict."""
+
+
+@dataclass(frozen=True)
+class _View:
+    """What locate needs to know about one RayCluster."""
+
+    key: str
+    raycluster: JsonObj
+    job_key: str | None
+    job_candidates: tuple[str, ...]
+    checkpoint_uri: str | None
+    address: str
+    auth: str
+    nodes_by_ip: Mapping[str, RayNode]
+    gcs_error: str | None = None
+
+
+class KubeCluster:
+    """``ports.Cluster`` on Kubernetes with KubeRay: ``await start()``, then ``locate``/``cordon``/``record``.
+
+    ``api_client`` is the caller's (closed by the caller); ``ray_control_factory(address, token)``
+    builds the GCS client of one Ray cluster (``resilienced.raygcs.RayGcs`` in production);
+    ``replica`` names this daemon replica in Events (``reportingInstance``).
+    """
+
+    mode = "kubernetes"
+
+    def __init__(
+        self,
+        api_client: k8s.ApiClient,
+        *,
+        ray_control_factory: RayControlFactory,
+        replica: str | None = None,
+        options: KubeOptions | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.options = options or KubeOptions()
+        self._factory = ray_control_factory
+        self._clock = clock
+        core = k8s.CoreV1Api(api_client)
+        custom = k8s.CustomObjectsApi(api_client)
+        self._core = core
+        ns = self.options.namespace
+        cache = self.options.cache
+
+        def crs(plural: str) -> Source:
+            if ns:
+                return Source(f"{plural}.ray.io", custom.list_namespaced_custom_object, ("ray.io", "v1", ns, plural))
+            return Source(f"{plural}.ray.io", custom.list_cluster_custom_object, ("ray.io", "v1", plural))
+
+        self.nodes = Informer(
+            Source("nodes", core.list_node), options=cache,
+            indexers={
+                "instance": lambda n: [instance_id_of(n) or ""],
+                "reservation": lambda n: [labels(n).get(RESERVATION_LABEL, "")],
+            },
+        )
+        pod_source = (
+            Source("pods", core.list_namespaced_pod, (ns,), label_selector=RAY_POD_SELECTOR) if ns
+            else Source("pods", core.list_pod_for_all_namespaces, label_selector=RAY_POD_SELECTOR)
+        )
+        self.pods = Informer(
+            pod_source, options=cache,
+            indexers={
+                "node": lambda p: [(p.get("spec") or {}).get("nodeName") or ""],
+                "cluster": lambda p: [cluster_key_of(p) or ""],
+            },
+        )
+        self.rayclusters = Informer(crs("rayclusters"), options=cache)
+        self.rayjobs = Informer(crs("rayjobs"), options=cache, indexers={"cluster": job_cluster_keys})
+        self.informers = (self.nodes, self.pods, self.rayclusters, self.rayjobs)
+        self.tokens = RayTokens(
+            api_client, service_account_token_path=self.options.service_account_token_path,
+            ttl_s=self.options.token_ttl_s, request_timeout_s=self.options.request_timeout_s,
+        )
+        self.events = EventRecorder(
+            api_client, replica=replica or socket.gethostname(), request_timeout_s=self.options.request_timeout_s,
+        )
+        self._gcs: dict[tuple[str, str, str], tuple[float, list[RayNode]]] = {}
+        self._inflight: dict[tuple[str, str, str], asyncio.Task[list[RayNode]]] = {}
+        self._controls: dict[tuple[str, str | None], RayControl] = {}
+        self._started = False
+        self.gcs_calls = 0  # GCS node listings made (for tests and the burst benchmark)
+
+    # ------------------------------------------------------------------ lifecycle
+    async def start(self) -> KubeCluster:
+        for informer in self.informers:
+            informer.start()
+        self._started = True
+        return self
+
+    async def stop(self) -> None:
+        """Stop the caches, cancel GCS calls in flight and close the GCS clients (idempotent)."""
+        self._started = False
+        for informer in self.informers:
+            await informer.stop()
+        for task in list(self._inflight.values()):
+            task.cancel()
+        for task in list(self._inflight.values()):
+            try:
+                await task
+            except (asyncio.CancelledError, Exception):  # noqa: BLE001 - nobody waits for it now
+                pass
+        self._inflight.clear()
+        controls, self._controls = list(self._controls.values()), {}
+        for control in controls:
+            await _close(control)
+
+    async def __aenter__(self) -> KubeCluster:
+        return await self.start()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    def ready(self) -> bool:
+        """True once every cache has its first list."""
+        return all(i.synced.is_set() for i in self.informers)
+
+    async def wait_ready(self, timeout: float | None = None) -> None:
+        """Wait (bounded) for the first lists; BackendUnavailable when they do not come."""
+        if self.ready():
+            return
+        if not self._started:
+            raise BackendUnavailable(BACKEND, "kubernetes caches are not running (start() not called)")
+        dead = [f"{i.source.resource}: {i.failure!r}" for i in self.informers if i.failure is not None]
+        if dead:
+            raise BackendUnavailable(BACKEND, f"kubernetes caches stopped: {'; '.join(dead)}")
+        timeout = self.options.ready_timeout_s if timeout is None else timeout
+        waits = [asyncio.ensure_future(i.synced.wait()) for i in self.informers]
+        try:
+            await asyncio.wait_for(asyncio.gather(*waits), timeout)
+        except TimeoutError:
+            missing = [f"{i.source.resource} ({i.stats.last_error or 'no answer yet'})"
+                       for i in self.informers if not i.synced.is_set()]
+            raise BackendUnavailable(BACKEND, f"caches not synced within {timeout:g}s: {', '.join(missing)}") from None
+        finally:
+            for wait in waits:
+                wait.cancel()
+
+    # ------------------------------------------------------------------ locate
+    async def locate(
+        self, *, instance_ids: Sequence[str], capacity_reservation_id: str | None = None
+    ) -> Location:
+        await self.wait_ready()
+        ids = list(dict.fromkeys(instance_ids))
+        if capacity_reservation_id:
+            for node in self.nodes.by_index("reservation", capacity_reservation_id):
+                instance = instance_id_of(node)
+                if instance and instance not in ids:
+                    ids.append(instance)
+        unresolved: dict[str, str] = {}
+        found: list[tuple[str, JsonObj, str, list[JsonObj]]] = []
+        for instance in ids:
+            nodes = self.nodes.by_index("instance", instance)
+            if not nodes:
+                unresolved[instance] = f"no Kubernetes Node has spec.providerID aws:///<az>/{instance}"
+                continue
+            node = nodes[0]
+            pods = [p for p in self.pods.by_index("node", name_of(node)) if is_ray_pod(p)]
+            if not pods:
+                unresolved[instance] = f"Node {name_of(node)} ({instance}) runs no Ray pods"
+                continue
+            by_cluster: dict[str, list[JsonObj]] = {}
+            for pod in pods:
+                by_cluster.setdefault(cluster_key_of(pod) or "", []).append(pod)
+            for key, cluster_pods in sorted(by_cluster.items()):
+                found.append((instance, node, key, cluster_pods))
+
+        located_nodes = {name_of(node) for _, node, _, _ in found}
+        keys = list(dict.fromkeys(key for _, _, key, _ in found))
+        results = await asyncio.gather(*(self._view(key, located_nodes) for key in keys), return_exceptions=True)
+        views: dict[str, _View | str] = {}
+        for key, result in zip(keys, results, strict=True):
+            if isinstance(result, BaseException):
+                raise result
+            views[key] = result
+
+        targets: list[Target] = []
+        for instance, node, key, pods in found:
+            view = views[key]
+            if isinstance(view, str):
+                unresolved.setdefault(instance, view)
+                continue
+            targets.append(self._target(instance=instance, node=node, view=view, pods=pods))
+        return Location(targets=tuple(targets), unresolved=unresolved)
+
+    def _job_of(self, raycluster: JsonObj) -> tuple[str | None, JsonObj | None, tuple[str, ...]]:
+        ns, key = namespace_of(raycluster), f"{namespace_of(raycluster)}/{name_of(raycluster)}"
+        ref = owning_job_ref(raycluster)
+        if ref is not None:
+            job = self.rayjobs.get(ns, ref.get("name", ""))
+            if job is not None and ref.get("uid") and uid_of(job) != ref.get("uid"):
+                job = None  # a RayJob of the same name, recreated: not this cluster's owner
+            return f"{ns}/{ref.get('name')}", job, ()
+        candidates = self.rayjobs.by_index("cluster", key)
+        job = pick_job(candidates)
+        if job is not None:
+            return f"{ns}/{name_of(job)}", job, ()
+        return None, None, tuple(f"{ns}/{name_of(j)}" for j in candidates)
+
+    async def _view(self, key: str, located_nodes: set[str]) -> _View | str:
+        ns, _, name = key.partition("/")
+        raycluster = self.rayclusters.get(ns, name)
+        if raycluster is None:
+            return f"Ray pods carry ray.io/cluster={name} but RayCluster {key} is not known"
+        job_key, job, candidates = self._job_of(raycluster)
+        uri, problem = checkpoint_uri(job, raycluster)
+        if problem:
+            return problem
+        head = next((p for p in self.pods.by_index("cluster", key) if is_head(p) and is_ray_pod(p)), None)
+        address = gcs_address(raycluster, head)
+        gcs_error = None
+        try:
+            nodes = await self._gcs_nodes(raycluster, address)
+        except RayAuthError as err:
+            return f"RayCluster {key}: {err}"
+        except BackendUnavailable as err:
+            head_here = head is not None and (head.get("spec") or {}).get("nodeName") in located_nodes
+            if not head_here:
+                raise
+            nodes, gcs_error = [], str(err)
+        except PermanentError as err:
+            return f"RayCluster {key}: {err}"
+        return _View(
+            key=key, raycluster=raycluster, job_key=job_key, job_candidates=candidates, checkpoint_uri=uri,
+            address=address, auth=auth_mode(raycluster), nodes_by_ip=ray_nodes_by_address(nodes),
+            gcs_error=gcs_error,
+        )
+
+    def _target(self, *, instance: str, node: JsonObj, view: _View, pods: list[JsonObj]) -> Target:
+        ids: list[str] = []
+        unmapped: list[str] = []
+        head_here = False
+        head_node_id = None
+        for pod in pods:
+            ray_node = view.nodes_by_ip.get(pod_ip(pod) or "")
+            if is_head(pod):
+                head_here = True
+                head_node_id = ray_node.node_id if ray_node else None
+            elif ray_node is not None:
+                ids.append(ray_node.node_id)
+            else:
+                unmapped.append(name_of(pod))
+        attributes: dict[str, Any] = {
+            "namespace": namespace_of(view.raycluster),
+            "pods": [name_of(p) for p in pods],
+            "groups": sorted({labels(p).get("ray.io/group", "") for p in pods} - {""}),
+            "head_on_instance": head_here,
+            "auth": view.auth,
+            "provider_id": (node.get("spec") or {}).get("providerID"),
+        }
+        if head_here:
+            attributes["head_node_id"] = head_node_id
+        if unmapped:
+            attributes["unmapped_pods"] = unmapped
+        if view.gcs_error:
+            attributes["gcs_error"] = view.gcs_error
+        if view.job_candidates:
+            attributes["ray_jobs"] = list(view.job_candidates)
+        return Target(
+            instance_id=instance, node=name_of(node), ray_cluster=view.key, ray_job=view.job_key,
+            ray_node_ids=tuple(dict.fromkeys(ids)), checkpoint_uri=view.checkpoint_uri,
+            ray_address=view.address, attributes=attributes,
+        )
+
+    # ------------------------------------------------------------------ GCS
+    async def token_for(self, raycluster: Mapping[str, Any]) -> str | None:
+        """The Ray token of a RayCluster: None (no auth), its Secret's, or the daemon's ServiceAccount token."""
+        return await self.tokens.token_for(raycluster)
+
+    def _control(self, address: str, token: str | None) -> RayControl:
+        control = self._controls.get((address, token))
+        if control is None:
+            control = self._factory(address, token)
+            self._controls[(address, token)] = control
+        return control
+
+    async def ray_control(self, target: Target) -> RayControl:
+        """The GCS client for a target's RayCluster (for the signal step), with its token."""
+        ns, _, name = (target.ray_cluster or "").partition("/")
+        raycluster = self.rayclusters.get(ns, name)
+        if raycluster is None:
+            raise PermanentError(f"RayCluster {target.ray_cluster} is not known")
+        head = next((p for p in self.pods.by_index("cluster", f"{ns}/{name}") if is_head(p) and is_ray_pod(p)), None)
+        address = target.ray_address or gcs_address(raycluster, head)
+        return self._control(address, await self.tokens.token_for(raycluster))
+
+    async def _gcs_nodes(self, raycluster: JsonObj, address: str) -> list[RayNode]:
+        key = (f"{namespace_of(raycluster)}/{name_of(raycluster)}", uid_of(raycluster), address)
+        cached = self._gcs.get(key)
+        if cached is not None and cached[0] > self._clock():
+            return cached[1]
+        task = self._inflight.get(key)
+        if task is None:
+            task = asyncio.get_running_loop().create_task(
+                self._fetch_nodes(raycluster, address), name=f"resilienced.kube.gcs[{key[0]}]")
+            self._inflight[key] = task
+            task.add_done_callback(partial(self._fetched, key))
+        return await asyncio.shield(task)
+
+    def _fetched(self, key: tuple[str, str, str], task: asyncio.Task[list[RayNode]]) -> None:
+        self._inflight.pop(key, None)
+        if task.cancelled() or task.exception() is not None:  # exception() also marks it retrieved
+            return
+        now = self._clock()
+        for old in [k for k, (expires, _) in self._gcs.items() if expires <= now]:
+            del self._gcs[old]  # clusters gone or quiet: keep the map small
+        self._gcs[key] = (now + self.options.gcs_ttl_s, task.result())
+
+    async def _fetch_nodes(self, raycluster: JsonObj, address: str) -> list[RayNode]:
+        where = f"RayCluster {namespace_of(raycluster)}/{name_of(raycluster)}"
+        mode = auth_mode(raycluster)
+        for attempt in (1, 2):
+            token = await self.tokens.token_for(raycluster)
+            control = self._control(address, token)
+            self.gcs_calls += 1
+            try:
+                return list(await asyncio.wait_for(control.nodes(), self.options.gcs_timeout_s))
+            except TimeoutError:
+                raise BackendUnavailable("ray", f"{where}: the GCS at {address} did not answer within "
+                                                f"{self.options.gcs_timeout_s:g}s") from None
+            except RayAuthError as err:
+                # The token may have been rotated (Secret regenerated): read it again, once.
+                self.tokens.forget(raycluster)
+                stale = self._controls.pop((address, token), None)
+                if stale is not None:
+                    await _close(stale)
+                if attempt == 2 or mode == "none":
+                    hint = {
+                        "none": "the RayCluster has no authOptions.mode=token, but its GCS wants a token",
+                        "secret": "the token from its auth Secret was refused",
+                        "kubernetes": "the daemon's ServiceAccount token was refused "
+                                      "(does it have ray:write on the RayCluster?)",
+                    }[mode]
+                    raise RayAuthError(f"{where}: {hint}: {err}") from err
+        raise AssertionError("unreachable")
+
+    # ------------------------------------------------------------------ cordon, record
+    async def _read_node(self, name: str) -> JsonObj | None:
+        try:
+            return await call(verb="get", resource="nodes", request=self._core.read_node(
+                name, _preload_content=False, _request_timeout=self.options.request_timeout_s))
+        except KubeStatusError as err:
+            if err.status == 404:
+                return None
+            raise
+
+    async def cordon(self, target: Target, *, reason: str, deadline: datetime | None) -> None:
+        """Taint the Node ``resilienced.io/interruption=<reason>:NoSchedule`` (once; patch, not replace).
+
+        Node taints have no strategic-merge key, so the patch carries the whole list, guarded by
+        the resourceVersion it was read at; a 409 re-reads the Node and tries again.
+        """
+        if not target.node:
+            return
+        taint = {"key": TAINT_KEY, "value": taint_value(reason), "effect": "NoSchedule"}
+        node = self.nodes.get(None, target.node)
+        for _ in range(self.options.conflict_retries):
+            if node is None:
+                node = await self._read_node(target.node)
+                if node is None:
+                    log.info("cordon: Node %s is gone", target.node)
+                    return
+            taints = list((node.get("spec") or {}).get("taints") or [])
+            if any(t.get("key") == TAINT_KEY and t.get("effect") == "NoSchedule" for t in taints):
+                return
+            patch: dict[str, Any] = {
+                "metadata": {"resourceVersion": (node.get("metadata") or {}).get("resourceVersion")},
+                "spec": {"taints": [*taints, taint]},
+            }
+            if deadline is not None:
+                patch["metadata"]["annotations"] = {
+                    DEADLINE_ANNOTATION: deadline.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")}
+            try:
+                await call(verb="patch", resource="nodes", request=self._core.patch_node(
+                    target.node, patch, _preload_content=False, _request_timeout=self.options.request_timeout_s))
+                return
+            except KubeStatusError as err:
+                if err.status == 404:
+                    return
+                if err.status != 409:
+                    raise
+                node = None
+        raise BackendUnavailable(BACKEND, f"cordon {target.node}: the Node kept changing")
+
+    async def record(self, target: Target, *, reason: str, message: str, warning: bool = False) -> None:
+        """An Event on the Node and one on the RayJob (else the RayCluster)."""
+        refs: list[ObjectRef] = []
+        if target.node:
+            node = self.nodes.get(None, target.node)
+            refs.append(ref_for(node, api_version="v1", kind="Node") if node is not None
+                        else ObjectRef(api_version="v1", kind="Node", name=target.node, uid=""))
+        runs = ((target.ray_job, "RayJob", self.rayjobs), (target.ray_cluster, "RayCluster", self.rayclusters))
+        for key, kind, cache in runs:
+            if not key:
+                continue
+            ns, _, name = key.partition("/")
+            obj = cache.get(ns, name)
+            refs.append(ref_for(obj, api_version="ray.io/v1", kind=kind) if obj is not None
+                        else ObjectRef(api_version="ray.io/v1", kind=kind, name=name, uid="", namespace=ns))
+            break
+        for ref in refs:
+            await self.events.emit(ref, reason=reason, message=message, warning=warning)
+
+
+async def _close(control: object) -> None:
+    closer = getattr(control, "close", None) or getattr(control, "aclose", None)
+    if closer is None:
+        return
+    result = closer()
+    if inspect.isawaitable(result):
+        await result

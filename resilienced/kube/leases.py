@@ -1,0 +1,229 @@
+"""Cross-replica claims on coordination.k8s.io/v1 Leases (``ports.ClaimStore`` in kubernetes mode).
+
+One Lease per claim key, in one namespace, named ``resilienced-<first 20 hex of sha256(key)>``
+(keys are free text; the full key is in the annotation ``resilienced.io/claim-key``)::
+
+    acquire   create the Lease (holderIdentity, leaseDurationSeconds, acquireTime, renewTime,
+              annotation resilienced.io/state: held)                      -> the Claim
+              409 AlreadyExists: read it:
+                state done                                                  -> None
+                held and renewTime + leaseDurationSeconds still ahead       -> None (even when the
+                  holder is the caller: two deliveries of one event in one replica must not both
+                  run; the first one's release or expiry frees it)
+                held but expired                                            -> take it over by an
+                  update carrying the read resourceVersion (leaseTransitions + 1); 409 -> None
+    complete  mark done (state done, details as JSON in resilienced.io/details), by update with
+              resourceVersion; a 409 re-reads and retries; a vanished Lease is created done
+    release   delete the Lease with uid + resourceVersion preconditions, only when the caller
+              holds it and it is not done (a done claim must outlive its holder)
+    get       read it back as a Claim
+
+Verbs: create, get, update, delete on leases in that namespace.  Done Leases stay (that is what
+makes a redelivered event a duplicate); delete them with the label
+``app.kubernetes.io/managed-by=resilienced`` once the queue's retention period has passed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+from collections.abc import Callable, Mapping
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+from kubernetes_asyncio import client as k8s
+
+from resilienced.errors import BackendUnavailable
+from resilienced.kube.api import BACKEND, KubeStatusError, call
+from resilienced.ports import Claim
+
+log = logging.getLogger(__name__)
+
+KEY_ANNOTATION = "resilienced.io/claim-key"
+STATE_ANNOTATION = "resilienced.io/state"
+DETAILS_ANNOTATION = "resilienced.io/details"
+MANAGED_BY = {"app.kubernetes.io/managed-by": "resilienced"}
+STATE_HELD = "held"
+STATE_DONE = "done"
+_RETRIES = 5
+
+
+def lease_name(key: str) -> str:
+    """The Lease name for a claim key: ``resilienced-`` + 20 hex digits of its SHA-256."""
+    return "resilienced-" + hashlib.sha256(key.encode()).hexdigest()[:20]
+
+
+def _micro_time(moment: datetime) -> str:
+    return moment.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def _parse_time(value: Any) -> datetime | None:
+    if not isinstance(value, str) or not value:
+        return None
+    try:
+        return datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+
+
+class KubeLeaseClaims:
+    """ClaimStore on Leases in ``namespace``; ``clock`` is injectable so tests need not sleep."""
+
+    def __init__(
+        self,
+        api_client: k8s.ApiClient,
+        *,
+        namespace: str,
+        request_timeout_s: float = 10.0,
+        clock: Callable[[], datetime] = lambda: datetime.now(timezone.utc),
+    ) -> None:
+        self._api = k8s.CoordinationV1Api(api_client)
+        self.namespace = namespace
+        self._timeout = request_timeout_s
+        self._clock = clock
+
+    # ------------------------------------------------------------------ helpers
+    async def _read(self, name: str) -> dict[str, Any] | None:
+        try:
+            return await call(verb="get", resource="leases", request=self._api.read_namespaced_lease(
+                name, self.namespace, _preload_content=False, _request_timeout=self._timeout))
+        except KubeStatusError as err:
+            if err.status == 404:
+                return None
+            raise
+
+    async def _replace(self, lease: Mapping[str, Any]) -> dict[str, Any] | None:
+        """Update with the resourceVersion it carries; None when someone changed it first (409)."""
+        name = lease["metadata"]["name"]
+        try:
+            return await call(verb="update", resource="leases", request=self._api.replace_namespaced_lease(
+                name, self.namespace, dict(lease), _preload_content=False, _request_timeout=self._timeout))
+        except KubeStatusError as err:
+            if err.status in (404, 409):
+                return None
+            raise
+
+    def _expired(self, lease: Mapping[str, Any]) -> bool:
+        spec = lease.get("spec") or {}
+        renewed = _parse_time(spec.get("renewTime")) or _parse_time(spec.get("acquireTime"))
+        duration = spec.get("leaseDurationSeconds")
+        if renewed is None or not isinstance(duration, int):
+            return True
+        return renewed + timedelta(seconds=duration) <= self._clock()
+
+    @staticmethod
+    def _claim(key: str, lease: Mapping[str, Any]) -> Claim:
+        notes = (lease.get("metadata") or {}).get("annotations") or {}
+        try:
+            details = json.loads(notes.get(DETAILS_ANNOTATION) or "{}")
+        except ValueError:
+            details = {"unreadable": notes.get(DETAILS_ANNOTATION)}
+        return Claim(
+            key=notes.get(KEY_ANNOTATION, key),
+            holder=(lease.get("spec") or {}).get("holderIdentity") or "",
+            state=notes.get(STATE_ANNOTATION, STATE_HELD),
+            details=details if isinstance(details, dict) else {"value": details},
+        )
+
+    def _body(self, key: str, *, holder: str, ttl_seconds: float, state: str,
+              details: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        now = _micro_time(self._clock())
+        notes = {KEY_ANNOTATION: key, STATE_ANNOTATION: state}
+        if details is not None:
+            notes[DETAILS_ANNOTATION] = json.dumps(dict(details), sort_keys=True, default=str)
+        return {
+            "apiVersion": "coordination.k8s.io/v1",
+            "kind": "Lease",
+            "metadata": {"name": lease_name(key), "namespace": self.namespace, "labels": dict(MANAGED_BY),
+                         "annotations": notes},
+            "spec": {
+                "holderIdentity": holder,
+                "leaseDurationSeconds": max(1, math.ceil(ttl_seconds)),
+                "acquireTime": now,
+                "renewTime": now,
+                "leaseTransitions": 0,
+            },
+        }
+
+    async def _create(self, body: Mapping[str, Any]) -> dict[str, Any] | None:
+        """Create; None when it exists already (409)."""
+        try:
+            return await call(verb="create", resource="leases", request=self._api.create_namespaced_lease(
+                self.namespace, dict(body), _preload_content=False, _request_timeout=self._timeout))
+        except KubeStatusError as err:
+            if err.status == 409:
+                return None
+            raise
+
+    # ------------------------------------------------------------------ ClaimStore
+    async def acquire(self, key: str, *, holder: str, ttl_seconds: float) -> Claim | None:
+        body = self._body(key, holder=holder, ttl_seconds=ttl_seconds, state=STATE_HELD)
+        created = await self._create(body)
+        if created is not None:
+            return self._claim(key, created)
+        current = await self._read(lease_name(key))
+        if current is None:  # deleted between our create and read: one more try
+            created = await self._create(body)
+            return self._claim(key, created) if created is not None else None
+        notes = (current.get("metadata") or {}).get("annotations") or {}
+        if notes.get(STATE_ANNOTATION) == STATE_DONE or not self._expired(current):
+            return None
+        spec = current.get("spec") or {}
+        takeover = {
+            **current,
+            "metadata": {**current["metadata"],
+                         "annotations": {**notes, KEY_ANNOTATION: key, STATE_ANNOTATION: STATE_HELD}},
+            "spec": {**body["spec"], "leaseTransitions": int(spec.get("leaseTransitions") or 0) + 1},
+        }
+        replaced = await self._replace(takeover)
+        if replaced is None:
+            return None
+        log.info("claim %s taken over from %s by %s (expired)", key, spec.get("holderIdentity"), holder)
+        return self._claim(key, replaced)
+
+    async def get(self, key: str) -> Claim | None:
+        lease = await self._read(lease_name(key))
+        return self._claim(key, lease) if lease is not None else None
+
+    async def complete(self, key: str, *, holder: str, details: Mapping[str, Any]) -> None:
+        for _ in range(_RETRIES):
+            current = await self._read(lease_name(key))
+            if current is None:
+                if await self._create(self._body(key, holder=holder, ttl_seconds=1, state=STATE_DONE, details=details)):
+                    return
+                continue
+            notes = (current.get("metadata") or {}).get("annotations") or {}
+            if notes.get(STATE_ANNOTATION) == STATE_DONE:
+                return
+            current_holder = (current.get("spec") or {}).get("holderIdentity")
+            if current_holder != holder:
+                log.warning("claim %s completed by %s while %s held it", key, holder, current_holder)
+            done = {
+                **current,
+                "metadata": {**current["metadata"], "annotations": {
+                    **notes, STATE_ANNOTATION: STATE_DONE,
+                    DETAILS_ANNOTATION: json.dumps(dict(details), sort_keys=True, default=str)}},
+                "spec": {**(current.get("spec") or {}), "holderIdentity": holder,
+                         "renewTime": _micro_time(self._clock())},
+            }
+            if await self._replace(done) is not None:
+                return
+        raise BackendUnavailable(BACKEND, f"complete claim {key}: the Lease kept changing")
+
+    async def release(self, key: str, *, holder: str) -> None:
+        current = await self._read(lease_name(key))
+        if current is None:
+            return
+        notes = (current.get("metadata") or {}).get("annotations") or {}
+        if notes.get(STATE_ANNOTATION) == STATE_DONE or (current.get("spec") or {}).get("holderIdentity") != holder:
+            return
+        meta = current["metadata"]
+        options = {"preconditions": {"uid": meta.get("uid"), "resourceVersion": meta.get("resourceVersion")}}
+        try:
+            await call(verb="delete", resource="leases", request=self._api.delete_namespaced_lease(
+                meta["name"], self.namespace, body=options, _preload_content=False, _request_timeout=self._timeout))
+        except KubeStatusError as err:
+            if err.status not in (404, 409):
+                raise

@@ -1,0 +1,192 @@
+"""Pure rules for finding runs in Kubernetes objects: instance ids, Ray pods, owners, addresses.
+
+Everything here reads plain JSON objects (as the caches hold them) and does no I/O, so each rule
+is tested as a table.  :mod:`resilienced.kube.cluster` strings them together:
+
+    instance id  --spec.providerID aws:///<az>/<id>-->  Node
+    Node         --pods with spec.nodeName, label ray.io/node-type-->  Ray pods
+    Ray pod      --label ray.io/cluster (same namespace)-->  RayCluster
+    RayCluster   --ownerReferences kind RayJob, else a RayJob naming it-->  RayJob (optional)
+    Ray pod IP   --RayNode.address in the cluster's GCS-->  Ray node id
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from resilienced.ports import RayNode
+
+JsonObj = dict[str, Any]
+
+# KubeRay's labels (ray-operator/controllers/ray/utils/constant.go)
+CLUSTER_LABEL = "ray.io/cluster"
+NODE_TYPE_LABEL = "ray.io/node-type"
+GROUP_LABEL = "ray.io/group"
+RAY_POD_SELECTOR = NODE_TYPE_LABEL  # "the label exists": head, worker (and redis-cleanup, skipped)
+
+# Karpenter's label on nodes launched into a capacity reservation / Capacity Block
+RESERVATION_LABEL = "karpenter.k8s.aws/capacity-reservation-id"
+
+CHECKPOINT_ANNOTATION = "resilienced.io/checkpoint-uri"
+
+GCS_PORT_NAME = "gcs-server"  # KubeRay's name for the head container's GCS port
+DEFAULT_GCS_PORT = 6379  # KubeRay's DefaultGcsServerPort
+
+_PROVIDER_ID = re.compile(r"^aws:///(?P<az>[^/]*)/(?P<instance>i-[0-9a-f]{8,17})$")
+_S3_URI = re.compile(r"^s3://(?P<bucket>[a-z0-9][a-z0-9.-]{1,61}[a-z0-9])/(?P<prefix>[^\s]+)$")
+_ACTIVE_JOB_STATES = {"", "New", "Initializing", "Running", "Waiting", "Retrying", "Suspending"}
+
+
+def instance_id_of(node: Mapping[str, Any]) -> str | None:
+    """The EC2 instance id in a Node's ``spec.providerID`` (``aws:///us-east-1a/i-0abc...``)."""
+    provider_id = (node.get("spec") or {}).get("providerID") or ""
+    match = _PROVIDER_ID.match(provider_id)
+    return match.group("instance") if match else None
+
+
+def labels(obj: Mapping[str, Any]) -> Mapping[str, str]:
+    return (obj.get("metadata") or {}).get("labels") or {}
+
+
+def annotations(obj: Mapping[str, Any]) -> Mapping[str, str]:
+    return (obj.get("metadata") or {}).get("annotations") or {}
+
+
+def name_of(obj: Mapping[str, Any]) -> str:
+    return (obj.get("metadata") or {}).get("name") or ""
+
+
+def namespace_of(obj: Mapping[str, Any]) -> str:
+    return (obj.get("metadata") or {}).get("namespace") or ""
+
+
+def uid_of(obj: Mapping[str, Any]) -> str:
+    return (obj.get("metadata") or {}).get("uid") or ""
+
+
+def is_ray_pod(pod: Mapping[str, Any]) -> bool:
+    """A head or worker pod that is not finished (a pod being deleted still runs: it counts)."""
+    node_type = labels(pod).get(NODE_TYPE_LABEL)
+    phase = (pod.get("status") or {}).get("phase")
+    return (node_type in ("head", "worker") and bool(labels(pod).get(CLUSTER_LABEL))
+            and phase not in ("Succeeded", "Failed"))
+
+
+def is_head(pod: Mapping[str, Any]) -> bool:
+    return labels(pod).get(NODE_TYPE_LABEL) == "head"
+
+
+def pod_ip(pod: Mapping[str, Any]) -> str | None:
+    return (pod.get("status") or {}).get("podIP") or None
+
+
+def cluster_key_of(pod: Mapping[str, Any]) -> str | None:
+    """``namespace/name`` of the RayCluster a Ray pod belongs to."""
+    cluster = labels(pod).get(CLUSTER_LABEL)
+    return f"{namespace_of(pod)}/{cluster}" if cluster else None
+
+
+def job_cluster_keys(job: Mapping[str, Any]) -> list[str]:
+    """The RayClusters a RayJob runs on: ``status.rayClusterName``, or its ``clusterSelector``."""
+    ns = namespace_of(job)
+    names = {(job.get("status") or {}).get("rayClusterName"),
+             ((job.get("spec") or {}).get("clusterSelector") or {}).get(CLUSTER_LABEL)}
+    return [f"{ns}/{n}" for n in sorted(n for n in names if n)]
+
+
+def owning_job_ref(raycluster: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """The ownerReference of kind RayJob (KubeRay creates the cluster of a RayJob with one)."""
+    for ref in (raycluster.get("metadata") or {}).get("ownerReferences") or []:
+        if ref.get("kind") == "RayJob" and str(ref.get("apiVersion", "")).startswith("ray.io/"):
+            return ref
+    return None
+
+
+def pick_job(candidates: Sequence[Mapping[str, Any]]) -> Mapping[str, Any] | None:
+    """Of the RayJobs that name a cluster (clusterSelector mode may have several), the one running."""
+    active = [j for j in candidates if ((j.get("status") or {}).get("jobDeploymentStatus") or "") in _ACTIVE_JOB_STATES]
+    return active[0] if len(active) == 1 else None
+
+
+def checkpoint_uri(job: Mapping[str, Any] | None, raycluster: Mapping[str, Any]) -> tuple[str | None, str | None]:
+    """(uri, error): the RayJob's annotation wins over the RayCluster's; a malformed one is an error."""
+    for owner, obj in (("RayJob", job), ("RayCluster", raycluster)):
+        if obj is None:
+            continue
+        value = annotations(obj).get(CHECKPOINT_ANNOTATION)
+        if value is None:
+            continue
+        if not _S3_URI.match(value.strip()):
+            return None, (
+                f"annotation {CHECKPOINT_ANNOTATION}={value!r} on {owner} {namespace_of(obj)}/{name_of(obj)} "
+                "is not s3://bucket/prefix"
+            )
+        return value.strip(), None
+    return None, None
+
+
+def _container_port(pod: Mapping[str, Any], port_name: str) -> int | None:
+    for container in (pod.get("spec") or {}).get("containers") or []:
+        for port in container.get("ports") or []:
+            if port.get("name") == port_name and port.get("containerPort"):
+                return int(port["containerPort"])
+    return None
+
+
+def gcs_address(raycluster: Mapping[str, Any], head_pod: Mapping[str, Any] | None) -> str:
+    """Where the cluster's GCS answers, from what KubeRay publishes.  Tried in this order:
+
+    host  1. ``status.head.serviceIP``: the head Service's ClusterIP (stable across head restarts;
+             skipped when empty or ``None``, i.e. a headless Service)
+          2. ``status.head.podIP``
+          3. the head pod's ``status.podIP`` from the pod cache (status not written yet)
+          4. the head Service's DNS name, ``status.head.serviceName`` or ``<cluster>-head-svc``,
+             as ``<svc>.<namespace>.svc`` (only resolvable inside the cluster)
+    port  1. the head container's port named ``gcs-server`` (what the GCS listens on; KubeRay's
+             head Service exposes the same number)
+          2. ``status.endpoints["gcs-server"]`` (KubeRay copies the Service's target port there,
+             but the NodePort for a NodePort Service, hence second)
+          3. 6379, KubeRay's default
+    """
+    status = raycluster.get("status") or {}
+    head = status.get("head") or {}
+    host = next(
+        (h for h in (head.get("serviceIP"), head.get("podIP"), pod_ip(head_pod) if head_pod else None)
+         if h and h != "None"),
+        None,
+    )
+    if host is None:
+        service = head.get("serviceName") or f"{name_of(raycluster)}-head-svc"
+        host = f"{service}.{namespace_of(raycluster)}.svc"
+    port = _container_port(head_pod, GCS_PORT_NAME) if head_pod else None
+    if port is None:
+        endpoint = str((status.get("endpoints") or {}).get(GCS_PORT_NAME) or "")
+        port = int(endpoint) if endpoint.isdigit() else DEFAULT_GCS_PORT
+    return f"{host}:{port}"
+
+
+def ray_nodes_by_address(nodes: Iterable[RayNode]) -> dict[str, RayNode]:
+    """Alive Ray nodes by address (a restarted pod may leave a dead node with the same IP)."""
+    result: dict[str, RayNode] = {}
+    for node in nodes:
+        if node.alive:
+            result[node.address] = node
+    return result
+
+
+def taint_value(reason: str) -> str:
+    """A label-value-safe form of ``reason`` for the taint's value (63 characters at most)."""
+    value = re.sub(r"[^A-Za-z0-9_.-]+", "-", reason)[:63].strip("-_.")
+    return value or "interruption"
+
+
+def secret_name_for(cluster_name: str) -> str:
+    """KubeRay's name for a RayCluster's generated auth Secret (``utils.CheckName(cluster name)``)."""
+    name = cluster_name
+    if len(name) > 50:
+        name = name[len(name) - 50:]
+    if name and (name[0].isdigit() or not name[0].isalnum()):
+        name = "r" + name[1:]
+    return name

@@ -1,0 +1,586 @@
+"""A real local multi-node Ray cluster made of ``ray start`` processes, for tests and the drill.
+
+Every node is one ``ray start --block`` process started under ``setsid``, so each node is its own
+process group (session) that can be signalled as a whole, as the instance it stands for:
+
+* :meth:`LocalRayCluster.sigterm_node` sends SIGTERM to the node's ``ray start`` process, which
+  is what Kubernetes does to a pod's PID 1 (KubeRay runs ``ray start --block`` there).  Ray then
+  drains the node itself: GCS ``DrainNode`` with reason PREEMPTION and a deadline of
+  ``RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S`` (30 s unless set in ``env``), waits for the raylet to
+  finish, and stops the node's processes.  The signal goes to that one process, not the whole
+  group: the raylet and the workers share the group, and a SIGTERM to them ends them at once,
+  which is a crash, not a drain.
+* :meth:`LocalRayCluster.kill_node` sends SIGKILL to the whole group: the instance is gone.
+* :meth:`LocalRayCluster.drain_node` asks the GCS for a drain, as the daemon does.
+
+Facts this module relies on (Ray 2.60, seen on a 2-core machine):
+
+* ``ray start --head`` turns token auth on; every process of the cluster (nodes, drivers, GCS
+  clients) then needs ``RAY_AUTH_MODE=token`` and the token, here passed as ``RAY_AUTH_TOKEN``
+  (no ``~/.ray/auth_token`` is written or read).
+* ``--node-ip-address=127.0.0.1`` is required.
+* Worker nodes must start one at a time: concurrent starts time out on 2 cores.
+* Every port is chosen free per node, and every cluster has its own ``--temp-dir``, so two
+  clusters (two test runs) never collide; nothing here runs ``ray stop`` or touches processes it
+  did not start.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from resilienced.errors import ResilienceError
+
+#: Node label keys used across the project.
+INSTANCE_ID_LABEL = "resilienced.io/instance-id"
+CAPACITY_TYPE_LABEL = "resilienced.io/capacity-type"
+CAPACITY_TYPES = ("spot", "capacity-block", "on-demand")
+
+#: Set in every node's environment (and so inherited by its raylet and Ray workers): how
+#: :meth:`LocalRayCluster.kill_node` and :meth:`LocalRayCluster.stop` find every process of a
+#: node, also workers whose parent died first, and never a process of another cluster.
+_NODE_MARKER = "RESILIENCED_LOCALRAY_NODE"
+
+#: GCS node states (``GcsNodeInfo.state``).
+_ALIVE = 0
+
+#: A unix socket path must fit in 107 bytes; Ray puts ``session_<date>_<pid>/sockets/plasma_store``
+#: (about 60 bytes) under the temp dir.
+_MAX_TEMP_DIR_LEN = 45
+
+
+class LocalRayError(ResilienceError):
+    """A local Ray cluster or node could not be started, reached or stopped."""
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class _PortPool:
+    """Free ports, never handed out twice by one cluster (binding port 0 can repeat a port)."""
+
+    def __init__(self) -> None:
+        self._given: set[int] = set()
+
+    def take(self) -> int:
+        for _ in range(100):
+            port = _free_port()
+            if port not in self._given:
+                self._given.add(port)
+                return port
+        raise LocalRayError("no free TCP port found on 127.0.0.1")
+
+
+@dataclass(frozen=True)
+class NodeInfo:
+    """One node as the GCS lists it."""
+
+    node_id: str  # hex
+    address: str  # node manager address (ip)
+    port: int  # node manager port
+    labels: Mapping[str, str]
+    alive: bool
+    draining: bool
+    draining_deadline_ms: int | None  # None: not draining, or draining without a deadline
+    is_head: bool
+
+
+@dataclass
+class LocalRayNode:
+    """A node this cluster started: one ``ray start --block`` process group."""
+
+    name: str
+    labels: dict[str, str]
+    num_cpus: int
+    node_manager_port: int
+    process: subprocess.Popen[bytes] = field(repr=False)
+    log_path: Path
+    node_id: str = ""  # hex, set once the GCS lists the node ALIVE
+    is_head: bool = False
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    @property
+    def pgid(self) -> int:
+        """The node's process group: ``ray start`` runs under setsid, so it equals its pid."""
+        return self.process.pid
+
+    def running(self) -> bool:
+        """Whether the node's ``ray start`` process has not exited."""
+        return self.process.poll() is None
+
+    def group_alive(self) -> bool:
+        """Whether any process of the node's process group is left."""
+        try:
+            os.killpg(self.pgid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:  # pragma: no cover - a foreign group reusing the id
+            return False
+        return True
+
+
+class LocalRayCluster:
+    """A head node (``head_num_cpus`` CPUs, 0 by default) plus worker nodes added one at a time.
+
+    Args:
+        workdir: holds the cluster's ``--temp-dir`` (``<workdir>/ray``) and the nodes' logs
+            (``<workdir>/logs``).  Must be short: Ray's unix sockets live under the temp dir.
+        auth_token: the cluster's token; one is generated when None.
+        head_num_cpus: CPUs the head offers to tasks (0: the head runs no training workers).
+        head_labels: labels of the head node.
+        env: extra environment for every node process and in :attr:`env` (for example
+            ``RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S``, ``RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S``).
+        start_timeout_s: how long one node may take to be listed ALIVE by the GCS.
+        object_store_memory: bytes of object store per node (small: tests share one machine).
+    """
+
+    def __init__(
+        self,
+        *,
+        workdir: Path,
+        auth_token: str | None = None,
+        head_num_cpus: int = 0,
+        head_labels: Mapping[str, str] | None = None,
+        env: Mapping[str, str] | None = None,
+        start_timeout_s: float = 90.0,
+        object_store_memory: int = 100 * 1024 * 1024,
+    ) -> None:
+        if head_num_cpus < 0:
+            raise ValueError(f"head_num_cpus must be >= 0, got {head_num_cpus}")
+        if auth_token is not None and (not auth_token or any(c.isspace() for c in auth_token)):
+            raise ValueError("auth_token must be a non-empty string without whitespace")
+        self.workdir = Path(workdir).absolute()
+        self.temp_dir = self.workdir / "ray"
+        if len(str(self.temp_dir)) > _MAX_TEMP_DIR_LEN:
+            raise ValueError(
+                f"workdir {str(self.workdir)!r} is too long for Ray's unix sockets: the temp dir "
+                f"{str(self.temp_dir)!r} must be at most {_MAX_TEMP_DIR_LEN} characters"
+            )
+        self.auth_token = auth_token or secrets.token_hex(32)
+        self.head_num_cpus = head_num_cpus
+        self.head_labels = dict(head_labels or {})
+        self._extra_env = dict(env or {})
+        self._start_timeout_s = start_timeout_s
+        self._object_store_memory = object_store_memory
+        self._ports = _PortPool()
+        self.gcs_port = 0
+        self.address = ""
+        self.head: LocalRayNode | None = None
+        self.workers: list[LocalRayNode] = []
+        self._counter = 0
+        self._cluster_id = secrets.token_hex(8)
+        self._lock = threading.Lock()
+        self._started = False
+
+    # ------------------------------------------------------------------ environment
+    @property
+    def env(self) -> dict[str, str]:
+        """Environment variables a driver, GCS client or joining node of this cluster needs."""
+        env = {
+            "RAY_AUTH_MODE": "token",
+            "RAY_AUTH_TOKEN": self.auth_token,
+            "RAY_USAGE_STATS_ENABLED": "0",
+        }
+        if self.address:
+            env["RAY_ADDRESS"] = self.address
+        env.update(self._extra_env)
+        return env
+
+    def _process_env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env.pop("RAY_AUTH_TOKEN_PATH", None)
+        env.pop("RAY_ADDRESS", None)
+        env.update(self.env)
+        env.pop("RAY_ADDRESS", None)  # `ray start --address` says where; RAY_ADDRESS would too
+        return env
+
+    # ------------------------------------------------------------------ lifecycle
+    def start(self) -> None:
+        """Start the head on 127.0.0.1 and wait until the GCS lists it ALIVE."""
+        if self._started:
+            return
+        self._started = True
+        self.temp_dir.mkdir(parents=True, exist_ok=True)
+        (self.workdir / "logs").mkdir(parents=True, exist_ok=True)
+        self.gcs_port = self._ports.take()
+        self.address = f"127.0.0.1:{self.gcs_port}"
+        try:
+            self.head = self._start_node(
+                head=True, labels=self.head_labels, num_cpus=self.head_num_cpus, resources=None
+            )
+        except BaseException:
+            self.stop()
+            raise
+
+    def add_node(
+        self,
+        *,
+        labels: Mapping[str, str],
+        num_cpus: int = 1,
+        resources: Mapping[str, float] | None = None,
+    ) -> LocalRayNode:
+        """Start a worker node (``ray start --block`` under setsid) and wait until it is ALIVE."""
+        if self.head is None:
+            raise LocalRayError("start() the cluster before adding nodes")
+        if num_cpus < 0:
+            raise ValueError(f"num_cpus must be >= 0, got {num_cpus}")
+        _check_labels(labels)
+        with self._lock:  # one node start at a time: concurrent starts time out on 2 cores
+            node = self._start_node(head=False, labels=labels, num_cpus=num_cpus, resources=resources)
+            self.workers.append(node)
+            return node
+
+    def _start_node(
+        self,
+        *,
+        head: bool,
+        labels: Mapping[str, str],
+        num_cpus: int,
+        resources: Mapping[str, float] | None,
+    ) -> LocalRayNode:
+        self._counter += 1
+        name = "head" if head else f"node{self._counter - 1}"
+        node_manager_port = self._ports.take()
+        cmd = [
+            sys.executable, "-m", "ray.scripts.scripts", "start", "--block",
+            "--node-ip-address=127.0.0.1",
+            f"--num-cpus={num_cpus}",
+            "--num-gpus=0",
+            f"--object-store-memory={self._object_store_memory}",
+            "--disable-usage-stats",
+            f"--node-manager-port={node_manager_port}",
+            f"--object-manager-port={self._ports.take()}",
+            f"--dashboard-agent-listen-port={self._ports.take()}",
+            f"--dashboard-agent-grpc-port={self._ports.take()}",
+            f"--runtime-env-agent-port={self._ports.take()}",
+            f"--metrics-export-port={self._ports.take()}",
+            "--min-worker-port=0",
+            "--max-worker-port=0",
+        ]
+        if head:
+            cmd += [
+                "--head",
+                f"--port={self.gcs_port}",
+                f"--temp-dir={self.temp_dir}",
+                "--include-dashboard=false",
+                f"--dashboard-port={self._ports.take()}",
+            ]
+        else:
+            cmd += [f"--address={self.address}"]
+        if labels:
+            cmd.append("--labels=" + ",".join(f"{k}={v}" for k, v in labels.items()))
+        if resources:
+            import json
+
+            cmd.append("--resources=" + json.dumps(dict(resources)))
+        log_path = self.workdir / "logs" / f"{name}.log"
+        with open(log_path, "ab") as log:
+            proc = subprocess.Popen(
+                cmd,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env={**self._process_env(), _NODE_MARKER: f"{self._cluster_id}/{name}"},
+                cwd=self.workdir,
+                start_new_session=True,
+            )
+        node = LocalRayNode(
+            name=name,
+            labels=dict(labels),
+            num_cpus=num_cpus,
+            node_manager_port=node_manager_port,
+            process=proc,
+            log_path=log_path,
+            is_head=head,
+        )
+        if head:
+            self.head = node
+        try:
+            node.node_id = self._wait_alive(node)
+        except BaseException:
+            self._kill_group(node)
+            raise
+        return node
+
+    def _wait_alive(self, node: LocalRayNode) -> str:
+        deadline = time.monotonic() + self._start_timeout_s
+        last_error: Exception | None = None
+        while time.monotonic() < deadline:
+            if node.process.poll() is not None:
+                raise LocalRayError(
+                    f"ray start for {node.name} exited with code {node.process.returncode}; "
+                    f"see {node.log_path}:\n{_tail(node.log_path)}"
+                )
+            try:
+                for info in self._node_infos(timeout_s=5.0):
+                    if info.port == node.node_manager_port and info.alive:
+                        return info.node_id
+            except LocalRayError as e:  # the GCS is not up yet
+                last_error = e
+            time.sleep(0.25)
+        raise LocalRayError(
+            f"{node.name} was not listed ALIVE by the GCS at {self.address} within "
+            f"{self._start_timeout_s}s (last error: {last_error}); see {node.log_path}:\n"
+            f"{_tail(node.log_path)}"
+        )
+
+    # ------------------------------------------------------------------ failures
+    def sigterm_node(self, node: LocalRayNode) -> None:
+        """SIGTERM to the node's ``ray start`` (a pod's PID 1): Ray drains the node itself."""
+        try:
+            os.kill(node.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+
+    def kill_node(self, node: LocalRayNode) -> None:
+        """SIGKILL the node's whole process group: the instance is gone."""
+        self._kill_group(node)
+
+    def drain_node(
+        self,
+        node: LocalRayNode | str,
+        *,
+        deadline_ms: int,
+        reason: str = "DRAIN_NODE_REASON_PREEMPTION",
+        message: str = "resilienced local drain",
+    ) -> bool:
+        """Ask the GCS to drain a node, as the daemon does; returns whether it was accepted."""
+        from ray.core.generated import autoscaler_pb2
+
+        node_id = node.node_id if isinstance(node, LocalRayNode) else node
+        try:
+            reason_value = autoscaler_pb2.DrainNodeReason.Value(reason)
+        except ValueError as e:
+            raise ValueError(f"unknown drain reason {reason!r}") from e
+        with self._gcs() as gcs:
+            try:
+                accepted, error = gcs.drain_node(node_id, reason_value, message, int(deadline_ms))
+            except Exception as e:
+                raise LocalRayError(f"drain of node {node_id} at {self.address} failed: {e}") from e
+        if not accepted:
+            raise LocalRayError(f"drain of node {node_id} was rejected: {error}")
+        return bool(accepted)
+
+    # ------------------------------------------------------------------ observation
+    def nodes(self) -> list[NodeInfo]:
+        """Every node the GCS knows (alive or dead), with labels and drain state."""
+        return self._node_infos(timeout_s=10.0)
+
+    def wait_for(
+        self, predicate, *, timeout_s: float, what: str, interval_s: float = 0.25
+    ) -> list[NodeInfo]:
+        """Poll :meth:`nodes` until ``predicate(nodes)`` holds; raise naming ``what`` if not."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            nodes = self.nodes()
+            if predicate(nodes):
+                return nodes
+            if time.monotonic() >= deadline:
+                raise LocalRayError(f"timed out after {timeout_s}s waiting for {what}: {nodes}")
+            time.sleep(interval_s)
+
+    def processes(self, node: LocalRayNode | None = None) -> list[int]:
+        """Pids of the live processes of this cluster (or of one node), found by their marker."""
+        prefix = f"{self._cluster_id}/{node.name}" if node else f"{self._cluster_id}/"
+        return [pid for pid in _marked(prefix) if _alive(pid)]
+
+    def _node_infos(self, *, timeout_s: float) -> list[NodeInfo]:
+        with self._gcs() as gcs:
+            try:
+                infos = gcs.get_all_node_info(timeout=timeout_s)
+                draining = gcs.get_draining_nodes()
+            except Exception as e:
+                raise LocalRayError(f"GCS at {self.address} did not answer: {e}") from e
+        out = []
+        for node_id, info in infos.items():
+            hex_id = node_id.hex()
+            deadline = draining.get(hex_id)
+            out.append(
+                NodeInfo(
+                    node_id=hex_id,
+                    address=info.node_manager_address,
+                    port=info.node_manager_port,
+                    labels={k: v for k, v in info.labels.items()},
+                    alive=info.state == _ALIVE,
+                    draining=hex_id in draining,
+                    draining_deadline_ms=deadline or None,
+                    is_head=bool(info.is_head_node),
+                )
+            )
+        return out
+
+    @contextlib.contextmanager
+    def _gcs(self) -> Iterator[object]:
+        """A GCS client for this cluster; the auth env is swapped in only if it differs."""
+        from ray._raylet import GcsClient
+
+        if not self.address:
+            raise LocalRayError("the cluster is not started")
+        wanted = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": self.auth_token}
+        saved = {k: os.environ.get(k) for k in (*wanted, "RAY_AUTH_TOKEN_PATH")}
+        swap = any(os.environ.get(k) != v for k, v in wanted.items())
+        if swap:
+            os.environ.update(wanted)
+            os.environ.pop("RAY_AUTH_TOKEN_PATH", None)
+            _reset_ray_auth()
+        try:
+            yield GcsClient(address=self.address)
+        finally:
+            if swap:
+                for k, v in saved.items():
+                    if v is None:
+                        os.environ.pop(k, None)
+                    else:
+                        os.environ[k] = v
+                _reset_ray_auth()
+
+    # ------------------------------------------------------------------ teardown
+    def stop(self) -> None:
+        """Stop every node this cluster started and remove its temp dir; idempotent."""
+        nodes = [*self.workers, *([self.head] if self.head else [])]
+        for node in nodes:  # workers first, the head (GCS) last
+            self._kill_group(node)
+        _sweep(f"{self._cluster_id}/")
+        self.workers = []
+        self.head = None
+        self.address = ""
+        if self.temp_dir.exists():
+            shutil.rmtree(self.temp_dir, ignore_errors=True)
+
+    def _kill_group(self, node: LocalRayNode) -> None:
+        """SIGKILL the node's group, its descendants and every process carrying its marker.
+
+        Ray workers run in process groups of their own, and a worker whose raylet died first is
+        no longer a descendant: the marker in their environment finds them all.
+        """
+        doomed = _descendants(node.pid)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(node.pgid, signal.SIGKILL)
+        for pid in doomed:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            node.process.wait(timeout=30)
+        _sweep(f"{self._cluster_id}/{node.name}")
+        _wait_gone(doomed)
+        # The group outlives its leader until every member has been reaped by the kernel.
+        deadline = time.monotonic() + 30
+        while node.group_alive() and time.monotonic() < deadline:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(node.pgid, signal.SIGKILL)
+            time.sleep(0.05)
+
+    def __enter__(self) -> "LocalRayCluster":
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def _check_labels(labels: Mapping[str, str]) -> None:
+    for key, value in labels.items():
+        if not key or any(c in key for c in ",= ") or any(c in str(value) for c in ",= "):
+            raise ValueError(f"node label {key!r}={value!r} must not be empty or contain ',', '=' or spaces")
+    capacity = labels.get(CAPACITY_TYPE_LABEL)
+    if capacity is not None and capacity not in CAPACITY_TYPES:
+        raise ValueError(f"label {CAPACITY_TYPE_LABEL}={capacity!r}: expected one of {CAPACITY_TYPES}")
+
+
+def _proc_pids() -> list[int]:
+    return [int(name) for name in os.listdir("/proc") if name.isdigit()]
+
+
+def _proc_stat(pid: int) -> tuple[str, int] | None:
+    """(state, ppid) of a process from /proc, or None when it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read().decode(errors="replace")
+    except OSError:
+        return None
+    fields = data[data.rindex(")") + 2 :].split()
+    return fields[0], int(fields[1])
+
+
+def _descendants(pid: int) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for p in _proc_pids():
+        stat = _proc_stat(p)
+        if stat is not None:
+            children.setdefault(stat[1], []).append(p)
+    out, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
+def _alive(pid: int) -> bool:
+    stat = _proc_stat(pid)
+    return stat is not None and stat[0] not in ("Z", "X")
+
+
+def _wait_gone(pids: list[int], timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+def _marked(marker_prefix: str) -> list[int]:
+    """Pids whose environment carries a node marker starting with the prefix (not this one)."""
+    needle = f"{_NODE_MARKER}={marker_prefix}".encode()
+    me = os.getpid()
+    found = []
+    for pid in _proc_pids():
+        if pid == me:
+            continue
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                environ = f.read()
+        except OSError:
+            continue
+        if any(entry.startswith(needle) for entry in environ.split(b"\0")):
+            found.append(pid)
+    return found
+
+
+def _sweep(marker_prefix: str) -> None:
+    """SIGKILL every process whose environment carries a node marker starting with the prefix."""
+    found = _marked(marker_prefix)
+    for pid in found:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    _wait_gone(found)
+
+
+def _reset_ray_auth() -> None:
+    from ray._raylet import AuthenticationTokenLoader, Config
+
+    Config.initialize("")
+    AuthenticationTokenLoader.instance().reset_cache()
+
+
+def _tail(path: Path, lines: int = 20) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"

@@ -1,0 +1,94 @@
+"""Logging: structlog, one JSON object per line.
+
+The daemon writes to stdout (what a container runtime collects); ``replay`` and ``inject``
+write their logs to stderr so that stdout stays their output.  Every message handled produces
+exactly one ``decision`` line (see :func:`decision`): the line an operator greps for.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Sequence
+from typing import IO, Any
+
+import structlog
+
+from resilienced.model import Outcome, Verdict
+from resilienced.validate import isoformat
+
+_LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING,
+           "error": logging.ERROR}
+
+
+class _Current:
+    """Writes to whatever ``sys.stdout`` / ``sys.stderr`` is at the time of the write."""
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+
+    def write(self, text: str) -> int:
+        return getattr(sys, self._name).write(text)
+
+    def flush(self) -> None:
+        getattr(sys, self._name).flush()
+
+
+def configure(*, level: str = "info", stream: IO[str] | None = None) -> None:
+    """JSON lines at ``level`` and above on ``stream`` (default: stdout).
+
+    ``sys.stdout`` and ``sys.stderr`` are looked up at each write, so a replaced stream (a test
+    capturing output) never leaves the logger writing to a closed file.
+    """
+    if stream is None or stream is sys.stdout:
+        stream = _Current("stdout")  # type: ignore[assignment]
+    elif stream is sys.stderr:
+        stream = _Current("stderr")  # type: ignore[assignment]
+    structlog.configure(
+        processors=[
+            structlog.contextvars.merge_contextvars,
+            structlog.processors.add_log_level,
+            structlog.processors.TimeStamper(fmt="iso", utc=True),
+            structlog.processors.format_exc_info,
+            structlog.processors.JSONRenderer(sort_keys=False, default=str),
+        ],
+        wrapper_class=structlog.make_filtering_bound_logger(_LEVELS[level]),
+        logger_factory=structlog.PrintLoggerFactory(stream),
+        cache_logger_on_first_use=False,
+    )
+
+
+def get(name: str = "resilienced") -> Any:
+    return structlog.get_logger(name)
+
+
+def decision(logger: Any, *, outcome: Outcome, verdict: Verdict, message_id: str | None,
+             receive_count: int, latency_s: float, action: str | None = None) -> None:
+    """The one line per handled message: what it was, what was decided, and why."""
+    event = outcome.event
+    plan = outcome.plan
+    fields: dict[str, Any] = {
+        "message_id": message_id,
+        "receive_count": receive_count,
+        "event_id": event.event_id if event else None,
+        "kind": event.kind.value if event else None,
+        "instance_ids": list(plan.instance_ids if plan else (event.instance_ids if event else ())),
+        "capacity_reservation_id": (plan.capacity_reservation_id if plan else None),
+        "outcome": outcome.result.value,
+        "reason": outcome.reason,
+        "verdict": verdict.value,
+        "latency_s": round(latency_s, 6),
+    }
+    if plan is not None and plan.actionable:
+        fields["steps"] = _values(plan.steps)
+        fields["deadline"] = isoformat(plan.deadline)
+    if action:
+        fields["action"] = action
+    if outcome.result.value in ("retry", "failed", "undecodable", "invalid"):
+        logger.warning("decision", **fields)
+    else:
+        logger.info("decision", **fields)
+
+
+def _values(items: Sequence[Any]) -> list[str]:
+    return [item.value for item in items]

@@ -1,0 +1,41 @@
+"""Requeue: get a whole run (the gang) scheduled again on the capacity the decision chose.
+
+One protocol, :class:`Requeuer` (``requeue(target, *, decision, event, dry_run) ->
+RequeueResult``), one applier per kind of run:
+
+* ``kueue``     RayJob/RayCluster under Kueue: evict and requeue its Workload through Kueue
+                (``spec.active``), steering the flavor by the worker node selector.
+* ``kuberay``   RayJob/RayCluster without Kueue: every worker group's node selector and
+                tolerations, then the worker pods replaced as a gang.
+* ``volcano``   Volcano Job: a ``RestartJob`` Command (and the tasks' node selectors where
+                Volcano accepts the change).
+* ``raymode``   ray mode: replacement Ray nodes from a :class:`NodeProvider`, all or nothing,
+                deciding again when a pool has no capacity; :class:`LocalNodeProvider` for the
+                local drill.
+
+Shared pieces: ``placement`` (decision -> node selector / affinity / tolerations, pure),
+``objects`` (the Kubernetes calls, through ``resilienced.kube.api``), ``result`` (the protocol and
+result), ``router`` (routing, the ``resilienced_requeues_total`` metric, Events), ``rbac``
+(``RBAC_RULES``).  docs/requeue.md explains each mechanism with its sources.
+"""
+
+from resilienced.requeue.kuberay import KubeRayRequeuer
+from resilienced.requeue.kueue import KueueRequeuer
+from resilienced.requeue.placement import Placement
+from resilienced.requeue.rbac import RBAC_RULES
+from resilienced.requeue.result import RequeueResult, Requeuer
+from resilienced.requeue.router import KubernetesRequeuer, Requeue, RequeueMetrics
+from resilienced.requeue.volcano import VolcanoRequeuer
+
+__all__ = [
+    "RBAC_RULES",
+    "KubeRayRequeuer",
+    "KubernetesRequeuer",
+    "KueueRequeuer",
+    "Placement",
+    "Requeue",
+    "RequeueMetrics",
+    "RequeueResult",
+    "Requeuer",
+    "VolcanoRequeuer",
+]

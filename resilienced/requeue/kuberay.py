@@ -1,0 +1,225 @@
+"""Requeue a RayCluster, or a RayJob's cluster, that Kueue does not manage: move every worker group.
+
+Mechanism (KubeRay, ray-project/kuberay at feeaf72):
+
+1. Patch **every** worker group's pod template (``workerGroupSpecs[*].template.spec``): the
+   Karpenter node selector of the decision (see :mod:`.placement`), stale block selectors and
+   capacity affinity removed, matching tolerations.  Never a subset of the groups: the gang
+   moves as a whole.  For a RayJob both ``spec.rayClusterSpec`` (so a retry's new RayCluster,
+   ``backoffLimit``, gets it too) and the RayCluster it owns (``status.rayClusterName``) are
+   patched (a RayJob in ``clusterSelector`` mode has no ``rayClusterSpec``: only the cluster).
+2. KubeRay does **not** roll existing pods when a template changes: ``reconcilePods`` only
+   recreates pods for a spec change when ``spec.upgradeStrategy.type: Recreate`` is set, and then
+   it deletes *all* pods, head included (``raycluster_controller.go``
+   ``shouldRecreatePodsForUpgrade``), which would end the Ray cluster and its job.  So the
+   requeuer deletes the run's worker pods itself (labels ``ray.io/cluster=<name>``,
+   ``ray.io/node-type=worker``), all of them together, and KubeRay recreates the missing
+   replicas from the new template.  A worker pod is kept when it already asks for the decided
+   capacity, or runs on a Node that is on it (a Node's ``karpenter.sh/capacity-type`` and
+   reservation-id labels); this is also what makes a second application change nothing.  The
+   head pod is never touched.  RBAC therefore needs ``pods: list, delete`` and ``nodes: get``.
+3. Bookkeeping annotations on the RayJob/RayCluster (``resilienced.io/capacity-type``,
+   ``-reservation-id``, ``-moved-at``, ``resilienced.io/requeued-for``) tell the next decision
+   where the run is and since when.
+
+Every template write is a merge patch conditional on the resourceVersion read (409: read again).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from datetime import datetime, timezone
+from typing import Any
+
+from kubernetes_asyncio import client as k8s
+
+from resilienced.capacity.decision import Capacity, CapacityDecision
+from resilienced.capacity.request import (
+    ANNOTATION_CAPACITY,
+    ANNOTATION_MOVED_AT,
+    ANNOTATION_REQUEUED_FOR,
+    ANNOTATION_RESERVATION,
+)
+from resilienced.errors import PermanentError
+from resilienced.kube.api import JsonObj
+from resilienced.model import Event, Target
+from resilienced.requeue.objects import RAYCLUSTER, RAYJOB, Kind, Objects, annotations_of, modify, split_key
+from resilienced.requeue.placement import DEFAULT_TOLERATIONS, Placement
+from resilienced.requeue.result import RequeueResult, waiting
+
+CLUSTER_LABEL = "ray.io/cluster"
+NODE_TYPE_LABEL = "ray.io/node-type"
+GROUP_LABEL = "ray.io/group"
+
+
+def utcnow() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+def placed_groups(groups: Sequence[Mapping[str, Any]], placement: Placement) -> tuple[list[dict], list[str]]:
+    """Every worker group with ``placement`` applied, and the names of those that changed."""
+    new_groups, changed = [], []
+    for group in groups:
+        template = dict(group.get("template") or {})
+        spec = template.get("spec") or {}
+        if not placement.matches(spec):
+            changed.append(str(group.get("groupName", "?")))
+        template["spec"] = placement.applied(spec)
+        new_groups.append({**group, "template": template})
+    return new_groups, changed
+
+
+def bookkeeping(obj: Mapping[str, Any], *, decision: CapacityDecision, event: Event, now: datetime) -> dict[str, Any]:
+    """The annotations a requeue leaves (null deletes a stale reservation id in a merge patch)."""
+    before = annotations_of(obj)
+    capacity = decision.capacity.value
+    out: dict[str, Any] = {
+        ANNOTATION_CAPACITY: capacity,
+        ANNOTATION_RESERVATION: decision.reservation_id,  # None -> removed
+        ANNOTATION_REQUEUED_FOR: event.event_id or "",
+    }
+    if before.get(ANNOTATION_CAPACITY) != capacity:
+        out[ANNOTATION_MOVED_AT] = now.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return out
+
+
+class KubeRayRequeuer:
+    """:class:`~resilienced.requeue.result.Requeuer` for KubeRay RayClusters / RayJobs without Kueue.
+
+    Args:
+        api_client: a kubernetes_asyncio ApiClient (the caller's).
+        tolerations: per-capacity tolerations (default: tolerate ``karpenter.sh/capacity-type``).
+        request_timeout_s: time allowed for one Kubernetes request.
+        clock: the current tz-aware time (for the moved-at annotation).
+    """
+
+    kind = "kuberay"
+
+    def __init__(
+        self,
+        api_client: k8s.ApiClient,
+        *,
+        tolerations: Mapping[Capacity, Sequence[Mapping[str, str]]] = DEFAULT_TOLERATIONS,
+        request_timeout_s: float = 10.0,
+        clock: Callable[[], datetime] = utcnow,
+    ) -> None:
+        self.objects = Objects(api_client, request_timeout_s=request_timeout_s)
+        self._tolerations = tolerations
+        self._clock = clock
+
+    async def requeue(
+        self, target: Target, *, decision: CapacityDecision, event: Event, dry_run: bool = False
+    ) -> RequeueResult:
+        if not decision.places:
+            return waiting(target, kind=self.kind, decision=decision, dry_run=dry_run)
+        placement = Placement.for_decision(decision, tolerations=self._tolerations)
+        now = self._clock()
+        changes: list[str] = []
+
+        job_key = target.ray_job
+        cluster_key = target.ray_cluster
+        if job_key:
+            namespace, name = split_key(job_key, what="target.ray_job")
+            job = await self.objects.find(RAYJOB, namespace, name)
+            if job is None:
+                raise PermanentError(f"requeue: RayJob {job_key} no longer exists")
+            if (job.get("spec") or {}).get("rayClusterSpec"):  # none in clusterSelector mode
+                changes += await self._place(
+                    RAYJOB, namespace, name, path=("spec", "rayClusterSpec"), placement=placement,
+                    decision=decision, event=event, now=now, dry_run=dry_run)
+            owned = (job.get("status") or {}).get("rayClusterName")
+            if owned:
+                cluster_key = f"{namespace}/{owned}"
+        if cluster_key:
+            namespace, name = split_key(cluster_key, what="target.ray_cluster")
+            if await self.objects.find(RAYCLUSTER, namespace, name) is None:
+                if not job_key:
+                    raise PermanentError(f"requeue: RayCluster {cluster_key} no longer exists")
+                cluster_key = None  # the RayJob's cluster is gone (suspended / retrying): spec is enough
+            else:
+                changes += await self._place(
+                    RAYCLUSTER, namespace, name, path=("spec",), placement=placement,
+                    decision=decision, event=event, now=now, dry_run=dry_run)
+                changes += await self._replace_workers(namespace, name, placement, dry_run=dry_run)
+        if not job_key and not cluster_key:
+            raise PermanentError(f"requeue: target {target.run_key} names no RayJob or RayCluster")
+
+        if changes:
+            reason = f"worker groups moved to {decision.capacity.value} ({placement.describe()})"
+        else:
+            reason = f"already on {decision.capacity.value}: every worker group and pod asks for {placement.describe()}"
+        return RequeueResult(
+            run_key=target.run_key, kind=self.kind, capacity=decision.capacity, reason=reason,
+            reservation_id=decision.reservation_id, changes=tuple(changes), dry_run=dry_run,
+            decision=decision)
+
+    async def _place(
+        self, kind: Kind, namespace: str, name: str, *, path: tuple[str, ...], placement: Placement,
+        decision: CapacityDecision, event: Event, now: datetime, dry_run: bool,
+    ) -> list[str]:
+        """Apply ``placement`` to every worker group under ``path`` of one object."""
+        changed_names: list[str] = []
+
+        def change(obj: JsonObj) -> dict[str, Any] | None:
+            holder: Any = obj
+            for key in path:
+                holder = (holder or {}).get(key) or {}
+            groups = holder.get("workerGroupSpecs") or []
+            if not groups:
+                raise PermanentError(f"requeue: {kind.kind} {namespace}/{name} has no workerGroupSpecs")
+            new_groups, changed = placed_groups(groups, placement)
+            changed_names[:] = changed
+            if not changed:
+                return None
+            patch: dict[str, Any] = {"workerGroupSpecs": new_groups}
+            for key in reversed(path):
+                patch = {key: patch}
+            patch["metadata"] = {"annotations": bookkeeping(obj, decision=decision, event=event, now=now)}
+            return patch
+
+        where = f"{kind.kind} {namespace}/{name}" + (" spec.rayClusterSpec" if kind is RAYJOB else "")
+        if dry_run:
+            change(await self.objects.get(kind, namespace, name))
+        else:
+            await modify(
+                lambda: self.objects.get(kind, namespace, name), change,
+                lambda patch: self.objects.patch(kind, namespace, name, patch),
+                what=f"patch {where}")
+        if not changed_names:
+            return []
+        verb = "would set" if dry_run else "set"
+        return [f"{where}: {verb} worker groups {', '.join(changed_names)} to {placement.describe()}"]
+
+    async def _replace_workers(self, namespace: str, cluster: str, placement: Placement, *, dry_run: bool) -> list[str]:
+        """Delete the worker pods not on the decided capacity, all together, for KubeRay to recreate."""
+        selector = f"{CLUSTER_LABEL}={cluster},{NODE_TYPE_LABEL}=worker"
+        pods = await self.objects.pods(namespace, label_selector=selector)
+        doomed = []
+        node_cache: dict[str, dict[str, str] | None] = {}
+        for pod in pods:
+            meta = pod.get("metadata") or {}
+            labels = meta.get("labels") or {}
+            if labels.get(CLUSTER_LABEL) != cluster or labels.get(NODE_TYPE_LABEL) != "worker":
+                continue  # belt and braces: never act on a pod the selector should not have given
+            if meta.get("deletionTimestamp"):
+                continue
+            spec = pod.get("spec") or {}
+            if placement.selector_matches(spec):
+                continue
+            node = spec.get("nodeName")
+            if node:
+                if node not in node_cache:
+                    node_cache[node] = await self.objects.node_labels(node)
+                if placement.node_matches(node_cache[node]):
+                    continue
+            doomed.append(pod)
+        if not doomed:
+            return []
+        names = sorted(p["metadata"]["name"] for p in doomed)
+        if dry_run:
+            return [f"would delete worker pods {', '.join(names)} of RayCluster {namespace}/{cluster} "
+                    "for KubeRay to recreate on the new capacity"]
+        for pod in doomed:
+            await self.objects.delete_pod(namespace, pod["metadata"]["name"], uid=pod["metadata"].get("uid"))
+        return [f"deleted worker pods {', '.join(names)} of RayCluster {namespace}/{cluster} "
+                "for KubeRay to recreate on the new capacity"]

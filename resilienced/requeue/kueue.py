@@ -1,0 +1,298 @@
+"""Requeue a RayJob or RayCluster that Kueue manages (label ``kueue.x-k8s.io/queue-name``).
+
+Kueue owns ``spec.suspend`` of the job (its webhook suspends at creation, its job reconciler
+unsuspends at admission and suspends at eviction); resilienced never writes it.  Kueue admits a
+Workload on the **first** flavor of the ClusterQueue's resource group that has quota *and* whose
+``nodeLabels`` do not contradict the pods' node selector / required node affinity; it tracks
+quota, not whether EC2 has the instances.  So a plain evict-and-requeue would land the run on the
+Spot flavor again.  The mechanism (sources: kubernetes-sigs/kueue at tag v0.19.2):
+
+1. **Evict through Kueue**: set ``Workload.spec.active: false``.  The Workload controller sets
+   ``Evicted=True`` (reason ``Deactivated``); the job reconciler stops the job as a whole
+   (``stopJob``: ``spec.suspend: true``, pod templates restored from the Workload's PodSets, so
+   Kueue's injected flavor labels go away; KubeRay then deletes the RayCluster's pods), and once
+   the job is inactive it clears the quota reservation (``status.admission``), with
+   ``Requeued=False`` reason ``Deactivated`` (``pkg/controller/core/workload_controller.go``,
+   ``pkg/controller/jobframework/reconciler.go`` step 6).  resilienced marks the Workload with
+   ``resilienced.io/deactivated-for`` so it only ever re-activates what it deactivated.
+2. **Steer** while the job is suspended and holds no quota: patch every worker group's node
+   selector to the decided capacity (``karpenter.sh/capacity-type``: ``spot`` | ``reserved`` |
+   ``on-demand``, plus ``karpenter.k8s.aws/capacity-reservation-id`` for a block).  The job no
+   longer matches its Workload; because it is suspended and the Workload has no reservation,
+   Kueue updates the Workload's PodSets in place, keeping ``spec.active``
+   (``ensureOneWorkload`` -> ``updateWorkloadToMatchJob``).  resilienced waits (bounded) until
+   the Workload's PodSets carry the new selector.
+3. **Requeue through Kueue**: set ``spec.active: true``.  Kueue sets ``Requeued=True`` (reason
+   ``Reactivated``) and queues it; the flavor assigner skips every flavor whose ``nodeLabels``
+   contradict the selector on that flavor's own keys (``flavorassigner.go``
+   ``checkFlavorForPodSets`` / ``flavorSelector``), so with ClusterQueue flavors
+   spot -> capacity-block -> on-demand labelled by ``karpenter.sh/capacity-type``, the run is
+   admitted on the decided flavor; Kueue then unsuspends the job and adds that flavor's labels
+   and tolerations to the pods.
+
+What does not work, and why it is not used: flipping ``spec.suspend`` (Kueue owns it and
+reverts it); patching the templates of a *running* job (Kueue sees a job that no longer matches
+its Workload, suspends it and restores the templates from the old Workload, undoing the
+patch: ``stopJob`` -> ``RestorePodSetsInfo``); the scheduler's ``LastAssignment`` /
+``NextFlavorToTryForPodSetResource`` (in-memory scan progress of one scheduling cycle, reset on
+eviction; not an API); setting an ``Evicted`` condition by hand (status is Kueue's, and the
+reasons that requeue at once, ``Preempted``/``NodeFailures``, would requeue on the same flavor).
+
+Each step reads the current state first, so a redelivered event resumes where a previous attempt
+stopped, and a second application of the same decision changes nothing.  Waiting for Kueue is
+bounded (``settle_timeout_s``); when it runs out a TemporaryError leaves the message for later.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Mapping, Sequence
+from datetime import datetime, timezone
+from typing import Any
+
+from kubernetes_asyncio import client as k8s
+
+from resilienced.capacity.decision import Capacity, CapacityDecision
+from resilienced.errors import PermanentError, TemporaryError
+from resilienced.kube.api import JsonObj
+from resilienced.model import Event, Target
+from resilienced.requeue.kuberay import bookkeeping, placed_groups
+from resilienced.requeue.objects import (
+    RAYCLUSTER,
+    RAYJOB,
+    Kind,
+    Objects,
+    annotations_of,
+    labels_of,
+    modify,
+    split_key,
+    workload_kind,
+)
+from resilienced.requeue.placement import DEFAULT_TOLERATIONS, Placement
+from resilienced.requeue.result import RequeueResult, waiting
+
+QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+JOB_UID_LABEL = "kueue.x-k8s.io/job-uid"
+DEACTIVATED_FOR = "resilienced.io/deactivated-for"
+
+
+def utcnow() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+def is_kueue_managed(obj: Mapping[str, Any]) -> bool:
+    return bool(labels_of(obj).get(QUEUE_LABEL))
+
+
+def is_active(workload: Mapping[str, Any]) -> bool:
+    """``spec.active`` (absent means true, Kueue's default)."""
+    return (workload.get("spec") or {}).get("active", True) is not False
+
+
+def has_quota(workload: Mapping[str, Any]) -> bool:
+    """Whether the Workload holds a quota reservation (``status.admission`` / QuotaReserved)."""
+    status = workload.get("status") or {}
+    if status.get("admission"):
+        return True
+    return any(c.get("type") == "QuotaReserved" and c.get("status") == "True"
+               for c in status.get("conditions") or [])
+
+
+def _worker_groups(job: Mapping[str, Any], path: tuple[str, ...]) -> list[dict[str, Any]]:
+    holder: Any = job
+    for key in path:
+        holder = (holder or {}).get(key) or {}
+    return list(holder.get("workerGroupSpecs") or [])
+
+
+def _suspended(job: Mapping[str, Any]) -> bool:
+    return bool((job.get("spec") or {}).get("suspend"))
+
+
+class KueueRequeuer:
+    """:class:`~resilienced.requeue.result.Requeuer` for Kueue-managed RayJobs and RayClusters.
+
+    Args:
+        api_client: a kubernetes_asyncio ApiClient (the caller's).
+        workload_version: ``v1beta2`` (Kueue >= 0.15) or ``v1beta1``.
+        tolerations: per-capacity tolerations for the worker templates.
+        settle_timeout_s: how long to wait for Kueue at each step before a TemporaryError.
+        poll_interval_s: how often Kueue's progress is read while waiting.
+        request_timeout_s: time allowed for one Kubernetes request.
+        clock: the current tz-aware time (for the moved-at annotation).
+    """
+
+    kind = "kueue"
+
+    def __init__(
+        self,
+        api_client: k8s.ApiClient,
+        *,
+        workload_version: str = "v1beta2",
+        tolerations: Mapping[Capacity, Sequence[Mapping[str, str]]] = DEFAULT_TOLERATIONS,
+        settle_timeout_s: float = 60.0,
+        poll_interval_s: float = 0.5,
+        request_timeout_s: float = 10.0,
+        clock: Callable[[], datetime] = utcnow,
+    ) -> None:
+        if settle_timeout_s <= 0 or poll_interval_s <= 0:
+            raise ValueError("settle_timeout_s and poll_interval_s must be positive")
+        self.objects = Objects(api_client, request_timeout_s=request_timeout_s)
+        self.workload = workload_kind(workload_version)
+        self._tolerations = tolerations
+        self._settle = settle_timeout_s
+        self._poll = poll_interval_s
+        self._clock = clock
+
+    # ------------------------------------------------------------------ finding things
+    def _job_ref(self, target: Target) -> tuple[Kind, str, str, tuple[str, ...]]:
+        if target.ray_job:
+            namespace, name = split_key(target.ray_job, what="target.ray_job")
+            return RAYJOB, namespace, name, ("spec", "rayClusterSpec")
+        if target.ray_cluster:
+            namespace, name = split_key(target.ray_cluster, what="target.ray_cluster")
+            return RAYCLUSTER, namespace, name, ("spec",)
+        raise PermanentError(f"requeue: target {target.run_key} names no RayJob or RayCluster")
+
+    async def find_workload(self, job: Mapping[str, Any], kind: Kind) -> JsonObj | None:
+        """The Workload Kueue made for ``job``: controller ownerReference to the job's uid.
+
+        Listed by Kueue's ``kueue.x-k8s.io/job-uid`` label first; Kueue omits the label when
+        the uid is not a valid label value, so fall back to every Workload of the namespace.
+        """
+        meta = job["metadata"]
+        uid, namespace = meta.get("uid"), meta["namespace"]
+
+        def owned(wl: Mapping[str, Any]) -> bool:
+            return any(ref.get("controller") and ref.get("uid") == uid and ref.get("kind") == kind.kind
+                       for ref in (wl.get("metadata") or {}).get("ownerReferences") or [])
+
+        candidates = [w for w in await self.objects.list(self.workload, namespace,
+                                                         label_selector=f"{JOB_UID_LABEL}={uid}") if owned(w)]
+        if not candidates:
+            candidates = [w for w in await self.objects.list(self.workload, namespace) if owned(w)]
+        candidates = [w for w in candidates if not (w.get("metadata") or {}).get("deletionTimestamp")]
+        if not candidates:
+            return None
+        return max(candidates, key=lambda w: int(w["metadata"].get("resourceVersion") or 0))
+
+    def _workload_placed(self, wl: Mapping[str, Any], groups: Sequence[Mapping[str, Any]],
+                         placement: Placement) -> bool:
+        podsets = {str(ps.get("name", "")).lower(): ps for ps in (wl.get("spec") or {}).get("podSets") or []}
+        for group in groups:
+            ps = podsets.get(str(group.get("groupName", "")).lower())
+            if ps is None or not placement.selector_matches(((ps.get("template") or {}).get("spec")) or {}):
+                return False
+        return True
+
+    async def _wait(self, read: Callable[[], Any], done: Callable[[Any], bool], *, what: str) -> Any:
+        deadline = time.monotonic() + self._settle
+        while True:
+            state = await read()
+            if done(state):
+                return state
+            if time.monotonic() >= deadline:
+                raise TemporaryError(f"requeue: timed out after {self._settle:g}s waiting for {what}",
+                                     delay=self._poll * 10)
+            await asyncio.sleep(self._poll)
+
+    # ------------------------------------------------------------------ the requeue
+    async def requeue(
+        self, target: Target, *, decision: CapacityDecision, event: Event, dry_run: bool = False
+    ) -> RequeueResult:
+        kind, namespace, name, path = self._job_ref(target)
+        key = f"{kind.kind} {namespace}/{name}"
+        job = await self.objects.find(kind, namespace, name)
+        if job is None:
+            raise PermanentError(f"requeue: {key} no longer exists")
+        if not is_kueue_managed(job):
+            raise PermanentError(f"requeue: {key} has no {QUEUE_LABEL} label: Kueue does not manage it")
+        if not decision.places:
+            return waiting(target, kind=self.kind, decision=decision, dry_run=dry_run)
+        placement = Placement.for_decision(decision, tolerations=self._tolerations)
+        wl = await self.find_workload(job, kind)
+
+        def placed(j: Mapping[str, Any]) -> bool:
+            # The node selector decides the flavor; Kueue adds the flavor's own tolerations.
+            return all(placement.selector_matches((g.get("template") or {}).get("spec") or {})
+                       for g in _worker_groups(j, path))
+
+        ours = wl is not None and bool(annotations_of(wl).get(DEACTIVATED_FOR))
+        if placed(job) and not (wl is not None and not is_active(wl) and ours):
+            return self._result(target, decision, placement, [], dry_run,
+                                f"already on {decision.capacity.value}: Kueue admitted it on a flavor with "
+                                f"{placement.describe()}")
+        if wl is None:
+            raise TemporaryError(f"requeue: Kueue has not made the Workload of {key} yet", delay=5.0)
+        wl_key = f"Workload {namespace}/{wl['metadata']['name']}"
+
+        if dry_run:
+            steps = []
+            if not placed(job):
+                steps += [f"would deactivate {wl_key} (Kueue evicts and suspends the whole run)",
+                          f"would set every worker group of {key} to {placement.describe()}"]
+            steps.append(f"would reactivate {wl_key} (Kueue requeues it on the matching flavor)")
+            return self._result(target, decision, placement, steps, True, "plan only")
+
+        changes: list[str] = []
+        # 1. evict through Kueue
+        if not placed(job) and is_active(wl):
+            await self.objects.patch(self.workload, namespace, wl["metadata"]["name"], {
+                "metadata": {"annotations": {DEACTIVATED_FOR: event.event_id or "resilienced"}},
+                "spec": {"active": False},
+            })
+            changes.append(f"deactivated {wl_key}: Kueue evicts the whole run and suspends {key}")
+
+        async def state() -> tuple[JsonObj, JsonObj | None]:
+            j = await self.objects.get(kind, namespace, name)
+            return j, await self.find_workload(j, kind)
+
+        # 2. wait until Kueue stopped the job and released its quota, then steer
+        if not placed(job):
+            job, wl = await self._wait(
+                state, lambda s: _suspended(s[0]) and (s[1] is None or not has_quota(s[1])),
+                what=f"Kueue to suspend {key} and release its quota")
+            now = self._clock()
+
+            def change(j: JsonObj) -> dict[str, Any] | None:
+                if not _suspended(j):
+                    raise TemporaryError(f"requeue: {key} was unsuspended before its templates were set",
+                                         delay=self._poll * 10)
+                new_groups, changed = placed_groups(_worker_groups(j, path), placement)
+                if not changed:
+                    return None
+                patch: dict[str, Any] = {"workerGroupSpecs": new_groups}
+                for k in reversed(path):
+                    patch = {k: patch}
+                patch["metadata"] = {"annotations": bookkeeping(j, decision=decision, event=event, now=now)}
+                return patch
+
+            _, written = await modify(
+                lambda: self.objects.get(kind, namespace, name), change,
+                lambda patch: self.objects.patch(kind, namespace, name, patch), what=f"patch {key}")
+            if written:
+                changes.append(f"set every worker group of {key} to {placement.describe()}")
+
+        # 3. wait until Kueue's Workload carries the new PodSets, then requeue it
+        job, wl = await self._wait(
+            state, lambda s: s[1] is not None and self._workload_placed(s[1], _worker_groups(s[0], path), placement),
+            what=f"Kueue to update the Workload of {key} to the new worker templates")
+        assert wl is not None
+        if not is_active(wl) and annotations_of(wl).get(DEACTIVATED_FOR):
+            await self.objects.patch(self.workload, namespace, wl["metadata"]["name"], {
+                "metadata": {"annotations": {DEACTIVATED_FOR: None}},
+                "spec": {"active": True},
+            })
+            changes.append(f"reactivated Workload {namespace}/{wl['metadata']['name']}: Kueue requeues "
+                           f"it and admits it on the flavor matching {placement.describe()}")
+        reason = (f"requeued through Kueue onto {decision.capacity.value}" if changes
+                  else f"already on {decision.capacity.value}")
+        return self._result(target, decision, placement, changes, False, reason)
+
+    def _result(self, target: Target, decision: CapacityDecision, placement: Placement,
+                changes: list[str], dry_run: bool, reason: str) -> RequeueResult:
+        return RequeueResult(
+            run_key=target.run_key, kind=self.kind, capacity=decision.capacity, reason=reason,
+            reservation_id=decision.reservation_id, changes=tuple(changes), dry_run=dry_run,
+            decision=decision, details={"node_selector": dict(placement.node_selector)})

@@ -1,0 +1,180 @@
+"""Requeue a Volcano Job (``batch.volcano.sh/v1alpha1``) as a whole: restart it through a Command.
+
+Mechanism (volcano-sh/volcano at ed72c7c, v1.16 line):
+
+* **Restart the whole job** by creating a ``bus.volcano.sh/v1alpha1`` Command with
+  ``action: RestartJob`` whose ``target`` (and controller ownerReference) is the Job, exactly as
+  ``vcctl`` builds its job commands (``pkg/cli/util/util.go`` ``CreateJobCommand``).  The job
+  controller takes each Command once (it deletes the Command before acting, "to make sure executed
+  not more than once", ``job_controller_handler.go`` ``processNextCommand``); in the Running or
+  Pending state ``RestartJob`` kills every pod of the job and moves it to Restarting, then Pending,
+  where the pods are created again from the task templates as one gang (``state/running.go``,
+  ``state/restarting.go``).  Each restart adds one to ``status.retryCount``, and the job goes
+  Failed when it reaches ``spec.maxRetry`` (default 3): resilienced's restarts count too.
+* **Steering**: the requeuer sets every task's ``template.spec`` node selector to the decided
+  capacity (see :mod:`.placement`) before the restart.  Volcano's validating webhook, where it
+  is installed, refuses that: a Job update may change only ``minAvailable``,
+  ``tasks[*].replicas`` and ``priorityClassName`` (``pkg/webhooks/admission/jobs/validate/
+  admit_job.go`` ``validateJobUpdate``).  Then the job is restarted without steering, the
+  refusal is reported in the result, and placement is left to the NodePools (Karpenter falls back
+  from Spot to On-Demand on its own when one NodePool allows both).  To steer Volcano jobs, run
+  them on a queue whose NodePool has the capacity type, or recreate the Job.
+* A job already ``Pending`` or ``Restarting`` (its own ``PodEvicted -> RestartJob`` policy
+  fired) whose templates already ask for the decided capacity is left to it: another Command
+  would only spend one more retry.
+* Idempotency: the Command's name is derived from (event, job), so a retry finds it (409) while
+  Volcano has not taken it yet; after that the annotation ``resilienced.io/requeued-for: <event
+  id>`` on the Job says the restart for this event was issued.  (A crash between the Command and
+  the annotation can restart the job a second time; the handler's claim makes that rare.)
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Mapping, Sequence
+from datetime import datetime, timezone
+from typing import Any
+
+from kubernetes_asyncio import client as k8s
+
+from resilienced.capacity.decision import Capacity, CapacityDecision
+from resilienced.capacity.request import ANNOTATION_REQUEUED_FOR, ATTR_VOLCANO_JOB
+from resilienced.errors import PermanentError
+from resilienced.kube.api import JsonObj, KubeStatusError
+from resilienced.model import Event, Target
+from resilienced.requeue.kuberay import bookkeeping
+from resilienced.requeue.objects import VOLCANO_COMMAND, VOLCANO_JOB, Objects, annotations_of, modify, split_key
+from resilienced.requeue.placement import DEFAULT_TOLERATIONS, Placement
+from resilienced.requeue.result import RequeueResult, waiting
+
+RESTART_JOB = "RestartJob"
+#: Job phases in which the pods are being (re)created as a gang already.
+RESTARTING_PHASES = frozenset({"Pending", "Restarting"})
+#: Answers that mean "the admission webhook refused the template change".
+_REFUSED = (400, 403, 422)
+
+
+def utcnow() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+def command_name(job_name: str, event_id: str | None) -> str:
+    """A DNS-1123 name for the restart Command of ``job_name`` for one event."""
+    digest = hashlib.sha256(f"{job_name}/{event_id or ''}".encode()).hexdigest()[:10]
+    return f"{job_name[:40].rstrip('-.')}-restartjob-{digest}"
+
+
+def placed_tasks(tasks: Sequence[Mapping[str, Any]], placement: Placement) -> tuple[list[dict], list[str]]:
+    new_tasks, changed = [], []
+    for task in tasks:
+        template = dict(task.get("template") or {})
+        spec = template.get("spec") or {}
+        if not placement.matches(spec):
+            changed.append(str(task.get("name", "?")))
+        template["spec"] = placement.applied(spec)
+        new_tasks.append({**task, "template": template})
+    return new_tasks, changed
+
+
+class VolcanoRequeuer:
+    """:class:`~resilienced.requeue.result.Requeuer` for Volcano Jobs (``attributes["volcano_job"]``)."""
+
+    kind = "volcano"
+
+    def __init__(
+        self,
+        api_client: k8s.ApiClient,
+        *,
+        tolerations: Mapping[Capacity, Sequence[Mapping[str, str]]] = DEFAULT_TOLERATIONS,
+        request_timeout_s: float = 10.0,
+        clock: Callable[[], datetime] = utcnow,
+    ) -> None:
+        self.objects = Objects(api_client, request_timeout_s=request_timeout_s)
+        self._tolerations = tolerations
+        self._clock = clock
+
+    async def requeue(
+        self, target: Target, *, decision: CapacityDecision, event: Event, dry_run: bool = False
+    ) -> RequeueResult:
+        key = target.attributes.get(ATTR_VOLCANO_JOB)
+        if not key:
+            raise PermanentError(f"requeue: target {target.run_key} has no attributes[{ATTR_VOLCANO_JOB!r}]")
+        namespace, name = split_key(str(key), what=f"attributes[{ATTR_VOLCANO_JOB!r}]")
+        job = await self.objects.find(VOLCANO_JOB, namespace, name)
+        if job is None:
+            raise PermanentError(f"requeue: Volcano Job {key} no longer exists")
+        if not decision.places:
+            return waiting(target, kind=self.kind, decision=decision, dry_run=dry_run)
+        placement = Placement.for_decision(decision, tolerations=self._tolerations)
+        if event.event_id and annotations_of(job).get(ANNOTATION_REQUEUED_FOR) == event.event_id:
+            return self._result(target, decision, [], dry_run,
+                                f"the restart for event {event.event_id} was already issued")
+
+        changes: list[str] = []
+        steered = True
+        tasks = (job.get("spec") or {}).get("tasks") or []
+        if not tasks:
+            raise PermanentError(f"requeue: Volcano Job {key} has no tasks")
+        _, changed = placed_tasks(tasks, placement)
+        phase = (((job.get("status") or {}).get("state") or {}).get("phase")) or ""
+        if not changed and phase in RESTARTING_PHASES:
+            # Volcano is already restarting the whole job (its own PodEvicted/PodFailed policy)
+            # from templates that ask for the decided capacity: another restart would only
+            # spend one more of spec.maxRetry.
+            return self._result(target, decision, [], dry_run,
+                                f"Volcano is already restarting the job ({phase}) on {decision.capacity.value}")
+        cmd = command_name(name, event.event_id)
+        if dry_run:
+            if changed:
+                changes.append(f"would set tasks {', '.join(changed)} of Volcano Job {key} to {placement.describe()}")
+            changes.append(f"would create Command {namespace}/{cmd} (action {RESTART_JOB}) to restart the whole job")
+            return self._result(target, decision, changes, True, "plan only")
+
+        now = self._clock()
+        if changed:
+            def change(j: JsonObj) -> dict[str, Any] | None:
+                new_tasks, now_changed = placed_tasks((j.get("spec") or {}).get("tasks") or [], placement)
+                return {"spec": {"tasks": new_tasks}} if now_changed else None
+
+            try:
+                await modify(lambda: self.objects.get(VOLCANO_JOB, namespace, name), change,
+                             lambda patch: self.objects.patch(VOLCANO_JOB, namespace, name, patch),
+                             what=f"patch Volcano Job {key}")
+                changes.append(f"set tasks {', '.join(changed)} of Volcano Job {key} to {placement.describe()}")
+            except KubeStatusError as e:
+                if e.status not in _REFUSED:
+                    raise
+                steered = False
+                changes.append(f"Volcano Job {key} refused the task template change ({e.status} {e.message}); "
+                               "restarting it on whatever capacity its NodePools give")
+
+        owner = {"apiVersion": VOLCANO_JOB.api_version, "kind": VOLCANO_JOB.kind, "name": name,
+                 "uid": job["metadata"].get("uid"), "controller": True, "blockOwnerDeletion": True}
+        try:
+            await self.objects.create(VOLCANO_COMMAND, namespace, {
+                "apiVersion": VOLCANO_COMMAND.api_version, "kind": VOLCANO_COMMAND.kind,
+                "metadata": {"name": cmd, "namespace": namespace, "ownerReferences": [owner]},
+                "action": RESTART_JOB, "target": owner,
+                "reason": "Requeue", "message": f"resilienced: {decision.reason}"[:1024],
+            })
+            changes.append(f"created Command {namespace}/{cmd} ({RESTART_JOB}): Volcano restarts the whole job")
+        except KubeStatusError as e:
+            if e.status != 409:
+                raise  # 409: issued by an earlier attempt and not yet taken by Volcano
+
+        annotations = bookkeeping(job, decision=decision, event=event, now=now) if steered else \
+            {ANNOTATION_REQUEUED_FOR: event.event_id or ""}
+        await modify(lambda: self.objects.get(VOLCANO_JOB, namespace, name),
+                     lambda j: {"metadata": {"annotations": annotations}},
+                     lambda patch: self.objects.patch(VOLCANO_JOB, namespace, name, patch),
+                     what=f"annotate Volcano Job {key}")
+        reason = (f"restarted as a whole on {decision.capacity.value}" if steered
+                  else "restarted as a whole; not steered (task templates are immutable here)")
+        return self._result(target, decision, changes, False, reason, steered=steered)
+
+    def _result(self, target: Target, decision: CapacityDecision, changes: list[str], dry_run: bool,
+                reason: str, *, steered: bool = True) -> RequeueResult:
+        return RequeueResult(
+            run_key=target.run_key, kind=self.kind, capacity=decision.capacity, reason=reason,
+            reservation_id=decision.reservation_id, changes=tuple(changes), dry_run=dry_run,
+            decision=decision, details={"steered": steered})

@@ -1,0 +1,52 @@
+"""Acting on a plan: the seam where resilienced does something to the world.
+
+The consumer hands every *actionable* :class:`~resilienced.model.Plan` to a :class:`Responder`
+and turns what comes back into an ack verdict:
+
+- an :class:`~resilienced.model.Outcome` returned: used as is (``DONE`` deletes the message);
+- :class:`~resilienced.errors.TemporaryError` raised: ``RETRY`` (the message comes back, after
+  ``delay`` seconds when given);
+- :class:`~resilienced.errors.PermanentError` raised: ``FAILED`` (logged, acknowledged);
+- anything else raised: ``RETRY`` with the error logged; the loop never crashes.
+
+``act`` may take minutes (signal, wait for a durable checkpoint, requeue): the consumer keeps
+the message invisible and the event's claim alive while it runs.  ``holder`` identifies this
+delivery (``<replica>/<message id>``) for the responder's own per-target idempotency.
+
+Until the real responder exists (later issues: locate -> signal -> durable -> requeue),
+:class:`PlanLogger` logs each plan and reports it done.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol, runtime_checkable
+
+from resilienced import log
+from resilienced.model import Outcome, Plan, Result
+from resilienced.validate import isoformat
+
+
+@runtime_checkable
+class Responder(Protocol):
+    async def act(self, plan: Plan, *, holder: str) -> Outcome:
+        """Carry out ``plan``; return its outcome or raise TemporaryError / PermanentError."""
+        ...
+
+
+class PlanLogger:
+    """A responder that only logs the plan (one ``plan`` line) and reports it done."""
+
+    def __init__(self, logger: Any | None = None) -> None:
+        self._log = logger or log.get("resilienced.respond")
+
+    async def act(self, plan: Plan, *, holder: str) -> Outcome:
+        event = plan.event
+        self._log.info(
+            "plan", event_id=event.event_id, kind=event.kind.value,
+            instance_ids=list(plan.instance_ids),
+            capacity_reservation_id=plan.capacity_reservation_id,
+            steps=[step.value for step in plan.steps], deadline=isoformat(plan.deadline),
+            attributes=dict(event.attributes), holder=holder,
+        )
+        return Outcome(result=Result.DONE, event=event, plan=plan,
+                       reason="plan logged (no responder acts yet)")

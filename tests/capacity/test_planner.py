@@ -1,0 +1,171 @@
+"""CapacityPlanner: live inputs (EC2 through the Stubber, history, ICE cache) -> decision, and buying."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+from decimal import Decimal
+
+from resilienced.capacity import Capacity, CapacityPlanner, CapacityPolicy, Ec2Capacity, Pool
+from resilienced.capacity.ec2 import PURCHASE_KEY_TAG
+from resilienced.capacity.static import StaticCapacity
+from resilienced.model import Event, Kind, Target
+
+NOW = datetime(2026, 8, 20, 12, 0, tzinfo=timezone.utc)
+POOL = Pool("p5.48xlarge", "us-east-1a")
+FILTERS = {"Filters": [{"Name": "state", "Values": ["active"]},
+                       {"Name": "instance-type", "Values": ["p5.48xlarge"]}], "MaxResults": 100}
+
+
+def target(instance: str = "i-0aaa") -> Target:
+    return Target(instance_id=instance, node=None, ray_cluster="ml/rc", ray_job="ml/job", ray_node_ids=(),
+                  checkpoint_uri=None,
+                  attributes={"instance_type": "p5.48xlarge", "availability_zone": "us-east-1a",
+                              "capacity_type": "spot", "instance_count": 2})
+
+
+def itn(event_id: str, minutes_ago: int) -> Event:
+    return Event(kind=Kind.SPOT_INTERRUPTION, event_id=event_id, time=NOW - timedelta(minutes=minutes_ago),
+                 instance_ids=("i-0aaa",))
+
+
+def block(rid: str = "cr-block1", available: int = 2) -> dict:
+    return {"CapacityReservationId": rid, "InstanceType": "p5.48xlarge", "AvailabilityZone": "us-east-1a",
+            "ReservationType": "capacity-block", "State": "active", "AvailableInstanceCount": available,
+            "TotalInstanceCount": 4, "StartDate": NOW - timedelta(days=1), "EndDate": NOW + timedelta(days=3)}
+
+
+async def test_second_interruption_moves_the_run_to_a_block(ec2) -> None:
+    client, stub = ec2
+    planner = CapacityPlanner(source=Ec2Capacity(client), policy=CapacityPolicy(), clock=lambda: NOW)
+    for _ in range(3):
+        stub.add_response("describe_capacity_reservations", {"CapacityReservations": [block()]}, FILTERS)
+    _, first = await planner.plan_for(target(), event=itn("e1", 20))
+    assert first.capacity is Capacity.SPOT
+    _, duplicate = await planner.plan_for(target(), event=itn("e1", 20))  # redelivery: counted once
+    assert duplicate.capacity is Capacity.SPOT
+    _, second = await planner.plan_for(target(), event=itn("e2", 1))
+    assert second.capacity is Capacity.CAPACITY_BLOCK and second.reservation_id == "cr-block1"
+
+
+async def test_ice_on_spot_falls_back_to_the_block(ec2) -> None:
+    client, stub = ec2
+    planner = CapacityPlanner(source=Ec2Capacity(client), policy=CapacityPolicy(), clock=lambda: NOW)
+    stub.add_response("describe_capacity_reservations", {"CapacityReservations": [block()]}, FILTERS)
+    planner.mark_unavailable(POOL, Capacity.SPOT)
+    _, decision = await planner.plan_for(target(), event=itn("e1", 1))
+    assert decision.capacity is Capacity.CAPACITY_BLOCK and "ICE" in decision.reason
+
+
+def offering_item(start: datetime) -> dict:
+    return {"CapacityBlockOfferingId": "cb-0123", "InstanceType": "p5.48xlarge",
+            "AvailabilityZone": "us-east-1a", "InstanceCount": 2, "StartDate": start,
+            "EndDate": start + timedelta(hours=24), "CapacityBlockDurationHours": 24,
+            "UpfrontFee": "2000.00", "CurrencyCode": "USD"}
+
+
+OFFERINGS = {"InstanceType": "p5.48xlarge", "InstanceCount": 2, "CapacityDurationHours": 24,
+             "StartDateRange": NOW, "EndDateRange": NOW + timedelta(minutes=30, hours=24)}
+TAGS = [{"ResourceType": "capacity-reservation",
+         "Tags": [{"Key": PURCHASE_KEY_TAG, "Value": "e2/ml/job"}]}]
+
+
+def stormy(planner: CapacityPlanner) -> None:
+    planner.history.record(POOL, NOW - timedelta(minutes=30), event_id="e0")
+
+
+async def test_purchase_dry_run_keeps_the_run_on_on_demand(ec2) -> None:
+    client, stub = ec2
+    policy = CapacityPolicy(purchase_blocks=True, price_cap=Decimal("5000"))
+    planner = CapacityPlanner(source=Ec2Capacity(client), policy=policy, clock=lambda: NOW)
+    stormy(planner)
+    stub.add_response("describe_capacity_reservations", {"CapacityReservations": []}, FILTERS)
+    stub.add_response("describe_capacity_block_offerings",
+                      {"CapacityBlockOfferings": [offering_item(NOW + timedelta(minutes=5))]}, OFFERINGS)
+    stub.add_client_error("purchase_capacity_block", service_error_code="DryRunOperation",
+                          http_status_code=412,
+                          expected_params={"CapacityBlockOfferingId": "cb-0123", "InstancePlatform": "Linux/UNIX",
+                                           "DryRun": True, "TagSpecifications": TAGS})
+    _, decision = await planner.plan_for(target(), event=itn("e2", 1))
+    assert decision.capacity is Capacity.ON_DEMAND
+    assert "would buy cb-0123" in decision.reason and decision.details["purchase_dry_run"] == "cb-0123"
+
+
+async def test_purchase_for_real_waits_for_the_block_to_start(ec2) -> None:
+    client, stub = ec2
+    policy = CapacityPolicy(purchase_blocks=True, price_cap=Decimal("5000"), purchase_dry_run=False,
+                            allow_on_demand=False)
+    planner = CapacityPlanner(source=Ec2Capacity(client), policy=policy, clock=lambda: NOW)
+    stormy(planner)
+    start = NOW + timedelta(minutes=5)
+    stub.add_response("describe_capacity_reservations", {"CapacityReservations": []}, FILTERS)
+    stub.add_response("describe_capacity_block_offerings", {"CapacityBlockOfferings": [offering_item(start)]},
+                      OFFERINGS)
+    stub.add_response("describe_capacity_reservations", {"CapacityReservations": []},
+                      {"Filters": [{"Name": f"tag:{PURCHASE_KEY_TAG}", "Values": ["e2/ml/job"]}]})
+    bought = {**block("cr-bought", available=0), "State": "scheduled", "StartDate": start}
+    stub.add_response("purchase_capacity_block", {"CapacityReservation": bought},
+                      {"CapacityBlockOfferingId": "cb-0123", "InstancePlatform": "Linux/UNIX", "DryRun": False,
+                       "TagSpecifications": TAGS})
+    _, decision = await planner.plan_for(target(), event=itn("e2", 1))
+    assert decision.capacity is Capacity.WAIT
+    assert decision.retry_after == timedelta(minutes=5)
+    assert decision.details["bought_reservation_id"] == "cr-bought"
+
+
+async def test_a_dry_run_plan_never_buys(ec2) -> None:
+    client, stub = ec2
+    policy = CapacityPolicy(purchase_blocks=True, price_cap=Decimal("5000"), purchase_dry_run=False)
+    planner = CapacityPlanner(source=Ec2Capacity(client), policy=policy, clock=lambda: NOW)
+    stormy(planner)
+    stub.add_response("describe_capacity_reservations", {"CapacityReservations": []}, FILTERS)
+    stub.add_response("describe_capacity_block_offerings",
+                      {"CapacityBlockOfferings": [offering_item(NOW + timedelta(minutes=5))]}, OFFERINGS)
+    # No purchase_capacity_block response is queued: a call would fail the Stubber.
+    _, decision = await planner.plan_for(target(), event=itn("e2", 1), dry_run=True)
+    assert decision.capacity is Capacity.CAPACITY_BLOCK and decision.offering.offering_id == "cb-0123"
+    assert "plan only" in decision.reason
+    # ... and a dry run does not count the interruption either.
+    assert len(planner.history.recent(POOL, now=NOW)) == 1
+
+
+async def test_a_run_on_an_expiring_block_moves_to_another_block(ec2) -> None:
+    client, stub = ec2
+    planner = CapacityPlanner(source=Ec2Capacity(client), policy=CapacityPolicy(), clock=lambda: NOW)
+    expiring = {**block("cr-old"), "EndDate": NOW + timedelta(minutes=40)}
+    stub.add_response("describe_capacity_reservations",
+                      {"CapacityReservations": [expiring, block("cr-new")]}, FILTERS)
+    on_block = Target(instance_id="i-0aaa", node=None, ray_cluster="ml/rc", ray_job="ml/job", ray_node_ids=(),
+                      checkpoint_uri=None,
+                      attributes={"instance_type": "p5.48xlarge", "availability_zone": "us-east-1a",
+                                  "capacity_type": "reserved", "reservation_id": "cr-old",
+                                  "capacity_moved_at": (NOW - timedelta(minutes=30)).isoformat(),
+                                  "instance_count": 2})
+    expiry = Event(kind=Kind.CAPACITY_BLOCK_EXPIRY, event_id="x1", capacity_reservation_id="cr-old",
+                   time=NOW)
+    request, decision = await planner.plan_for(on_block, event=expiry)
+    assert request.exclude == {"cr-old"}
+    assert decision.capacity is Capacity.CAPACITY_BLOCK and decision.reservation_id == "cr-new"
+
+
+async def test_a_run_on_an_expiring_block_goes_to_on_demand_when_no_block_is_left(ec2) -> None:
+    client, stub = ec2
+    planner = CapacityPlanner(source=Ec2Capacity(client), policy=CapacityPolicy(), clock=lambda: NOW)
+    expiring = {**block("cr-old"), "EndDate": NOW + timedelta(minutes=40)}
+    stub.add_response("describe_capacity_reservations", {"CapacityReservations": [expiring]}, FILTERS)
+    on_block = Target(instance_id="i-0aaa", node=None, ray_cluster="ml/rc", ray_job="ml/job", ray_node_ids=(),
+                      checkpoint_uri=None,
+                      attributes={"instance_type": "p5.48xlarge", "availability_zone": "us-east-1a",
+                                  "capacity_type": "capacity-block", "reservation_id": "cr-old",
+                                  "capacity_moved_at": (NOW - timedelta(minutes=30)).isoformat()})
+    row = await planner.target_plan(on_block, event=Event(kind=Kind.CAPACITY_BLOCK_EXPIRY, event_id="x2",
+                                                          capacity_reservation_id="cr-old", time=NOW))
+    assert row["capacity"] == "on-demand" and "cool-down" in row["reason"]
+    assert row["instance_id"] == "i-0aaa"  # the target's own fields stay
+
+
+async def test_buying_with_a_source_that_cannot_buy_says_so() -> None:
+    policy = CapacityPolicy(purchase_blocks=True, price_cap=Decimal("5000"))
+    planner = CapacityPlanner(source=StaticCapacity(), policy=policy, clock=lambda: NOW)
+    stormy(planner)
+    _, decision = await planner.plan_for(target(), event=itn("e2", 1))
+    assert decision.capacity is Capacity.ON_DEMAND and "cannot buy" in decision.reason

@@ -1,0 +1,265 @@
+"""The consumer against moto over HTTP: EventBridge -> SQS (+DLQ) -> receive -> handle -> ack."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import boto3
+import pytest
+
+import handlers
+from resilienced.claims import MemoryClaims
+from resilienced.errors import PermanentError, TemporaryError
+from resilienced.model import Kind, Outcome, Plan, Result, Wrapping
+
+from . import payloads as p
+from .conftest import MAX_RECEIVE_COUNT, REGION, Gate, Recorder, eventually, make_queues
+
+
+async def run_until(consumer, count: int, *, passes: int = 20) -> list[Outcome]:
+    """run_once until ``count`` outcomes (bounded number of passes)."""
+    outcomes: list[Outcome] = []
+    for _ in range(passes):
+        outcomes += await consumer.run_once()
+        if len(outcomes) >= count:
+            return outcomes
+    raise AssertionError(f"only {len(outcomes)} of {count} messages decided in {passes} passes")
+
+
+# --------------------------------------------------------------------------- end to end
+async def test_eventbridge_rules_route_every_kind_to_the_queue_and_each_is_decided(queues, make_consumer):
+    events = boto3.client("events", region_name=REGION, endpoint_url=queues.endpoint_url)
+    for module in handlers.MODULES:
+        name = f"rule-{module.KIND.value}"
+        events.put_rule(Name=name, EventPattern=json.dumps(
+            {"source": [module.SOURCE], "detail-type": list(module.DETAIL_TYPES)}))
+        events.put_targets(Rule=name, Targets=[{"Id": "q", "Arn": queues.arn}])
+    sent = [p.spot("i-00000000000000001"), p.reservation_interruption("i-00000000000000002"),
+            p.block_expiry(), p.health(("i-00000000000000004",)), p.state_change("terminated", "i-00000000000000005"),
+            p.rebalance("i-00000000000000006"), p.asg("i-00000000000000007"),
+            p.state_change("pending", "i-00000000000000008"),
+            p.spot("i-00000000000000009", source="custom.chaos")]  # no rule matches a custom source
+    for event in sent:
+        response = events.put_events(Entries=[{
+            "Source": event["source"], "DetailType": event["detail-type"],
+            "Detail": json.dumps(event["detail"]), "Time": event["time"]}])
+        assert response["FailedEntryCount"] == 0
+    recorder = Recorder()
+    consumer = make_consumer(recorder)
+    outcomes = await run_until(consumer, 8)
+    kinds = sorted((o.event.kind.value, o.result.value) for o in outcomes)
+    assert kinds == sorted([
+        ("spot_interruption", "done"), ("capacity_reservation_interruption", "done"),
+        ("capacity_block_expiry", "done"), ("scheduled_change", "done"), ("state_change", "done"),
+        ("rebalance_recommendation", "done"), ("asg_lifecycle", "done"), ("state_change", "not_actionable")])
+    assert all(o.event.account is None for o in outcomes)  # moto's EventBridge drops `account`
+    assert len(recorder.plans) == 7
+    assert queues.counts() == (0, 0)
+    assert queues.receive_all(queues.dlq_url) == []
+
+
+async def test_sns_wrapped_events_are_unwrapped(aws, queues, make_consumer):
+    sns = boto3.client("sns", region_name=REGION, endpoint_url=queues.endpoint_url)
+    topic = sns.create_topic(Name="interruptions")["TopicArn"]
+    sns.subscribe(TopicArn=topic, Protocol="sqs", Endpoint=queues.arn)
+    sns.publish(TopicArn=topic, Message=json.dumps(p.spot()))
+    recorder = Recorder()
+    [outcome] = await run_until(make_consumer(recorder), 1)
+    assert outcome.result is Result.DONE
+    assert outcome.event.wrapping is Wrapping.SNS
+    assert recorder.plans[0].instance_ids == (p.INSTANCE,)
+
+
+# --------------------------------------------------------------------------- idempotency
+async def test_duplicates_in_one_batch_act_once(queues, make_consumer):
+    event = p.spot(id="dup-1")
+    queues.send(event)
+    queues.send(event)
+    recorder = Recorder()
+    outcomes = await run_until(make_consumer(recorder), 2)
+    assert sorted(o.result.value for o in outcomes) == ["done", "duplicate"]
+    assert len(recorder.plans) == 1
+    assert queues.counts() == (0, 0)
+
+
+async def test_a_duplicate_after_the_event_was_handled_acts_no_more(queues, make_consumer):
+    recorder = Recorder()
+    consumer = make_consumer(recorder)
+    queues.send(p.spot(id="dup-2"))
+    assert [o.result for o in await run_until(consumer, 1)] == [Result.DONE]
+    queues.send(p.spot(id="dup-2"))
+    [again] = await run_until(consumer, 1)
+    assert again.result is Result.DUPLICATE and "already handled" in again.reason
+    assert len(recorder.plans) == 1
+    assert queues.counts() == (0, 0)
+
+
+async def test_a_copy_of_an_event_being_handled_elsewhere_is_dropped_while_the_original_stays(
+        queues, make_consumer):
+    gate = Gate()
+    claims = MemoryClaims()
+    holder = make_consumer(gate, claims=claims, replica="replica-a", batch_size=1)
+    other = make_consumer(Recorder(), claims=claims, replica="replica-b")
+    queues.send(p.spot(id="dup-3"))
+    first = asyncio.create_task(holder.run_once())
+    await gate.wait_entered(1)
+    queues.send(p.spot(id="dup-3"))
+    [copy] = await run_until(other, 1)
+    assert copy.result is Result.DUPLICATE and "being handled by replica-a" in copy.reason
+    assert queues.counts() == (0, 1)  # the original, in flight
+    gate.open(p.INSTANCE)
+    [original] = await first
+    assert original.result is Result.DONE
+    assert queues.counts() == (0, 0)
+
+
+# --------------------------------------------------------------------------- failures
+class Failing:
+    """Raises the given errors on successive calls, then succeeds."""
+
+    def __init__(self, *errors: BaseException) -> None:
+        self.errors = list(errors)
+        self.calls = 0
+
+    async def act(self, plan: Plan, *, holder: str) -> Outcome:
+        self.calls += 1
+        if self.errors:
+            raise self.errors.pop(0)
+        return Outcome(result=Result.DONE, event=plan.event, plan=plan)
+
+
+@pytest.mark.parametrize("error", [TemporaryError("kube API timed out", delay=0),
+                                   RuntimeError("a bug in the responder")],
+                         ids=["temporary-error", "unexpected-exception"])
+async def test_a_failing_handlers_message_comes_back_and_succeeds_later(queues, make_consumer, error):
+    responder = Failing(error)
+    consumer = make_consumer(responder, visibility_timeout=2)
+    queues.send(p.spot())
+    [failed] = await run_until(consumer, 1)
+    assert failed.result is Result.RETRY
+    assert queues.counts()[0] + queues.counts()[1] == 1  # kept on the queue
+    [retried] = await run_until(consumer, 1)
+    assert retried.result is Result.DONE
+    assert responder.calls == 2
+    assert queues.counts() == (0, 0)
+    assert queues.receive_all(queues.dlq_url) == []
+
+
+async def test_a_permanent_failure_is_recorded_and_acknowledged(queues, make_consumer):
+    consumer = make_consumer(Failing(PermanentError("no Ray cluster owns this node")))
+    queues.send(p.spot())
+    [outcome] = await run_until(consumer, 1)
+    assert outcome.result is Result.FAILED and "no Ray cluster" in outcome.reason
+    assert queues.counts() == (0, 0)
+    assert consumer.metrics.value("resilienced_events_decided_total", kind="spot_interruption",
+                                  outcome="failed") == 1
+
+
+async def test_a_handler_slower_than_the_visibility_timeout_is_not_redelivered_meanwhile(
+        queues, make_consumer):
+    gate = Gate()
+    consumer = make_consumer(gate, visibility_timeout=2)
+    queues.send(p.spot())
+    handling = asyncio.create_task(consumer.run_once())
+    await gate.wait_entered(1)
+    competitor_receives = 0
+    # Watch the queue until the keeper has extended the message 4 times (> 2.6 s, beyond the
+    # 2 s visibility timeout): a competing consumer must not get it meanwhile.
+    while consumer.metrics.value("resilienced_visibility_extensions_total") < 4:
+        stolen = (await asyncio.to_thread(queues.sqs.receive_message, QueueUrl=queues.url,
+                                          WaitTimeSeconds=1, VisibilityTimeout=1)).get("Messages", [])
+        assert stolen == [], "redelivered while its handler was still running"
+        competitor_receives += 1
+    assert competitor_receives >= 1
+    assert queues.counts() == (0, 1)
+    gate.open(p.INSTANCE)
+    [outcome] = await handling
+    assert outcome.result is Result.DONE
+    assert queues.counts() == (0, 0)
+
+
+# --------------------------------------------------------------------------- poison
+@pytest.mark.parametrize("body, result", [
+    ("this is not JSON", Result.UNDECODABLE),
+    (json.dumps(p.spot(source="custom.chaos")), Result.INVALID),
+], ids=["undecodable", "invalid"])
+async def test_poison_reaches_the_dlq_after_max_receives(queues, make_consumer, body, result):
+    consumer = make_consumer(Recorder())
+    queues.send(body)
+    outcomes = []
+    for _ in range(MAX_RECEIVE_COUNT + 3):
+        outcomes += await consumer.run_once()
+        if queues.counts(queues.dlq_url) != (0, 0):
+            break
+    assert [o.result for o in outcomes] == [result] * MAX_RECEIVE_COUNT
+    assert consumer.metrics.value("resilienced_dead_lettered_total") == 1
+    assert queues.counts() == (0, 0)
+    dead = queues.sqs.receive_message(QueueUrl=queues.dlq_url, WaitTimeSeconds=1)["Messages"]
+    assert [m["Body"] for m in dead] == [body]  # unchanged, for an operator to read
+
+
+async def test_without_a_dlq_poison_is_deleted_after_the_configured_receives(aws, make_consumer):
+    bare = make_queues(aws, name="no-dlq", dlq=False)
+    from resilienced.sqs import SqsQueue
+    async with SqsQueue.open(queue_url=bare.url, region=REGION, endpoint_url=bare.endpoint_url) as queue:
+        consumer = make_consumer(Recorder(), queue=queue, max_receive_count=None, max_receives_without_dlq=2)
+        bare.send("[]")
+        outcomes = []
+        for _ in range(5):
+            outcomes += await consumer.run_once()
+            if bare.counts(bare.url) == (0, 0):
+                break
+    assert [(o.result, o.event.kind) for o in outcomes] == [(Result.UNDECODABLE, Kind.INVALID)] * 2
+    assert consumer.metrics.value("resilienced_dead_lettered_total") == 1
+
+
+# --------------------------------------------------------------------------- graceful stop
+async def test_stop_mid_batch_finishes_what_it_can_and_releases_the_rest(queues, make_consumer):
+    gate = Gate()
+    consumer = make_consumer(gate, shutdown_timeout=1.0)
+    ids = [f"i-0000000000000000{n}" for n in range(1, 5)]
+    for instance in ids:
+        queues.send(p.spot(instance))
+    loop = asyncio.create_task(consumer.run())
+    await gate.wait_entered(4)
+    consumer.stop()
+    late = queues.send(p.spot("i-0000000000000000f"))  # arrives after stop: must not be taken
+    gate.open(ids[0])
+    gate.open(ids[1])
+    await loop
+    assert sorted(gate.finished) == ids[:2]
+    assert sorted(gate.cancelled) == ids[2:]
+    assert consumer.metrics.value("resilienced_released_total") == 2
+    assert consumer.in_flight == 0
+    back = queues.receive_all(wait=1)  # released with visibility 0: visible at once
+    by_instance = {json.loads(m["Body"])["detail"]["instance-id"]: m for m in back}
+    assert sorted(by_instance) == sorted(ids[2:] + ["i-0000000000000000f"])
+    assert by_instance["i-0000000000000000f"]["MessageId"] == late
+    assert by_instance["i-0000000000000000f"]["Attributes"]["ApproximateReceiveCount"] == "1"
+
+
+async def test_the_loop_handles_messages_until_stopped(queues, make_consumer):
+    recorder = Recorder()
+    consumer = make_consumer(recorder, concurrency=3)
+    for n in range(1, 8):
+        queues.send(p.spot(f"i-0000000{n}"))
+    loop = asyncio.create_task(consumer.run())
+    await eventually(lambda: len(recorder.plans) == 7)
+    await eventually(lambda: queues.counts() == (0, 0))
+    consumer.stop()
+    await loop
+    assert consumer.metrics.value("resilienced_released_total") == 0
+    assert consumer.metrics.value("resilienced_in_flight") == 0
+
+
+async def test_a_queue_that_does_not_answer_makes_the_consumer_unready(aws, queues, make_consumer):
+    from resilienced.errors import BackendUnavailable
+    from resilienced.sqs import SqsQueue
+    missing = queues.url.rsplit("/", 1)[0] + "/no-such-queue"
+    async with SqsQueue.open(queue_url=missing, region=REGION, endpoint_url=queues.endpoint_url) as queue:
+        consumer = make_consumer(Recorder(), queue=queue)
+        with pytest.raises(BackendUnavailable, match="QueueDoesNotExist|NonExistentQueue"):
+            await consumer.run_once()
+    assert not consumer.readiness.ready()
+    assert consumer.metrics.value("resilienced_queue_errors_total", operation="receive") == 1

@@ -1,0 +1,97 @@
+"""``resilienced run`` as a real process against moto: start-up checks, HTTP, and SIGTERM."""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+from collections.abc import Iterator
+
+import pytest
+
+from resilienced import cli
+from resilienced.localaws import free_port
+
+from . import payloads as p
+from .conftest import REGION, make_queues
+from .process import DaemonProcess
+
+
+@pytest.fixture
+def processes() -> Iterator[list[DaemonProcess]]:
+    started: list[DaemonProcess] = []
+    yield started
+    for process in started:
+        process.kill()
+
+
+def run_flags(queues, port: int, *extra: str) -> list[str]:
+    return ["--queue-url", queues.url, "--endpoint-url", queues.endpoint_url, "--region", REGION,
+            "--wait-seconds", "1", "--http-host", "127.0.0.1", "--http-port", str(port), *extra]
+
+
+def http_get(port: int, path: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+def test_run_refuses_a_queue_without_a_dlq(aws, capsys):
+    bare = make_queues(aws, name="no-dlq", dlq=False)
+    code = cli.main(["run", "--queue-url", bare.url, "--endpoint-url", bare.endpoint_url,
+                     "--region", REGION, "--http-port", "0"])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.startswith("resilienced: error: --queue-url: queue ")
+    assert bare.url in err and "no redrive policy" in err and "--allow-no-dlq" in err
+
+
+def test_run_exits_1_when_the_queue_does_not_answer(aws, capsys):
+    port = free_port()
+    code = cli.main(["run", "--queue-url", f"http://127.0.0.1:{port}/123456789012/q",
+                     "--endpoint-url", f"http://127.0.0.1:{port}", "--region", REGION])
+    assert code == 1
+    assert "did not answer" in capsys.readouterr().err
+
+
+def test_run_decides_logs_serves_http_and_exits_0_on_sigterm(aws, processes):
+    queues = make_queues(aws)
+    port = free_port()
+    for instance in ("i-00000001", "i-00000002"):
+        queues.send(p.spot(instance))
+    queues.send("not an event")
+    daemon = DaemonProcess(["-m", "resilienced", "run", *run_flags(queues, port)])
+    processes.append(daemon)
+    daemon.wait_for(lambda lines: sum(1 for line in lines if line.get("event") == "decision"
+                                      and line.get("outcome") == "done") == 2)
+    started = daemon.events("started")[0]
+    assert started["max_receive_count"] == 3 and started["http_port"] == port
+    decision = next(d for d in daemon.events("decision") if d["outcome"] == "done")
+    assert set(decision) >= {"event_id", "kind", "instance_ids", "outcome", "reason", "verdict",
+                             "latency_s", "timestamp", "level"}
+    assert http_get(port, "/healthz")[0] == 200
+    assert http_get(port, "/readyz")[0] == 200
+    status, metrics = http_get(port, "/metrics")
+    assert status == 200
+    assert 'resilienced_events_decided_total{kind="spot_interruption",outcome="done"} 2.0' in metrics
+    assert daemon.terminate() == 0
+    assert daemon.events("stopped")
+
+
+def test_sigterm_releases_unfinished_messages_and_loses_none(aws, processes):
+    queues = make_queues(aws)
+    port = free_port()
+    sent = {queues.send(p.spot(f"i-0000000{n}")) for n in range(1, 4)}
+    daemon = DaemonProcess(["tests/intake/blocking_daemon.py",
+                            *run_flags(queues, port, "--shutdown-timeout", "1")])
+    processes.append(daemon)
+    daemon.wait_for(lambda lines: len([line for line in lines if line.get("event") == "blocked"]) == 3)
+    assert queues.counts() == (0, 3)
+    assert daemon.terminate() == 0
+    assert len(daemon.events("released")) == 3
+    assert daemon.events("decision") == []  # nothing was settled, so nothing was deleted
+    back = queues.receive_all(wait=1)  # released with visibility 0: visible at once
+    assert {m["MessageId"] for m in back} == sent
+    assert {json.loads(m["Body"])["detail"]["instance-id"] for m in back} == {
+        "i-00000001", "i-00000002", "i-00000003"}

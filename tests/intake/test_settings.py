@@ -1,0 +1,97 @@
+"""Settings: flags over environment over defaults, parsed and validated once, errors name the flag."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from resilienced.errors import ConfigError
+from resilienced.settings import QueueSettings, Settings, documented_options
+
+QUEUE = "https://sqs.eu-west-1.amazonaws.com/123456789012/interruptions"
+
+
+def settings(argv=(), environ=None) -> Settings:
+    return Settings.from_args(list(argv), environ or {})
+
+
+def test_defaults():
+    s = settings()
+    assert (s.queue.wait_seconds, s.queue.batch_size, s.queue.concurrency) == (20, 10, 10)
+    assert (s.queue.visibility_timeout, s.queue.shutdown_timeout, s.queue.allow_no_dlq) == (60, 30.0, False)
+    assert s.intake.rebalance_policy == "notify" and s.intake.asg_deadline_seconds == 120.0
+    assert s.intake.allowed_accounts == () and s.http.http_port == 8080 and s.log.log_level == "info"
+
+
+def test_environment_gives_defaults_and_flags_override_it():
+    environ = {"RESILIENCED_QUEUE_URL": QUEUE, "RESILIENCED_CONCURRENCY": "4",
+               "RESILIENCED_ALLOWED_ACCOUNTS": "123456789012, 210987654321",
+               "RESILIENCED_ALLOW_NO_DLQ": "true", "RESILIENCED_REBALANCE_POLICY": "drain"}
+    s = settings(["--concurrency", "7"], environ).validate()
+    assert s.queue.queue_url == QUEUE
+    assert s.queue.concurrency == 7
+    assert s.queue.allow_no_dlq is True
+    assert s.intake.allowed_accounts == ("123456789012", "210987654321")
+    assert s.intake.rebalance_policy == "drain"
+
+
+def test_region_falls_back_to_aws_region_then_to_the_queue_url():
+    assert settings(["--queue-url", QUEUE], {"AWS_REGION": "us-west-2"}).queue.effective_region == "us-west-2"
+    assert settings(["--queue-url", QUEUE], {"RESILIENCED_REGION": "us-east-2", "AWS_REGION": "us-west-2"}) \
+        .queue.effective_region == "us-east-2"
+    assert settings(["--queue-url", QUEUE]).queue.effective_region == "eu-west-1"
+
+
+def test_endpoint_url_falls_back_to_the_standard_aws_variables():
+    s = settings([], {"AWS_ENDPOINT_URL": "http://127.0.0.1:5000"})
+    assert s.queue.endpoint_url == "http://127.0.0.1:5000"
+
+
+def test_switch_flag_sets_true():
+    assert settings(["--allow-no-dlq"]).queue.allow_no_dlq is True
+
+
+BAD = [
+    ("queue-url-missing", [], {}, "--queue-url", "required"),
+    ("queue-url-not-a-url", ["--queue-url", "interruptions"], {}, "--queue-url", "expected an http(s) URL"),
+    ("region-unknown", ["--queue-url", "http://127.0.0.1:5000/1/q"], {}, "--region", "not set"),
+    ("region-malformed", ["--queue-url", QUEUE, "--region", "mars"], {}, "--region", "'mars' is not an AWS region"),
+    ("endpoint-not-a-url", ["--queue-url", QUEUE, "--endpoint-url", "localhost:5000"], {}, "--endpoint-url", "http(s) URL"),
+    ("concurrency-not-a-number", ["--queue-url", QUEUE], {"RESILIENCED_CONCURRENCY": "lots"}, "--concurrency",
+     "expected a whole number, got 'lots' (from env RESILIENCED_CONCURRENCY)"),
+    ("concurrency-zero", ["--queue-url", QUEUE, "--concurrency", "0"], {}, "--concurrency", "between 1 and 1000"),
+    ("batch-over-ten", ["--queue-url", QUEUE, "--batch-size", "11"], {}, "--batch-size", "between 1 and 10"),
+    ("wait-over-twenty", ["--queue-url", QUEUE, "--wait-seconds", "21"], {}, "--wait-seconds", "between 0 and 20 s"),
+    ("visibility-too-short", ["--queue-url", QUEUE, "--visibility-timeout", "1"], {}, "--visibility-timeout", "between 2"),
+    ("shutdown-negative", ["--queue-url", QUEUE, "--shutdown-timeout", "-1"], {}, "--shutdown-timeout", "between 0"),
+    ("shutdown-nan", ["--queue-url", QUEUE, "--shutdown-timeout", "nan"], {}, "--shutdown-timeout", "finite"),
+    ("bool-garbage", ["--queue-url", QUEUE], {"RESILIENCED_ALLOW_NO_DLQ": "maybe"}, "--allow-no-dlq", "true or false"),
+    ("account-malformed", ["--queue-url", QUEUE, "--allowed-accounts", "12345"], {}, "--allowed-accounts", "'12345'"),
+    ("region-list-malformed", ["--queue-url", QUEUE, "--allowed-regions", "us-east-1,moon"], {}, "--allowed-regions", "'moon'"),
+    ("rebalance-unknown", ["--queue-url", QUEUE, "--rebalance-policy", "panic"], {}, "--rebalance-policy", "notify, checkpoint-ahead, drain"),
+    ("asg-deadline-zero", ["--queue-url", QUEUE, "--asg-deadline-seconds", "0"], {}, "--asg-deadline-seconds", "between 1"),
+    ("port-too-big", ["--queue-url", QUEUE, "--http-port", "70000"], {}, "--http-port", "between 0 and 65535"),
+    ("log-level-unknown", ["--queue-url", QUEUE, "--log-level", "loud"], {}, "--log-level", "debug, info"),
+]
+
+
+@pytest.mark.parametrize("argv, environ, setting, message", [b[1:] for b in BAD], ids=[b[0] for b in BAD])
+def test_bad_settings_raise_config_error_naming_the_flag(argv, environ, setting, message):
+    with pytest.raises(ConfigError) as caught:
+        settings(argv, environ).validate()
+    assert caught.value.setting == setting
+    assert message in caught.value.message
+
+
+def test_a_group_can_be_read_alone_without_requiring_the_queue():
+    group = QueueSettings.from_args(argparse.Namespace(region="us-east-1"), {})
+    group.validate(require_queue=False)
+    assert group.effective_region == "us-east-1"
+
+
+def test_every_setting_is_documented_with_a_flag_and_an_environment_variable():
+    rows = documented_options()
+    assert len(rows) == sum(len(g.options()) for g in Settings.GROUPS.values())
+    for group, flag, env, default, help_text in rows:
+        assert flag.startswith("--") and "RESILIENCED_" in env and len(help_text) > 20, flag

@@ -1,0 +1,1 @@
+"""Kubernetes mode and the emulated API server it is tested against."""

@@ -1,0 +1,87 @@
+"""cordon(): one NoSchedule taint, by patch, kept through conflicts, never duplicated."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+
+from resilienced.kube import DEADLINE_ANNOTATION, TAINT_KEY, KubeCluster
+from resilienced.model import Target
+from .conftest import eventually, instance, node
+from tests.support.kubeapi import KubeApiServer
+
+OTHER = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
+
+
+def _target(name: str = "n1") -> Target:
+    return Target(instance_id=instance(1), node=name, ray_cluster="ml/rc", ray_job=None,
+                  ray_node_ids=(), checkpoint_uri=None)
+
+
+async def _cached(cluster: KubeCluster, name: str = "n1") -> None:
+    await cluster.nodes.wait_until(lambda c: c.get(None, name) is not None, timeout=5)
+
+
+async def test_cordon_adds_one_taint_and_keeps_the_others(cluster: KubeCluster, kubeapi: KubeApiServer) -> None:
+    kubeapi.create(node("n1", instance(1), taints=[OTHER]))
+    await _cached(cluster)
+    deadline = datetime(2026, 3, 1, 12, 2, tzinfo=timezone.utc)
+    await cluster.cordon(_target(), reason="spot_interruption", deadline=deadline)
+    stored = kubeapi.get("nodes", "n1")
+    assert stored["spec"]["taints"] == [OTHER, {"key": TAINT_KEY, "value": "spot_interruption", "effect": "NoSchedule"}]
+    assert stored["metadata"]["annotations"][DEADLINE_ANNOTATION] == "2026-03-01T12:02:00Z"
+    verbs = {(r.verb, r.content_type) for r in kubeapi.requests if r.resource == "nodes" and r.verb not in ("list", "watch")}
+    assert verbs == {("patch", "application/strategic-merge-patch+json")}  # a patch, never a replace
+
+
+async def test_cordon_is_idempotent(cluster: KubeCluster, kubeapi: KubeApiServer) -> None:
+    kubeapi.create(node("n1", instance(1)))
+    await _cached(cluster)
+    await cluster.cordon(_target(), reason="spot_interruption", deadline=None)
+    await cluster.nodes.wait_until(lambda c: bool((c.get(None, "n1") or {}).get("spec", {}).get("taints")), timeout=5)
+    kubeapi.reset_log()
+    await cluster.cordon(_target(), reason="spot_interruption", deadline=None)
+    await cluster.cordon(_target(), reason="rebalance_recommendation", deadline=None)
+    assert [t["key"] for t in kubeapi.get("nodes", "n1")["spec"]["taints"]] == [TAINT_KEY]
+    assert kubeapi.requests == []  # the cache already shows the taint: nothing to send
+
+
+async def test_cordon_from_a_stale_cache_rereads_and_retries(cluster: KubeCluster, kubeapi: KubeApiServer) -> None:
+    kubeapi.create(node("n1", instance(1)))
+    await _cached(cluster)
+    kubeapi.drop_watches()
+    kubeapi.fail(verb="watch", resource="nodes", status=503, times=None)  # the cache stops following
+    await eventually(lambda: kubeapi.open_watches < 4, what="the nodes watch to stop")
+    kubeapi.patch("nodes", "n1", body={"spec": {"taints": [OTHER]}})  # another controller, unseen by the cache
+    await cluster.cordon(_target(), reason="spot_interruption", deadline=None)
+    assert [t["key"] for t in kubeapi.get("nodes", "n1")["spec"]["taints"]] == ["nvidia.com/gpu", TAINT_KEY]
+    writes = [(r.verb, r.status) for r in kubeapi.requests if r.resource == "nodes" and r.verb in ("get", "patch")]
+    assert writes == [("patch", 409), ("get", 200), ("patch", 200)]
+    kubeapi.clear_faults()
+
+
+async def test_cordon_of_a_tainted_node_read_after_a_conflict_sends_nothing_more(
+    cluster: KubeCluster, kubeapi: KubeApiServer
+) -> None:
+    kubeapi.create(node("n1", instance(1)))
+    await _cached(cluster)
+    kubeapi.drop_watches()
+    kubeapi.fail(verb="watch", resource="nodes", status=503, times=None)
+    await eventually(lambda: kubeapi.open_watches < 4, what="the nodes watch to stop")
+    kubeapi.patch("nodes", "n1", body={"spec": {"taints": [{"key": TAINT_KEY, "value": "x", "effect": "NoSchedule"}]}})
+    await cluster.cordon(_target(), reason="spot_interruption", deadline=None)
+    assert len(kubeapi.get("nodes", "n1")["spec"]["taints"]) == 1
+    kubeapi.clear_faults()
+
+
+async def test_cordon_of_a_vanished_node_is_a_no_op(cluster: KubeCluster, kubeapi: KubeApiServer) -> None:
+    await cluster.wait_ready()
+    await cluster.cordon(_target("gone"), reason="state_change", deadline=None)
+    assert [(r.verb, r.status) for r in kubeapi.requests if r.resource == "nodes" and r.verb == "get"] == [("get", 404)]
+
+
+async def test_taint_value_is_label_safe(cluster: KubeCluster, kubeapi: KubeApiServer) -> None:
+    kubeapi.create(node("n1", instance(1)))
+    await _cached(cluster)
+    await cluster.cordon(_target(), reason="EC2 Spot Instance Interruption Warning!", deadline=None)
+    (taint,) = kubeapi.get("nodes", "n1")["spec"]["taints"]
+    assert taint["value"] == "EC2-Spot-Instance-Interruption-Warning"

@@ -1,0 +1,98 @@
+"""record(): Events on the Node and the run, found by involvedObject, counted instead of repeated."""
+
+from __future__ import annotations
+
+from kubernetes_asyncio import client as k8s
+
+from resilienced.kube import EventRecorder, KubeCluster
+from resilienced.kube.events import ObjectRef
+from resilienced.model import Target
+from .conftest import instance, node, raycluster, rayjob
+from tests.support.kubeapi import KubeApiServer
+
+
+async def _world(cluster: KubeCluster, kubeapi: KubeApiServer) -> tuple[dict, dict, dict]:
+    job = kubeapi.create(rayjob("train"))
+    rc = kubeapi.create(raycluster("train-rc", owner_job=job))
+    n1 = kubeapi.create(node("n1", instance(1)))
+    await cluster.wait_ready()
+    await cluster.rayjobs.wait_until(lambda c: c.get("ml", "train") is not None, timeout=5)
+    await cluster.nodes.wait_until(lambda c: c.get(None, "n1") is not None, timeout=5)
+    return n1, job, rc
+
+
+def _target(ray_job: str | None = "ml/train") -> Target:
+    return Target(instance_id=instance(1), node="n1", ray_cluster="ml/train-rc", ray_job=ray_job,
+                  ray_node_ids=(), checkpoint_uri=None)
+
+
+async def test_events_on_the_node_and_the_rayjob(cluster: KubeCluster, kubeapi: KubeApiServer, api) -> None:
+    n1, job, _ = await _world(cluster, kubeapi)
+    await cluster.record(_target(), reason="SpotInterruption", message="i-1 interrupted at 12:00", warning=True)
+    core = k8s.CoreV1Api(api)
+    on_node = await core.list_namespaced_event(
+        "default", field_selector=f"involvedObject.kind=Node,involvedObject.name=n1,involvedObject.uid={n1['metadata']['uid']}")
+    on_job = await core.list_namespaced_event(
+        "ml", field_selector=f"involvedObject.kind=RayJob,involvedObject.uid={job['metadata']['uid']}")
+    assert len(on_node.items) == 1 and len(on_job.items) == 1
+    event = on_job.items[0]
+    assert (event.reason, event.message, event.type, event.count) == ("SpotInterruption", "i-1 interrupted at 12:00", "Warning", 1)
+    assert event.reporting_component == "resilienced.io/resilienced"
+    assert event.reporting_instance == "replica-a"
+    assert event.involved_object.api_version == "ray.io/v1" and event.involved_object.namespace == "ml"
+    assert event.source.component == "resilienced"
+
+
+async def test_a_cluster_without_job_gets_the_event(cluster: KubeCluster, kubeapi: KubeApiServer) -> None:
+    _, _, rc = await _world(cluster, kubeapi)
+    await cluster.record(_target(ray_job=None), reason="Drained", message="m")
+    kinds = sorted((e["involvedObject"]["kind"], e["involvedObject"]["uid"]) for e in kubeapi.list("events"))
+    assert ("RayCluster", rc["metadata"]["uid"]) in kinds and len(kinds) == 2
+
+
+async def test_a_repeat_counts_instead_of_adding(cluster: KubeCluster, kubeapi: KubeApiServer) -> None:
+    await _world(cluster, kubeapi)
+    for _ in range(3):
+        await cluster.record(_target(), reason="SpotInterruption", message="same notice", warning=True)
+    await cluster.record(_target(), reason="SpotInterruption", message="another notice", warning=True)
+    events = kubeapi.list("events")
+    assert sorted((e["involvedObject"]["kind"], e["message"], e["count"]) for e in events) == [
+        ("Node", "another notice", 1), ("Node", "same notice", 3),
+        ("RayJob", "another notice", 1), ("RayJob", "same notice", 3)]
+    assert kubeapi.counts()[("create", "events")] == 4 and kubeapi.counts()[("patch", "events")] == 4
+    assert kubeapi.counts()[("get", "events")] == 0
+
+
+async def test_a_restarted_replica_finds_its_event(kubeapi: KubeApiServer, api) -> None:
+    ref = ObjectRef(api_version="v1", kind="Node", name="n1", uid="u1")
+    first = EventRecorder(api, replica="replica-a")
+    name = await first.emit(ref, reason="SpotInterruption", message="m")
+    restarted = EventRecorder(api, replica="replica-a")
+    assert await restarted.emit(ref, reason="SpotInterruption", message="m") == name
+    (event,) = kubeapi.list("events")
+    assert event["count"] == 2
+    assert [(r.verb, r.status) for r in kubeapi.requests] == [("create", 201), ("create", 409), ("get", 200), ("patch", 200)]
+
+
+async def test_each_replica_reports_as_itself(kubeapi: KubeApiServer, api) -> None:
+    ref = ObjectRef(api_version="v1", kind="Node", name="n1", uid="u1")
+    await EventRecorder(api, replica="replica-a").emit(ref, reason="R", message="m")
+    await EventRecorder(api, replica="replica-b").emit(ref, reason="R", message="m")
+    assert sorted(e["reportingInstance"] for e in kubeapi.list("events")) == ["replica-a", "replica-b"]
+
+
+async def test_an_expired_event_is_written_again(kubeapi: KubeApiServer, api) -> None:
+    ref = ObjectRef(api_version="v1", kind="Node", name="n1", uid="u1")
+    recorder = EventRecorder(api, replica="replica-a")
+    name = await recorder.emit(ref, reason="R", message="m")
+    kubeapi.delete("events", name, namespace="default")  # the API server's event TTL ran out
+    await recorder.emit(ref, reason="R", message="m")
+    (event,) = kubeapi.list("events")
+    assert event["count"] == 1
+
+
+async def test_long_messages_are_cut(kubeapi: KubeApiServer, api) -> None:
+    ref = ObjectRef(api_version="v1", kind="Node", name="n1", uid="u1")
+    await EventRecorder(api, replica="r").emit(ref, reason="R", message="x" * 5000)
+    (event,) = kubeapi.list("events")
+    assert len(event["message"]) == 1024

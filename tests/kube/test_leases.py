@@ -1,0 +1,168 @@
+"""KubeLeaseClaims across two replicas sharing one API server: held, done, expired, released."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from datetime import datetime, timedelta, timezone
+
+import pytest
+from kubernetes_asyncio import client as k8s
+
+from resilienced.kube import KubeLeaseClaims, lease_name
+from resilienced.ports import ClaimStore
+from tests.support.kubeapi import KubeApiServer
+
+NS = "resilienced"
+KEY = "evt-1234/ml/train"
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = datetime(2026, 3, 1, 12, 0, tzinfo=timezone.utc)
+
+    def __call__(self) -> datetime:
+        return self.now
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+@pytest.fixture
+async def replicas(kubeapi: KubeApiServer, clock: Clock) -> AsyncIterator[tuple[KubeLeaseClaims, KubeLeaseClaims]]:
+    """Two replicas, each with its own client (its own connections) to the same API server."""
+    a_client, b_client = kubeapi.api_client(), kubeapi.api_client()
+    try:
+        yield (KubeLeaseClaims(a_client, namespace=NS, clock=clock),
+               KubeLeaseClaims(b_client, namespace=NS, clock=clock))
+    finally:
+        await a_client.close()
+        await b_client.close()
+
+
+async def test_it_is_a_claim_store(replicas: tuple[KubeLeaseClaims, KubeLeaseClaims]) -> None:
+    assert isinstance(replicas[0], ClaimStore)
+
+
+async def test_a_held_claim_is_refused_to_the_other_replica(
+    replicas: tuple[KubeLeaseClaims, KubeLeaseClaims], kubeapi: KubeApiServer
+) -> None:
+    a, b = replicas
+    claim = await a.acquire(KEY, holder="replica-a", ttl_seconds=90)
+    assert claim is not None and (claim.key, claim.holder, claim.state) == (KEY, "replica-a", "held")
+    assert await b.acquire(KEY, holder="replica-b", ttl_seconds=90) is None
+    assert await a.acquire(KEY, holder="replica-a", ttl_seconds=90) is None  # a second delivery to the same replica
+    lease = kubeapi.get("leases", lease_name(KEY), namespace=NS)
+    assert lease["spec"]["holderIdentity"] == "replica-a" and lease["spec"]["leaseDurationSeconds"] == 90
+    assert lease["metadata"]["annotations"]["resilienced.io/claim-key"] == KEY
+    assert lease["metadata"]["name"].startswith("resilienced-") and len(lease["metadata"]["name"]) == 32
+
+
+async def test_a_done_claim_stays_done(replicas: tuple[KubeLeaseClaims, KubeLeaseClaims], clock: Clock) -> None:
+    a, b = replicas
+    await a.acquire(KEY, holder="replica-a", ttl_seconds=30)
+    await a.complete(KEY, holder="replica-a", details={"drained": ["ab" * 28], "step": 1200})
+    clock.now += timedelta(hours=2)  # long past the lease duration
+    assert await b.acquire(KEY, holder="replica-b", ttl_seconds=30) is None
+    claim = await b.get(KEY)
+    assert claim is not None and claim.state == "done" and claim.holder == "replica-a"
+    assert claim.details == {"drained": ["ab" * 28], "step": 1200}
+    await a.release(KEY, holder="replica-a")  # releasing a done claim keeps it
+    assert (await b.get(KEY)).state == "done"
+
+
+async def test_an_expired_claim_is_taken_over(
+    replicas: tuple[KubeLeaseClaims, KubeLeaseClaims], clock: Clock, kubeapi: KubeApiServer
+) -> None:
+    a, b = replicas
+    await a.acquire(KEY, holder="replica-a", ttl_seconds=30)
+    clock.now += timedelta(seconds=29)
+    assert await b.acquire(KEY, holder="replica-b", ttl_seconds=30) is None
+    clock.now += timedelta(seconds=2)
+    taken = await b.acquire(KEY, holder="replica-b", ttl_seconds=30)
+    assert taken is not None and taken.holder == "replica-b" and taken.state == "held"
+    lease = kubeapi.get("leases", lease_name(KEY), namespace=NS)
+    assert lease["spec"]["leaseTransitions"] == 1
+    assert [r.verb for r in kubeapi.requests if r.verb == "update"] == ["update"]
+    assert await a.acquire(KEY, holder="replica-a", ttl_seconds=30) is None
+
+
+async def test_only_one_of_two_racing_takeovers_wins(kubeapi: KubeApiServer, clock: Clock) -> None:
+    clients = [kubeapi.api_client() for _ in range(3)]
+    try:
+        first, *racers = [KubeLeaseClaims(c, namespace=NS, clock=clock) for c in clients]
+        await first.acquire(KEY, holder="replica-a", ttl_seconds=10)
+        clock.now += timedelta(seconds=11)
+        results = await asyncio.gather(*(r.acquire(KEY, holder=f"replica-{i}", ttl_seconds=10) for i, r in enumerate(racers)))
+        assert sum(r is not None for r in results) == 1
+    finally:
+        for c in clients:
+            await c.close()
+
+
+async def test_only_one_of_many_racing_acquires_wins(kubeapi: KubeApiServer, clock: Clock) -> None:
+    clients = [kubeapi.api_client() for _ in range(5)]
+    try:
+        stores = [KubeLeaseClaims(c, namespace=NS, clock=clock) for c in clients]
+        results = await asyncio.gather(*(s.acquire(KEY, holder=f"replica-{i}", ttl_seconds=60) for i, s in enumerate(stores)))
+        assert sum(r is not None for r in results) == 1
+    finally:
+        for c in clients:
+            await c.close()
+
+
+async def test_release_frees_the_claim_only_for_its_holder(
+    replicas: tuple[KubeLeaseClaims, KubeLeaseClaims], kubeapi: KubeApiServer
+) -> None:
+    a, b = replicas
+    await a.acquire(KEY, holder="replica-a", ttl_seconds=90)
+    await b.release(KEY, holder="replica-b")
+    assert (await a.get(KEY)).holder == "replica-a"
+    await a.release(KEY, holder="replica-a")
+    assert await a.get(KEY) is None
+    assert (await b.acquire(KEY, holder="replica-b", ttl_seconds=90)).holder == "replica-b"
+    delete = next(r for r in kubeapi.requests if r.verb == "delete")
+    assert delete.status == 200
+
+
+async def test_complete_after_losing_the_lease_still_records_done(
+    replicas: tuple[KubeLeaseClaims, KubeLeaseClaims], clock: Clock, kubeapi: KubeApiServer
+) -> None:
+    a, b = replicas
+    await a.acquire(KEY, holder="replica-a", ttl_seconds=5)
+    clock.now += timedelta(seconds=6)
+    await b.acquire(KEY, holder="replica-b", ttl_seconds=5)
+    await a.complete(KEY, holder="replica-a", details={"ok": True})
+    claim = await b.get(KEY)
+    assert claim.state == "done" and claim.details == {"ok": True}
+    notes = kubeapi.get("leases", lease_name(KEY), namespace=NS)["metadata"]["annotations"]
+    assert json.loads(notes["resilienced.io/details"]) == {"ok": True}
+
+
+async def test_complete_without_a_lease_creates_it_done(replicas: tuple[KubeLeaseClaims, KubeLeaseClaims]) -> None:
+    a, b = replicas
+    await a.complete(KEY, holder="replica-a", details={})
+    assert (await b.get(KEY)).state == "done"
+    assert await b.acquire(KEY, holder="replica-b", ttl_seconds=60) is None
+
+
+async def test_complete_retries_after_a_conflict(replicas: tuple[KubeLeaseClaims, KubeLeaseClaims], kubeapi: KubeApiServer) -> None:
+    a, _ = replicas
+    await a.acquire(KEY, holder="replica-a", ttl_seconds=60)
+    kubeapi.fail(verb="update", resource="leases", status=409, times=1)
+    await a.complete(KEY, holder="replica-a", details={"n": 1})
+    assert (await a.get(KEY)).state == "done"
+    assert [r.status for r in kubeapi.requests if r.verb == "update"] == [409, 200]
+
+
+async def test_keys_map_to_distinct_valid_names(api: k8s.ApiClient) -> None:
+    keys = [KEY, KEY + " ", "Événement/ünïcode", "x" * 2000]
+    names = {lease_name(k) for k in keys}
+    assert len(names) == len(keys)
+    store = KubeLeaseClaims(api, namespace=NS)
+    for key in keys:
+        claim = await store.acquire(key, holder="r", ttl_seconds=1)
+        assert claim is not None and claim.key == key

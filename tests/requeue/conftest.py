@@ -1,0 +1,36 @@
+"""The emulated Kubernetes API over HTTP, with RBAC limited to what the requeuers declare."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import pytest
+from kubernetes_asyncio import client as k8s
+
+from resilienced.requeue.rbac import RBAC_RULES
+from tests.support.kubeapi import KubeApiServer, RbacRule
+
+
+def rbac_of_requeue() -> list[RbacRule]:
+    return [RbacRule(verbs=frozenset(rule.verbs), api_groups=frozenset(rule.api_groups),
+                     resources=frozenset(rule.resources)) for rule in RBAC_RULES]
+
+
+@pytest.fixture
+async def kubeapi() -> AsyncIterator[KubeApiServer]:
+    """The server; only the requests RBAC_RULES allows succeed (403 otherwise)."""
+    server = KubeApiServer(token="requeue-test", rbac=rbac_of_requeue())
+    await server.start()
+    try:
+        yield server
+    finally:
+        await server.stop()
+
+
+@pytest.fixture
+async def api(kubeapi: KubeApiServer) -> AsyncIterator[k8s.ApiClient]:
+    client = kubeapi.api_client()
+    try:
+        yield client
+    finally:
+        await client.close()

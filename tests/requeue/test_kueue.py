@@ -1,0 +1,139 @@
+"""Kueue-managed RayJobs: evict and requeue through the Workload, steered to the decided flavor.
+
+The emulated API server holds the objects; ``KueueSim`` plays Kueue's controllers (see its
+docstring for the rules and their sources in Kueue v0.19.2).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+
+import pytest
+from kubernetes_asyncio import client as k8s
+
+from resilienced.capacity import Capacity, CapacityDecision
+from resilienced.errors import PermanentError, TemporaryError
+from resilienced.model import Event, Kind, Target
+from resilienced.requeue import KueueRequeuer
+from resilienced.requeue.kueue import DEACTIVATED_FOR
+from resilienced.requeue.rbac import requested_verbs
+from tests.requeue.kueue_sim import KueueSim, workload_for
+from tests.requeue.objects import NS, rayjob
+from tests.support.kubeapi import KubeApiServer
+
+BLOCK = CapacityDecision(Capacity.CAPACITY_BLOCK, "spot interrupted twice", reservation_id="cr-0block")
+SPOT = CapacityDecision(Capacity.SPOT, "spot healthy")
+EVENT = Event(kind=Kind.SPOT_INTERRUPTION, event_id="ev-7", instance_ids=("i-0aaa",))
+TARGET = Target(instance_id="i-0aaa", node="spot-1", ray_cluster=f"{NS}/train", ray_job=f"{NS}/job",
+                ray_node_ids=(), checkpoint_uri=None)
+WRITES = {"patch", "delete", "create", "update"}
+
+
+def seed_admitted_on_spot(kubeapi: KubeApiServer) -> None:
+    """A RayJob Kueue admitted on the spot flavor: it injected capacity-type=spot into the templates."""
+    job = kubeapi.create(rayjob(labels={"kueue.x-k8s.io/queue-name": "training"}))
+    kubeapi.create(workload_for(job, flavor="spot"))  # PodSets: the templates as created (no selector)
+    for group in job["spec"]["rayClusterSpec"]["workerGroupSpecs"]:
+        group["template"]["spec"]["nodeSelector"] = {"karpenter.sh/capacity-type": "spot"}
+    kubeapi.put(job)
+
+
+async def eventually(check: Callable[[], bool], *, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        await asyncio.sleep(0.01)
+
+
+def worker_selectors(kubeapi: KubeApiServer) -> list[dict]:
+    job = kubeapi.get("rayjobs", "job", namespace=NS)
+    return [g["template"]["spec"].get("nodeSelector") for g in job["spec"]["rayClusterSpec"]["workerGroupSpecs"]]
+
+
+@pytest.mark.parametrize("version", ["v1beta2", "v1beta1"])
+async def test_requeue_lands_the_run_on_the_block_flavor(api: k8s.ApiClient, kubeapi: KubeApiServer, version: str) -> None:
+    seed_admitted_on_spot(kubeapi)
+    requeuer = KueueRequeuer(api, workload_version=version, poll_interval_s=0.02, settle_timeout_s=10)
+    async with KueueSim(kubeapi, namespace=NS) as kueue:
+        result = await requeuer.requeue(TARGET, decision=BLOCK, event=EVENT)
+        assert [c.split(":")[0].split(" ")[0] for c in result.changes] == ["deactivated", "set", "reactivated"]
+        await eventually(lambda: kueue.admitted == ["capacity-block"]
+                         and not kubeapi.get("rayjobs", "job", namespace=NS)["spec"]["suspend"])
+        assert kueue.foreign_suspend_writes == 0  # resilienced never wrote spec.suspend
+    wl = kubeapi.list("workloads", namespace=NS)[0]
+    assert wl["spec"]["active"] is True and DEACTIVATED_FOR not in (wl["metadata"].get("annotations") or {})
+    for selector in worker_selectors(kubeapi):
+        assert selector == {"karpenter.sh/capacity-type": "reserved",
+                            "karpenter.k8s.aws/capacity-reservation-id": "cr-0block",
+                            "karpenter.k8s.aws/capacity-reservation-type": "capacity-block"}
+    annotations = kubeapi.get("rayjobs", "job", namespace=NS)["metadata"]["annotations"]
+    assert annotations["resilienced.io/capacity-type"] == "capacity-block"
+
+
+async def test_applying_the_same_decision_again_changes_nothing(api: k8s.ApiClient, kubeapi: KubeApiServer) -> None:
+    seed_admitted_on_spot(kubeapi)
+    requeuer = KueueRequeuer(api, poll_interval_s=0.02, settle_timeout_s=10)
+    async with KueueSim(kubeapi, namespace=NS) as kueue:
+        await requeuer.requeue(TARGET, decision=BLOCK, event=EVENT)
+        await eventually(lambda: kueue.admitted == ["capacity-block"]
+                         and not kubeapi.get("rayjobs", "job", namespace=NS)["spec"]["suspend"])
+        kubeapi.reset_log()
+        again = await requeuer.requeue(TARGET, decision=BLOCK, event=EVENT)
+        assert again.changes == () and "already on capacity-block" in again.reason
+        assert [r for r in kubeapi.requests if r.verb in WRITES] == []
+        assert kueue.admitted == ["capacity-block"]  # no second eviction
+
+
+async def test_a_run_already_on_the_decided_flavor_is_not_evicted(api: k8s.ApiClient, kubeapi: KubeApiServer) -> None:
+    seed_admitted_on_spot(kubeapi)
+    result = await KueueRequeuer(api).requeue(TARGET, decision=SPOT, event=EVENT)
+    assert result.changes == ()
+    assert kubeapi.list("workloads", namespace=NS)[0]["spec"]["active"] is True
+    assert [r for r in kubeapi.requests if r.verb in WRITES] == []
+
+
+async def test_dry_run_lists_the_steps_and_writes_nothing(api: k8s.ApiClient, kubeapi: KubeApiServer) -> None:
+    seed_admitted_on_spot(kubeapi)
+    result = await KueueRequeuer(api).requeue(TARGET, decision=BLOCK, event=EVENT, dry_run=True)
+    assert result.dry_run and len(result.changes) == 3 and result.changes[0].startswith("would deactivate Workload")
+    assert [r for r in kubeapi.requests if r.verb in WRITES] == []
+
+
+async def test_a_stalled_kueue_is_retried_and_the_retry_resumes(api: k8s.ApiClient, kubeapi: KubeApiServer) -> None:
+    seed_admitted_on_spot(kubeapi)
+    impatient = KueueRequeuer(api, poll_interval_s=0.02, settle_timeout_s=0.3)
+    with pytest.raises(TemporaryError, match="waiting for Kueue to suspend"):
+        await impatient.requeue(TARGET, decision=BLOCK, event=EVENT)  # no Kueue running
+    wl = kubeapi.list("workloads", namespace=NS)[0]
+    assert wl["spec"]["active"] is False and wl["metadata"]["annotations"][DEACTIVATED_FOR] == "ev-7"
+    async with KueueSim(kubeapi, namespace=NS) as kueue:
+        result = await KueueRequeuer(api, poll_interval_s=0.02, settle_timeout_s=10).requeue(
+            TARGET, decision=BLOCK, event=EVENT)
+        assert not any(c.startswith("deactivated") for c in result.changes)  # not done twice
+        assert any(c.startswith("reactivated") for c in result.changes)
+        await eventually(lambda: kueue.admitted == ["capacity-block"])
+
+
+async def test_a_workload_deactivated_by_someone_else_is_left_alone(api: k8s.ApiClient, kubeapi: KubeApiServer) -> None:
+    seed_admitted_on_spot(kubeapi)
+    wl = kubeapi.list("workloads", namespace=NS)[0]
+    kubeapi.patch("workloads", wl["metadata"]["name"], {"spec": {"active": False}}, namespace=NS)
+    async with KueueSim(kubeapi, namespace=NS):
+        await KueueRequeuer(api, poll_interval_s=0.02, settle_timeout_s=10).requeue(TARGET, decision=BLOCK, event=EVENT)
+    assert kubeapi.list("workloads", namespace=NS)[0]["spec"]["active"] is False  # an operator's choice stands
+
+
+async def test_a_job_without_the_queue_label_is_refused(api: k8s.ApiClient, kubeapi: KubeApiServer) -> None:
+    kubeapi.create(rayjob())
+    with pytest.raises(PermanentError, match="Kueue does not manage it"):
+        await KueueRequeuer(api).requeue(TARGET, decision=BLOCK, event=EVENT)
+
+
+async def test_requests_stay_within_the_declared_rbac(api: k8s.ApiClient, kubeapi: KubeApiServer) -> None:
+    seed_admitted_on_spot(kubeapi)
+    async with KueueSim(kubeapi, namespace=NS):
+        await KueueRequeuer(api, poll_interval_s=0.02, settle_timeout_s=10).requeue(TARGET, decision=BLOCK, event=EVENT)
+    assert all(r.status < 400 or r.status == 409 for r in kubeapi.requests)
+    assert kubeapi.verbs_seen() <= requested_verbs()

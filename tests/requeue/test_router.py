@@ -1,0 +1,120 @@
+"""Routing a target to its requeuer; the requeue metric and the Kubernetes Events next to the run."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import pytest
+from kubernetes_asyncio import client as k8s
+
+from resilienced.capacity import Capacity, CapacityDecision
+from resilienced.kube.events import EventRecorder, ObjectRef
+from resilienced.kube.rbac import RBAC_RULES as KUBE_RULES
+from resilienced.metrics import Metrics
+from resilienced.model import Event, Kind, Target
+from resilienced.requeue import KubernetesRequeuer, Requeue, RequeueMetrics
+from tests.requeue.conftest import rbac_of_requeue
+from tests.requeue.objects import NS, ray_pod, raycluster, rayjob
+from tests.support.kubeapi import KubeApiServer, RbacRule
+
+BLOCK = CapacityDecision(Capacity.CAPACITY_BLOCK, "spot interrupted twice", reservation_id="cr-0block")
+EVENT = Event(kind=Kind.SPOT_INTERRUPTION, event_id="ev-3", instance_ids=("i-0aaa",))
+
+
+def target(**attributes) -> Target:
+    return Target(instance_id="i-0aaa", node=None, ray_cluster=f"{NS}/train", ray_job=f"{NS}/job",
+                  ray_node_ids=(), checkpoint_uri=None, attributes=attributes)
+
+
+class EventsOnTheRun:
+    """``Cluster.record`` as kubernetes mode does it: a core/v1 Event on the RayJob (real recorder)."""
+
+    mode = "kubernetes"
+
+    def __init__(self, api: k8s.ApiClient, server: KubeApiServer) -> None:
+        self.recorder = EventRecorder(api, replica="test")
+        self.server = server
+
+    async def record(self, target: Target, *, reason: str, message: str, warning: bool = False) -> None:
+        ns, name = target.ray_job.split("/")
+        job = self.server.get("rayjobs", name, namespace=ns)
+        await self.recorder.emit(ObjectRef("ray.io/v1", "RayJob", name, job["metadata"]["uid"], ns),
+                                 reason=reason, message=message, warning=warning)
+
+
+@pytest.fixture
+async def kubeapi() -> AsyncIterator[KubeApiServer]:
+    events = [RbacRule(verbs=frozenset(r.verbs), api_groups=frozenset(r.api_groups), resources=frozenset(r.resources))
+              for r in KUBE_RULES if "events" in r.resources]
+    server = KubeApiServer(rbac=rbac_of_requeue() + events)
+    await server.start()
+    try:
+        yield server
+    finally:
+        await server.stop()
+
+
+@pytest.mark.parametrize(
+    ("labels", "attributes", "expected"),
+    [({}, {}, "kuberay"), ({"kueue.x-k8s.io/queue-name": "training"}, {}, "kueue"),
+     ({}, {"volcano_job": f"{NS}/vcjob"}, "volcano")],
+    ids=["plain RayJob -> kuberay", "queue-name label -> kueue", "volcano_job attribute -> volcano"],
+)
+async def test_each_target_goes_to_its_requeuer(api: k8s.ApiClient, kubeapi: KubeApiServer, labels: dict,
+                                                attributes: dict, expected: str) -> None:
+    kubeapi.create(rayjob(labels=labels))
+    applier = await KubernetesRequeuer(api).applier_for(target(**attributes))
+    assert applier.kind == expected
+
+
+async def test_a_cluster_of_a_kueue_rayjob_goes_through_the_rayjob(api: k8s.ApiClient, kubeapi: KubeApiServer) -> None:
+    job = kubeapi.create(rayjob(labels={"kueue.x-k8s.io/queue-name": "training"}))
+    kubeapi.create(raycluster(owner={"apiVersion": "ray.io/v1", "kind": "RayJob", "name": "job",
+                                     "uid": job["metadata"]["uid"], "controller": True}))
+    only_cluster = Target(instance_id="i-0aaa", node=None, ray_cluster=f"{NS}/train", ray_job=None,
+                          ray_node_ids=(), checkpoint_uri=None)
+    applier, resolved = await KubernetesRequeuer(api).resolve(only_cluster)
+    assert applier.kind == "kueue" and resolved.ray_job == f"{NS}/job"
+
+
+async def test_a_requeue_is_counted_and_recorded_once(api: k8s.ApiClient, kubeapi: KubeApiServer) -> None:
+    kubeapi.seed(rayjob(), raycluster(), ray_pod("train-gpu-a"))
+    metrics = Metrics()
+    requeue = Requeue(KubernetesRequeuer(api), cluster=EventsOnTheRun(api, kubeapi),
+                      metrics=RequeueMetrics(metrics.registry))
+    first = await requeue.requeue(target(), decision=BLOCK, event=EVENT)
+    assert first.changed
+    assert metrics.value("resilienced_requeues_total", capacity="capacity-block") == 1
+    assert b'resilienced_requeues_total{capacity="spot"} 0.0' in metrics.render()
+    events = kubeapi.list("events", namespace=NS)
+    assert [(e["reason"], e["type"], e["involvedObject"]["kind"]) for e in events] == [("Requeued", "Normal", "RayJob")]
+    assert "on capacity-block cr-0block after event ev-3" in events[0]["message"]
+
+    second = await requeue.requeue(target(), decision=BLOCK, event=EVENT)  # the same decision again
+    assert not second.changed
+    assert metrics.value("resilienced_requeues_total", capacity="capacity-block") == 1
+    assert len(kubeapi.list("events", namespace=NS)) == 1 and kubeapi.list("events", namespace=NS)[0]["count"] == 1
+
+
+async def test_a_wait_is_counted_and_warned_about(api: k8s.ApiClient, kubeapi: KubeApiServer) -> None:
+    kubeapi.seed(rayjob(), raycluster())
+    metrics = Metrics()
+    requeue = Requeue(KubernetesRequeuer(api), cluster=EventsOnTheRun(api, kubeapi),
+                      metrics=RequeueMetrics(metrics.registry))
+    wait = CapacityDecision(Capacity.WAIT, "On-Demand is not allowed")
+    result = await requeue.requeue(target(), decision=wait, event=EVENT)
+    assert result.capacity is Capacity.WAIT
+    assert metrics.value("resilienced_requeues_total", capacity="wait") == 1
+    [event] = kubeapi.list("events", namespace=NS)
+    assert event["reason"] == "RequeueWaiting" and event["type"] == "Warning"
+
+
+async def test_a_dry_run_is_neither_counted_nor_recorded(api: k8s.ApiClient, kubeapi: KubeApiServer) -> None:
+    kubeapi.seed(rayjob(), raycluster(), ray_pod("train-gpu-a"))
+    metrics = Metrics()
+    requeue = Requeue(KubernetesRequeuer(api), cluster=EventsOnTheRun(api, kubeapi),
+                      metrics=RequeueMetrics(metrics.registry))
+    result = await requeue.requeue(target(), decision=BLOCK, event=EVENT, dry_run=True)
+    assert result.changes and result.dry_run
+    assert metrics.value("resilienced_requeues_total", capacity="capacity-block") == 0
+    assert kubeapi.list("events", namespace=NS) == []

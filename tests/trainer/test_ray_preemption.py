@@ -1,0 +1,111 @@
+"""A preempted node of a real local multi-node Ray cluster, as the daemon (or Kubernetes) causes it.
+
+Two 1-CPU worker nodes each run one rank of ``python -m trainer --ray-address <cluster>``.  One
+node is preempted mid-run: drained through the GCS with reason PREEMPTION and a deadline (what
+the daemon does), or sent SIGTERM on its ``ray start --block`` (what Kubernetes does to a pod; Ray
+drains the node itself).  Every rank must save the same step, train nothing that would be lost,
+and the run must resume on a replacement node and produce, bit for bit, the losses of an
+uninterrupted run with the same seed and world size computed without Ray.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import DRAIN_TIMEOUT_S, TrainerRun, node_labels
+from resilienced.localray import LocalRayCluster, LocalRayNode
+
+pytestmark = pytest.mark.e2e
+
+STEPS = 60
+ARGS = ["--steps", str(STEPS), "--min-step-seconds", "0.3"]
+_serial = itertools.count(100)
+
+
+def a_running_worker(cluster: LocalRayCluster) -> LocalRayNode:
+    alive = {n.node_id for n in cluster.nodes() if n.alive and not n.draining}
+    return next(n for n in cluster.workers if n.running() and n.node_id in alive)
+
+
+def start_training(cluster: LocalRayCluster, trainer_runs) -> TrainerRun:
+    run = trainer_runs.start(["--ray-address", cluster.address, *ARGS], env=cluster.env)
+    run.wait_until(lambda r: len(r.metrics) >= 5, timeout=240, what="5 steps trained on Ray")
+    return run
+
+
+def wait_for_the_last_save(run: TrainerRun) -> dict:
+    """Wait until the ranks saved and wait for teardown; the manifest of that last save."""
+    run.wait_until(lambda r: r.events_named("waiting_for_teardown"), timeout=DRAIN_TIMEOUT_S + 30,
+                   what="the ranks to save and wait for teardown")
+    waiting, = run.events_named("waiting_for_teardown")
+    saves = [e for e in run.events_named("checkpoint_committed") if e["reason"] == "preemption"]
+    assert saves and saves[-1]["step"] == waiting["step"]
+    return json.loads((Path(saves[-1]["path"]) / "manifest.json").read_text())
+
+
+def expect_saved_then_resumed_exactly(run: TrainerRun, reference, manifest: dict) -> dict:
+    """What both ways of preempting must lead to; returns the preemption notice."""
+    notice, = run.events_named("preemption_notice")
+    waiting, = run.events_named("waiting_for_teardown")
+    started = run.events_named("started")
+
+    assert notice["source"] == "ray"
+    assert manifest["step"] == waiting["step"] and manifest["reason"] == "preemption"
+    # every rank saved that step: the manifest lists the files of both ranks
+    files = {f["path"] for f in manifest["files"]}
+    assert manifest["world_size"] == 2 and {"__0_0.distcp", "__1_0.distcp", "rng-rank0.pt", "rng-rank1.pt"} <= files
+    assert notice["deadline_ms"] is not None
+    assert manifest["saved_at_unix"] < notice["deadline_ms"] / 1000  # committed before the deadline
+    # nothing was trained after the last save, and the restart resumed right there
+    assert max(m["step"] for m in run.metrics if m["attempt"] == started[0]["attempt"]) == waiting["step"]
+    assert [(e["world_size"], e["resumed_from_step"]) for e in started] == [(2, None), (2, waiting["step"])]
+    assert run.step_counts() == {step: 1 for step in range(1, STEPS + 1)}  # no step trained twice
+    # bit for bit the losses of an uninterrupted run, computed without Ray
+    assert run.losses() == {step: loss for step, loss in reference([]).items() if step <= STEPS}
+    return notice
+
+
+def test_a_drained_node_saves_the_step_and_the_run_resumes_exactly_on_a_replacement(
+    ray_cluster: LocalRayCluster, trainer_runs, reference
+) -> None:
+    run = start_training(ray_cluster, trainer_runs)
+    victim = a_running_worker(ray_cluster)
+    deadline = time.time() + DRAIN_TIMEOUT_S
+    assert ray_cluster.drain_node(victim, deadline_ms=int(deadline * 1000))
+
+    manifest = wait_for_the_last_save(run)
+    while time.time() < deadline:  # the instance is reclaimed at the deadline, not before
+        time.sleep(0.05)
+    ray_cluster.kill_node(victim)
+    assert ray_cluster.processes(victim) == []  # the instance is gone, with its Ray workers
+    ray_cluster.add_node(labels=node_labels(next(_serial), "on-demand"))
+
+    assert run.wait(300) == 0, run.log
+    notice = expect_saved_then_resumed_exactly(run, reference, manifest)
+    assert notice["deadline_ms"] == int(deadline * 1000)  # Ray's PreemptionInfo carries the drain's deadline
+
+
+def test_sigterm_to_a_nodes_ray_start_is_a_preemption_too(
+    ray_cluster: LocalRayCluster, trainer_runs, reference
+) -> None:
+    run = start_training(ray_cluster, trainer_runs)
+    victim = a_running_worker(ray_cluster)
+    signalled = time.time()
+    ray_cluster.sigterm_node(victim)  # Ray drains the node itself (RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S)
+
+    manifest = wait_for_the_last_save(run)
+    deadline = time.monotonic() + DRAIN_TIMEOUT_S + 60
+    while victim.running():  # the node goes by itself once its drain window is over
+        assert time.monotonic() < deadline, "the SIGTERMed node did not go away"
+        time.sleep(0.1)
+    gone_at = time.time()
+    ray_cluster.add_node(labels=node_labels(next(_serial), "on-demand"))
+
+    assert run.wait(300) == 0, run.log
+    notice = expect_saved_then_resumed_exactly(run, reference, manifest)
+    assert signalled * 1000 < notice["deadline_ms"] <= (gone_at + 1) * 1000

@@ -1,0 +1,25 @@
+"""trainer: FSDP2 training on Ray Train that saves the step it is on when preempted.
+
+This package runs inside the training image (Ray Train workers), never inside the daemon: it
+imports only torch, ray, numpy and the standard library, and nothing from ``resilienced`` or
+``handlers``.  The daemon and the trainer share no code and no channel; they meet in two places
+only: Ray's drain (the daemon drains a node with reason PREEMPTION and a deadline, Ray Train
+hands that to every rank as ``ray.train.get_preemption_info()``), and the checkpoint layout
+under the checkpoint root (``step-<N>/`` with ``manifest.json`` written last), which the daemon
+reads back from S3 to decide that a checkpoint is durable.
+
+Modules, top to bottom:
+
+=============  ==================================================================================
+``__main__``   ``python -m trainer``: parse flags, pick the launcher, exit code
+``launch``     the drivers: Ray Train ``TorchTrainer`` (``--ray-address``) or local processes
+``runtime``    what differs between Ray Train workers and local processes (signal, report)
+``loop``       the per-rank train function: set up, resume, train, save, react to preemption
+``preemption`` the SIGTERM flag, the per-step agreed decision, the deadline plan
+``checkpoint`` save / commit / verify / resume / clean up; the manifest
+``journal``    rank 0's JSON-lines files: per-step metrics and lifecycle events
+``model``      the decoder-only transformer and its FSDP2 sharding
+``data``       synthetic tokens, a pure function of (seed, step)
+``config``     the flags, validated once; ``errors``: what can go wrong, said plainly
+=============  ==================================================================================
+"""

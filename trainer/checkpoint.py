@@ -1,0 +1,546 @@
+"""Checkpoints: save, commit, verify, resume, clean up; the manifest.
+
+Layout under the checkpoint root (the contract with the daemon, which exports it to S3)::
+
+    <root>/step-<N>.partial/     a save in progress (never resumed, never exported)
+    <root>/step-<N>/             committed: renamed from .partial after manifest.json was written
+        .metadata                DCP's global metadata (rank 0)
+        __<rank>_0.distcp        DCP data, one file per rank (model + optimizer shards)
+        rng-rank<R>.pt           rank R's RNG states (torch, CUDA, numpy, python)
+        manifest.json            written last
+
+``manifest.json``::
+
+    {"format": "resilienced-checkpoint/1", "step": N, "world_size": W,
+     "time": "2026-11-30T00:00:00.123456Z", "saved_at_unix": 1796083200.123456,
+     "reason": "preemption" | "periodic" | "final",
+     "files": [{"path": "__0_0.distcp", "size": 123, "sha256": "<hex>"}, ...]}
+
+``files`` lists every file of the directory except ``manifest.json`` itself, by posix path
+relative to the step directory; nothing outside that list is needed to resume.  ``step-<N>``
+holds the state after N optimizer steps (steps 1..N were trained); the data position is the step
+itself, because the data is a pure function of (seed, step).
+
+A save is a collective over a dedicated gloo process group (so ``dcp.async_save`` can run its
+collectives in a background thread while training uses the default group):
+
+1. rank 0 makes ``step-<N>.partial/`` (removing a stale one); barrier;
+2. every rank writes its RNG file, then ``dcp.save`` (or ``dcp.async_save``) writes the DCP files
+   with fsync;
+3. every rank hashes the files it wrote (in parallel) and rank 0 gathers the lists;
+4. rank 0 writes ``manifest.json`` (to a temporary name, fsync, rename), fsyncs the directory,
+   renames ``step-<N>.partial`` to ``step-<N>`` and fsyncs the root;
+5. the caller reports the checkpoint to Ray Train and prunes old ones (rank 0).
+
+A crash anywhere before the rename leaves a ``.partial`` directory, which resume rejects and
+deletes; a crash after it leaves a complete checkpoint.  Resume picks the newest committed
+directory whose manifest parses and whose every listed file exists with its size and checksum;
+anything newer that fails is rejected (with the reason) and deleted.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import re
+import shutil
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from trainer.errors import CheckpointError, CorruptCheckpoint
+
+FORMAT = "resilienced-checkpoint/1"
+MANIFEST = "manifest.json"
+REASONS = ("preemption", "periodic", "final")
+_COMMITTED = re.compile(r"^step-(0|[1-9][0-9]*)$")
+_PARTIAL = re.compile(r"^step-([0-9]+)\.partial$")
+_HASH_CHUNK = 8 * 1024 * 1024
+
+
+def step_dir(root: Path, step: int) -> Path:
+    return root / f"step-{step}"
+
+
+def partial_dir(root: Path, step: int) -> Path:
+    return root / f"step-{step}.partial"
+
+
+def rng_file(rank: int) -> str:
+    return f"rng-rank{rank}.pt"
+
+
+def utc_iso(unix: float) -> str:
+    """ISO-8601 UTC with microseconds and a Z, e.g. ``2026-11-30T00:00:00.123456Z``."""
+    return datetime.fromtimestamp(unix, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+# ---------------------------------------------------------------------- manifest
+@dataclass(frozen=True)
+class FileEntry:
+    path: str
+    size: int
+    sha256: str
+
+
+@dataclass(frozen=True)
+class Manifest:
+    step: int
+    world_size: int
+    time: str
+    saved_at_unix: float
+    reason: str
+    files: tuple[FileEntry, ...]
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {
+                "format": FORMAT,
+                "step": self.step,
+                "world_size": self.world_size,
+                "time": self.time,
+                "saved_at_unix": self.saved_at_unix,
+                "reason": self.reason,
+                "files": [{"path": f.path, "size": f.size, "sha256": f.sha256} for f in self.files],
+            },
+            indent=1,
+        )
+
+    @classmethod
+    def parse(cls, text: str, *, where: str) -> "Manifest":
+        """Parse and check a manifest; CorruptCheckpoint names what is wrong."""
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise CorruptCheckpoint(where, f"manifest.json is not valid JSON ({e.msg} at char {e.pos})") from e
+        if not isinstance(data, dict):
+            raise CorruptCheckpoint(where, "manifest.json is not a JSON object")
+        if data.get("format") != FORMAT:
+            raise CorruptCheckpoint(where, f"manifest format is {data.get('format')!r}, expected {FORMAT!r}")
+        for key, kind in (("step", int), ("world_size", int), ("time", str), ("reason", str), ("files", list)):
+            if not isinstance(data.get(key), kind) or isinstance(data.get(key), bool):
+                raise CorruptCheckpoint(where, f"manifest field {key!r} is missing or not a {kind.__name__}")
+        if not isinstance(data.get("saved_at_unix"), (int, float)):
+            raise CorruptCheckpoint(where, "manifest field 'saved_at_unix' is missing or not a number")
+        files = []
+        for i, entry in enumerate(data["files"]):
+            if not (
+                isinstance(entry, dict)
+                and isinstance(entry.get("path"), str)
+                and isinstance(entry.get("size"), int)
+                and isinstance(entry.get("sha256"), str)
+            ):
+                raise CorruptCheckpoint(where, f"manifest files[{i}] is not {{path, size, sha256}}")
+            path = entry["path"]
+            if path.startswith("/") or ".." in path.split("/") or path == MANIFEST:
+                raise CorruptCheckpoint(where, f"manifest files[{i}] has a bad path {path!r}")
+            files.append(FileEntry(path, entry["size"], entry["sha256"]))
+        if not files:
+            raise CorruptCheckpoint(where, "manifest lists no files")
+        return cls(
+            step=data["step"], world_size=data["world_size"], time=data["time"],
+            saved_at_unix=float(data["saved_at_unix"]), reason=data["reason"], files=tuple(files),
+        )
+
+
+def hash_file(path: Path) -> tuple[int, str]:
+    """(size, sha256 hex) of a file."""
+    h = hashlib.sha256()
+    size = 0
+    with open(path, "rb") as f:
+        while chunk := f.read(_HASH_CHUNK):
+            h.update(chunk)
+            size += len(chunk)
+    return size, h.hexdigest()
+
+
+def verify(path: Path) -> Manifest:
+    """The manifest of a committed checkpoint whose files all match it, else CorruptCheckpoint."""
+    where = str(path)
+    m = _COMMITTED.match(path.name)
+    if not m:
+        raise CorruptCheckpoint(where, "not a committed step directory name (step-<N>)")
+    manifest_path = path / MANIFEST
+    try:
+        text = manifest_path.read_text()
+    except FileNotFoundError:
+        raise CorruptCheckpoint(where, "manifest.json is missing") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise CorruptCheckpoint(where, f"manifest.json cannot be read: {e}") from e
+    manifest = Manifest.parse(text, where=where)
+    if manifest.step != int(m.group(1)):
+        raise CorruptCheckpoint(where, f"manifest says step {manifest.step}, directory says {m.group(1)}")
+    if manifest.world_size < 1:
+        raise CorruptCheckpoint(where, f"manifest world_size {manifest.world_size} is not positive")
+    for entry in manifest.files:
+        file = path / entry.path
+        try:
+            size = file.stat().st_size
+        except FileNotFoundError:
+            raise CorruptCheckpoint(where, f"{entry.path} is listed but missing") from None
+        if size != entry.size:
+            raise CorruptCheckpoint(where, f"{entry.path} has {size} bytes, manifest says {entry.size}")
+        _, digest = hash_file(file)
+        if digest != entry.sha256:
+            raise CorruptCheckpoint(where, f"{entry.path} sha256 {digest} does not match the manifest")
+    return manifest
+
+
+# ---------------------------------------------------------------------- scanning (one process)
+@dataclass(frozen=True)
+class Rejected:
+    path: Path
+    why: str
+
+
+@dataclass(frozen=True)
+class ResumePoint:
+    path: Path
+    manifest: Manifest
+
+
+def committed_steps(root: Path) -> list[int]:
+    """Steps with a committed-looking directory (not verified), ascending."""
+    if not root.is_dir():
+        return []
+    steps = []
+    for child in root.iterdir():
+        m = _COMMITTED.match(child.name)
+        if m and child.is_dir():
+            steps.append(int(m.group(1)))
+    return sorted(steps)
+
+
+def find_resume_point(root: Path, *, clean_up: bool = True) -> tuple[ResumePoint | None, list[Rejected]]:
+    """The newest complete checkpoint, and what was rejected on the way (deleted if clean_up).
+
+    Partial directories are always rejected; committed ones newer than the one chosen are
+    rejected when their manifest or files do not check out.  Older committed checkpoints are not
+    read at all.
+    """
+    rejected: list[Rejected] = []
+    if not root.is_dir():
+        return None, rejected
+    for child in sorted(root.iterdir()):
+        if clean_up and child.name.startswith(".trash-step-"):  # a delete cut short by a crash
+            shutil.rmtree(child, ignore_errors=True)
+            continue
+        m = _PARTIAL.match(child.name)
+        if m:
+            has_manifest = (child / MANIFEST).exists()
+            why = (
+                "incomplete: manifest.json written but the directory was never committed (renamed)"
+                if has_manifest
+                else "incomplete: the save did not finish (no manifest.json)"
+            )
+            rejected.append(Rejected(child, why))
+    chosen: ResumePoint | None = None
+    for step in reversed(committed_steps(root)):
+        path = step_dir(root, step)
+        try:
+            chosen = ResumePoint(path, verify(path))
+            break
+        except CorruptCheckpoint as e:
+            rejected.append(Rejected(path, e.why))
+    if clean_up:
+        for r in rejected:
+            _remove_tree(r.path)
+    return chosen, rejected
+
+
+def prune(root: Path, *, keep: int) -> list[Path]:
+    """Delete committed checkpoints beyond the newest ``keep``; returns what was deleted."""
+    steps = committed_steps(root)
+    doomed = [step_dir(root, s) for s in steps[: max(0, len(steps) - keep)]]
+    for path in doomed:
+        _remove_tree(path)
+    return doomed
+
+
+def _remove_tree(path: Path) -> None:
+    """Delete a checkpoint directory: rename it out of the step-* namespace first, then remove."""
+    trash = path.with_name(f".trash-{path.name}-{os.getpid()}-{time.monotonic_ns()}")
+    try:
+        path.rename(trash)
+    except FileNotFoundError:
+        return
+    shutil.rmtree(trash, ignore_errors=True)
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+# ---------------------------------------------------------------------- RNG states
+def capture_rng() -> dict[str, Any]:
+    """This process's RNG states, in a form ``torch.load(weights_only=True)`` accepts."""
+    np_state = np.random.get_state()
+    version, internal, gauss = random.getstate()
+    state: dict[str, Any] = {
+        "torch": torch.get_rng_state(),
+        "numpy": {
+            "kind": np_state[0],
+            "keys": torch.from_numpy(np_state[1].astype(np.int64)),
+            "pos": int(np_state[2]),
+            "has_gauss": int(np_state[3]),
+            "cached_gaussian": float(np_state[4]),
+        },
+        "python": {"version": version, "internal": list(internal), "gauss": gauss},
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def restore_rng(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    n = state["numpy"]
+    np.random.set_state(
+        (n["kind"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["cached_gaussian"])
+    )
+    p = state["python"]
+    random.setstate((p["version"], tuple(p["internal"]), p["gauss"]))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+# ---------------------------------------------------------------------- the DCP state
+class TrainState:
+    """Model + optimizer through ``get_state_dict`` / ``set_state_dict`` (a DCP ``Stateful``)."""
+
+    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        self.model = model
+        self.optimizer = optimizer
+
+    def state_dict(self) -> dict[str, Any]:
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
+        return {"model": model_sd, "optim": optim_sd}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        from torch.distributed.checkpoint.state_dict import set_state_dict
+
+        set_state_dict(
+            self.model, self.optimizer,
+            model_state_dict=state_dict["model"], optim_state_dict=state_dict["optim"],
+        )
+
+
+def _dcp_state(train_state: TrainState, *, step: int, seed: int, samples_seen: int) -> dict[str, Any]:
+    return {
+        "train": train_state,
+        "progress": {"step": step, "seed": seed, "samples_seen": samples_seen},
+    }
+
+
+# ---------------------------------------------------------------------- the collective writer
+PhaseHook = Callable[[str, int], None]
+
+
+@dataclass
+class PendingSave:
+    """A save whose files are being (or have been) written; committed by :meth:`Checkpointer.commit`."""
+
+    step: int
+    reason: str
+    started: float  # perf_counter at the start of the save
+    future: Future | None  # dcp.async_save's future; None for a synchronous save
+
+    def written(self) -> bool:
+        return self.future is None or self.future.done()
+
+
+@dataclass(frozen=True)
+class Committed:
+    step: int
+    reason: str
+    path: Path
+    save_seconds: float
+    bytes: int
+
+
+class Checkpointer:
+    """Saves and loads checkpoints of one rank, collectively with every other rank.
+
+    Args:
+        root: the checkpoint root (shared by every rank: FSx in production).
+        rank, world_size: this process's place in the job.
+        group: a gloo process group over every rank, used only for checkpoints.
+        hook: called as ``hook(phase, step)`` on every rank at each phase of a save (tests
+            inject crashes there): ``files-written``, ``manifest-torn``, ``manifest-written``,
+            ``committed``.
+    """
+
+    def __init__(
+        self,
+        *,
+        root: Path,
+        rank: int,
+        world_size: int,
+        group: dist.ProcessGroup | None,
+        hook: PhaseHook | None = None,
+    ) -> None:
+        self.root = root
+        self.rank = rank
+        self.world_size = world_size
+        self.group = group
+        self._hook = hook or (lambda phase, step: None)
+
+    # -------------------------------------------------------------- save
+    def start(
+        self, train_state: TrainState, *, step: int, seed: int, samples_seen: int, reason: str,
+        use_async: bool = False,
+    ) -> PendingSave:
+        """Begin a save of the state after ``step`` steps (collective)."""
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint import FileSystemWriter
+
+        if reason not in REASONS:
+            raise ValueError(f"unknown checkpoint reason {reason!r}; expected one of {REASONS}")
+        started = time.perf_counter()
+        partial = partial_dir(self.root, step)
+        if self.rank == 0:
+            self.root.mkdir(parents=True, exist_ok=True)
+            if partial.exists():
+                _remove_tree(partial)
+            partial.mkdir()
+        self._barrier()
+        torch.save(capture_rng(), partial / rng_file(self.rank))
+        with open(partial / rng_file(self.rank), "rb+") as f:
+            os.fsync(f.fileno())
+        writer = FileSystemWriter(partial, single_file_per_rank=True, sync_files=True, thread_count=1)
+        state = _dcp_state(train_state, step=step, seed=seed, samples_seen=samples_seen)
+        if use_async:
+            future = dcp.async_save(state, storage_writer=writer, process_group=self.group)
+            return PendingSave(step, reason, started, future)
+        dcp.save(state, storage_writer=writer, process_group=self.group)
+        return PendingSave(step, reason, started, None)
+
+    def commit(self, pending: PendingSave) -> Committed:
+        """Hash, write the manifest, rename (collective).  Waits for an async save's files."""
+        if pending.future is not None:
+            pending.future.result()
+        step = pending.step
+        partial = partial_dir(self.root, step)
+        mine = [partial / rng_file(self.rank)]
+        mine += sorted(partial.glob(f"__{self.rank}_*.distcp"))
+        if self.rank == 0:
+            mine.append(partial / ".metadata")
+        entries = []
+        for path in mine:
+            size, digest = hash_file(path)
+            entries.append(FileEntry(path.relative_to(partial).as_posix(), size, digest))
+        gathered: list[list[FileEntry]] | None = [[] for _ in range(self.world_size)] if self.rank == 0 else None
+        if self.world_size > 1:
+            dist.gather_object(entries, gathered, dst=0, group=self.group)
+        else:
+            gathered = [entries]
+        self._hook("files-written", step)
+        committed_path = step_dir(self.root, step)
+        total = 0
+        if self.rank == 0:
+            assert gathered is not None
+            files = {e.path: e for rank_entries in gathered for e in rank_entries}
+            for path in sorted(p for p in partial.rglob("*") if p.is_file()):
+                rel = path.relative_to(partial).as_posix()
+                if rel not in files and rel != MANIFEST:
+                    size, digest = hash_file(path)  # a file no rank claimed: list it all the same
+                    files[rel] = FileEntry(rel, size, digest)
+            now = time.time()
+            manifest = Manifest(
+                step=step, world_size=self.world_size, time=utc_iso(now), saved_at_unix=now,
+                reason=pending.reason, files=tuple(files[k] for k in sorted(files)),
+            )
+            total = sum(f.size for f in manifest.files)
+            text = manifest.to_json()
+            self._write_manifest(partial, text, step)
+            self._hook("manifest-written", step)
+            if committed_path.exists():  # a stale commit of the same step from an older attempt
+                _remove_tree(committed_path)
+            partial.rename(committed_path)
+            _fsync_dir(self.root)
+        self._barrier()
+        self._hook("committed", step)
+        total = self._broadcast_int(total)
+        return Committed(step, pending.reason, committed_path, time.perf_counter() - pending.started, total)
+
+    def save(
+        self, train_state: TrainState, *, step: int, seed: int, samples_seen: int, reason: str,
+    ) -> Committed:
+        """A synchronous save and commit (collective)."""
+        pending = self.start(train_state, step=step, seed=seed, samples_seen=samples_seen, reason=reason)
+        return self.commit(pending)
+
+    def _write_manifest(self, partial: Path, text: str, step: int) -> None:
+        tmp = partial / (MANIFEST + ".tmp")
+        with open(tmp, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        self._hook("manifest-torn", step)
+        os.replace(tmp, partial / MANIFEST)
+        _fsync_dir(partial)
+
+    # -------------------------------------------------------------- load
+    def load(self, point: ResumePoint, train_state: TrainState, *, seed: int) -> dict[str, Any]:
+        """Load model, optimizer and (same world size) RNG states; returns the progress dict."""
+        import torch.distributed.checkpoint as dcp
+
+        progress = {"step": -1, "seed": -1, "samples_seen": -1}
+        state = {"train": train_state, "progress": progress}
+        try:
+            dcp.load(state, checkpoint_id=point.path, process_group=self.group)
+        except Exception as e:  # DCP raises several kinds; the boundary says which checkpoint
+            raise CheckpointError(f"loading {point.path} failed: {e}") from e
+        progress = state["progress"]
+        if progress["step"] != point.manifest.step:
+            raise CorruptCheckpoint(
+                str(point.path), f"DCP progress says step {progress['step']}, manifest says {point.manifest.step}"
+            )
+        if progress["seed"] != seed:
+            raise CheckpointError(
+                f"{point.path} was saved by a run with seed {progress['seed']}, this run has seed {seed}"
+            )
+        rng_path = point.path / rng_file(self.rank)
+        if point.manifest.world_size == self.world_size and rng_path.exists():
+            restore_rng(torch.load(rng_path, weights_only=True))
+            progress["rng_restored"] = True
+        else:
+            progress["rng_restored"] = False
+        return progress
+
+    # -------------------------------------------------------------- collectives
+    def _barrier(self) -> None:
+        if self.world_size > 1:
+            dist.barrier(group=self.group)
+
+    def _broadcast_int(self, value: int) -> int:
+        if self.world_size == 1:
+            return value
+        box = [value]
+        dist.broadcast_object_list(box, src=0, group=self.group)
+        return int(box[0])
+
+    def broadcast_resume(self, clean_up: bool = True) -> tuple[ResumePoint | None, list[Rejected]]:
+        """Rank 0 scans (and cleans up); every rank gets the same answer."""
+        answer: list[Any] = [None]
+        if self.rank == 0:
+            answer = [find_resume_point(self.root, clean_up=clean_up)]
+        if self.world_size > 1:
+            dist.broadcast_object_list(answer, src=0, group=self.group)
+        return answer[0]

@@ -1,0 +1,125 @@
+"""What differs between a rank on Ray Train and a rank in a local process.
+
+The train loop talks to a :class:`Runtime` only: where the preemption notice comes from, how a
+committed checkpoint is reported, how the SIGTERM flag is installed, and what "wait to be torn
+down" means.
+
+* :class:`RayRuntime`: ``ray.train.get_preemption_info()`` (a barrier, once per step boundary),
+  ``ray.train.report(..., checkpoint=..., checkpoint_upload_mode=NO_UPLOAD)`` (the checkpoint is
+  already on the shared checkpoint root, which is Ray Train's run directory), and after the last
+  save a wait that only Ray's teardown ends (a clean return would mark the run FINISHED).
+* :class:`LocalRuntime`: no Ray; SIGTERM is the only notice; after the last save the rank waits
+  until the deadline and then raises :class:`~trainer.errors.PreemptedError` (exit code 75).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import Any, NoReturn, Protocol
+
+from trainer.checkpoint import Committed
+from trainer.errors import PreemptedError
+from trainer.preemption import install_sigterm_flag
+
+log = logging.getLogger(__name__)
+
+
+class Notice(Protocol):
+    deadline_ms: int | None
+
+
+class Runtime(Protocol):
+    name: str
+
+    def preemption_info(self) -> Notice | None:
+        """The agreed preemption notice from the cluster, or None (collective where it applies)."""
+        ...
+
+    def report(self, committed: Committed, *, metrics: dict[str, Any]) -> None: ...
+
+    def install_sigterm(self) -> bool: ...
+
+    def wait_for_teardown(self, *, deadline_ms: int | None, timeout_s: float) -> NoReturn: ...
+
+
+class RayRuntime:
+    name = "ray"
+
+    def preemption_info(self) -> Notice | None:
+        import ray.train
+
+        return ray.train.get_preemption_info()
+
+    def report(self, committed: Committed, *, metrics: dict[str, Any]) -> None:
+        import ray.train
+        from ray.train import Checkpoint, CheckpointUploadMode
+
+        ray.train.report(
+            metrics,
+            checkpoint=Checkpoint(path=str(committed.path)),
+            checkpoint_upload_mode=CheckpointUploadMode.NO_UPLOAD,
+            delete_local_checkpoint_after_upload=False,
+        )
+
+    def install_sigterm(self) -> bool:
+        """Install the SIGTERM flag on this worker actor's main thread (signals need it)."""
+        if install_sigterm_flag():
+            return True
+        try:
+            import ray
+
+            actor = ray.get_runtime_context().current_actor
+            return bool(ray.get(actor.__ray_call__.remote(_install_on_actor), timeout=30))
+        except Exception as e:  # best effort: Ray's drain is the primary signal
+            log.warning("SIGTERM flag not installed on this Ray worker: %s", e)
+            return False
+
+    def wait_for_teardown(self, *, deadline_ms: int | None, timeout_s: float) -> NoReturn:
+        limit = (deadline_ms / 1000.0 if deadline_ms else time.time()) + timeout_s
+        while time.time() < limit:
+            time.sleep(0.5)
+        raise PreemptedError(
+            f"not torn down {timeout_s:.0f}s after the preemption deadline; failing so that Ray "
+            "Train restarts the run from the last checkpoint"
+        )
+
+
+def _install_on_actor(_actor: object) -> bool:
+    from trainer.preemption import install_sigterm_flag as install
+
+    return install()
+
+
+class LocalRuntime:
+    name = "local"
+
+    def preemption_info(self) -> Notice | None:
+        return None
+
+    def report(self, committed: Committed, *, metrics: dict[str, Any]) -> None:
+        return None
+
+    def install_sigterm(self) -> bool:
+        return install_sigterm_flag()
+
+    def wait_for_teardown(self, *, deadline_ms: int | None, timeout_s: float) -> NoReturn:
+        if deadline_ms is not None:
+            while time.time() < deadline_ms / 1000.0:
+                time.sleep(0.2)
+        raise PreemptedError("preempted: the last checkpoint is saved; resume by running again")
+
+
+def attempt_counter(root: Path) -> int:
+    """Increment and return the run's attempt number (rank 0 only), kept in ``<root>/.attempt``."""
+    path = root / ".attempt"
+    try:
+        previous = int(path.read_text().strip() or 0)
+    except (FileNotFoundError, ValueError):
+        previous = 0
+    root.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(".attempt.tmp")
+    tmp.write_text(str(previous + 1))
+    tmp.replace(path)
+    return previous + 1
