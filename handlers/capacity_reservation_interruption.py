@@ -23,7 +23,6 @@ Plan: signal, durable, requeue.
 from __future__ import annotations
 
 from dataclasses import replace
-from datetime import timedelta
 
 from resilienced import validate
 from resilienced.model import Envelope, Event, Kind, Plan, Step
@@ -32,7 +31,6 @@ from resilienced.settings import IntakeSettings
 SOURCE = "aws.ec2"
 DETAIL_TYPES = ("EC2 Capacity Reservation Instance Interruption Warning",)
 KIND = Kind.CAPACITY_RESERVATION_INTERRUPTION
-NOTICE = timedelta(seconds=120)
 STEPS = (Step.SIGNAL, Step.DURABLE, Step.REQUEUE)
 
 
@@ -46,11 +44,12 @@ def parse(envelope: Envelope, base: Event, settings: IntakeSettings) -> Event:
     if termination is not None:
         deadline = validate.iso_time(termination, field="detail.instance-termination-time")
     else:
-        deadline = validate.shift(base.time, NOTICE, field="time")
+        deadline = validate.shift(base.time, settings.notice, field="time")
     return replace(base, kind=KIND, instance_ids=(instance,), deadline=deadline, attributes={
         "instance_action": action,
         "az_id": az_id,
-        "deadline_from": "instance-termination-time" if termination is not None else "time+120s",
+        "deadline_from": ("instance-termination-time" if termination is not None
+                          else f"time+{settings.notice_seconds:g}s"),
     })
 
 

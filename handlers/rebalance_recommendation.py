@@ -28,7 +28,6 @@ an instance that is never interrupted.  What it asks for is a policy
 from __future__ import annotations
 
 from dataclasses import replace
-from datetime import timedelta
 
 from resilienced import validate
 from resilienced.model import Envelope, Event, Kind, Plan, Step
@@ -38,7 +37,6 @@ SOURCE = "aws.ec2"
 DETAIL_TYPES = ("EC2 Instance Rebalance Recommendation",)
 KIND = Kind.REBALANCE_RECOMMENDATION
 #: Under the drain policy: the worst case, a rebalance that arrives with the two-minute notice.
-DRAIN_NOTICE = timedelta(seconds=120)
 STEPS = {
     RebalancePolicy.NOTIFY: (Step.NOTIFY,),
     RebalancePolicy.CHECKPOINT_AHEAD: (Step.SIGNAL, Step.DURABLE),
@@ -56,7 +54,7 @@ def plan(event: Event, settings: IntakeSettings) -> Plan:
     deadline = None
     if policy is RebalancePolicy.DRAIN and event.time is not None:
         try:
-            deadline = event.time + DRAIN_NOTICE
+            deadline = event.time + settings.notice
         except OverflowError:  # an event stamped at the very end of year 9999
             deadline = event.time
     return Plan(event=event, actionable=True, steps=STEPS[policy], instance_ids=event.instance_ids,

@@ -21,7 +21,6 @@ EC2 sends it about two minutes before it stops, hibernates or terminates a Spot 
 from __future__ import annotations
 
 from dataclasses import replace
-from datetime import timedelta
 
 from resilienced import validate
 from resilienced.model import Envelope, Event, Kind, Plan, Step
@@ -30,8 +29,6 @@ from resilienced.settings import IntakeSettings
 SOURCE = "aws.ec2"
 DETAIL_TYPES = ("EC2 Spot Instance Interruption Warning",)
 KIND = Kind.SPOT_INTERRUPTION
-#: The notice EC2 gives before it acts.
-NOTICE = timedelta(seconds=120)
 ACTIONS = ("terminate", "stop", "hibernate")
 STEPS = (Step.SIGNAL, Step.DURABLE, Step.REQUEUE)
 
@@ -44,7 +41,7 @@ def parse(envelope: Envelope, base: Event, settings: IntakeSettings) -> Event:
         raise validate.invalid("detail.instance-action",
                                f"{validate.show(action)} is not one of {', '.join(ACTIONS)}")
     return replace(base, kind=KIND, instance_ids=(instance,),
-                   deadline=validate.shift(base.time, NOTICE, field="time"),
+                   deadline=validate.shift(base.time, settings.notice, field="time"),
                    attributes={"instance_action": action})
 
 

@@ -25,7 +25,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "replay": ("resilienced.replay", "say what the daemon would decide for message bodies in files"),
     "inject": ("resilienced.inject", "put events on a queue or an event bus, as AWS would (game days)"),
     "demo": ("resilienced.demo", "EventBridge -> SQS -> daemon on an embedded moto, over the samples"),
-    # "drill": ("resilienced.drill", "the local drill: ..."),   <- added by the drill's issue
+    "drill": ("resilienced.drill", "the local drill: a Spot interruption played end to end on this machine"),
 }
 
 

@@ -4,8 +4,9 @@ Start-up checks, once: settings are valid; the queue answers; it has a redrive p
 unless ``--allow-no-dlq``.  Then the consumer loop runs until SIGTERM or SIGINT, which stop
 receiving and drain within ``--shutdown-timeout``; the process then exits 0.
 
-The responder is injected (:func:`serve` takes one): today :class:`~resilienced.respond.PlanLogger`;
-the issues that make plans act pass theirs here.
+The responder and the claim store come from :func:`resilienced.wiring.open_runtime` for the
+configured ``--mode`` (plan: :class:`~resilienced.respond.PlanLogger`; kubernetes or ray:
+:class:`~resilienced.recovery.Recovery` with that mode's adapters); :func:`serve` takes them.
 """
 
 from __future__ import annotations
@@ -36,11 +37,17 @@ class StartupError(ResilienceError):
 
 
 async def serve(settings: Settings, *, responder: Responder | None = None,
-                claims: ClaimStore | None = None, ready: asyncio.Event | None = None) -> int:
-    """Run the daemon until SIGTERM/SIGINT; return the exit status (0 after a clean stop)."""
+                claims: ClaimStore | None = None, ready: asyncio.Event | None = None,
+                metrics: Metrics | None = None, replica: str | None = None,
+                observer: Any | None = None, stop: asyncio.Event | None = None) -> int:
+    """Run the daemon until SIGTERM/SIGINT (or ``stop`` is set); return the exit status (0 after a clean stop).
+
+    ``observer`` is called once per settled message (see :data:`resilienced.consumer.Observer`).
+    With ``stop`` the caller owns the signals (the drill): no signal handler is installed.
+    """
     logger = log.get("resilienced.daemon")
     qs = settings.queue
-    metrics = Metrics()
+    metrics = metrics if metrics is not None else Metrics()
     readiness = Readiness(stale_after=max(60.0, 2 * qs.wait_seconds + PING_INTERVAL))
     async with SqsQueue.open(queue_url=qs.queue_url, region=qs.effective_region,
                              endpoint_url=qs.endpoint_url,
@@ -62,6 +69,8 @@ async def serve(settings: Settings, *, responder: Responder | None = None,
                     else MemoryClaims(done_ttl_seconds=settings.intake.dedupe_seconds)),
             queue_settings=qs, intake_settings=settings.intake,
             max_receive_count=max_receive_count, metrics=metrics, readiness=readiness,
+            **({"replica": replica} if replica else {}),
+            **({"observer": observer} if observer else {}),
         )
         http = HttpServer(host=settings.http.http_host, port=settings.http.http_port,
                           metrics=metrics, readiness=readiness, alive=tasks.alive)
@@ -71,8 +80,11 @@ async def serve(settings: Settings, *, responder: Responder | None = None,
             raise StartupError(f"cannot serve HTTP on {settings.http.http_host}:{settings.http.http_port}: "
                                f"{e.strerror or e}") from e
         loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
+        signals = (signal.SIGTERM, signal.SIGINT) if stop is None else ()
+        for sig in signals:
             loop.add_signal_handler(sig, _on_signal, consumer, logger, sig)
+        stopper = (tasks.spawn(_stop_on(stop, consumer), name="resilienced.stop", forever=False)
+                   if stop is not None else None)
         pinger = tasks.spawn(_ping(queue, readiness, logger), name="resilienced.ping")
         logger.info("started", queue_url=qs.queue_url, region=qs.effective_region,
                     endpoint_url=qs.endpoint_url, max_receive_count=max_receive_count,
@@ -86,14 +98,23 @@ async def serve(settings: Settings, *, responder: Responder | None = None,
         try:
             await loop_task
         finally:
-            for sig in (signal.SIGTERM, signal.SIGINT):
+            for sig in signals:
                 loop.remove_signal_handler(sig)
+            if stopper is not None:
+                stopper.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await stopper
             pinger.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await pinger
             await http.stop()
         logger.info("stopped", released=int(metrics.value("resilienced_released_total")))
     return 0
+
+
+async def _stop_on(stop: asyncio.Event, consumer: Consumer) -> None:
+    await stop.wait()
+    consumer.stop()
 
 
 def _on_signal(consumer: Consumer, logger: Any, sig: signal.Signals) -> None:
@@ -120,4 +141,20 @@ def configure(parser: Any) -> None:
 def main(args: Any) -> int:
     settings = Settings.from_args(args, os.environ).validate()
     log.configure(level=settings.log.log_level)
-    return asyncio.run(serve(settings))
+    return asyncio.run(run(settings))
+
+
+async def run(settings: Settings, *, ready: asyncio.Event | None = None, provider: Any | None = None,
+              capacity_source: Any | None = None, observer: Any | None = None,
+              stop: asyncio.Event | None = None) -> int:
+    """Open the mode's adapters (:func:`resilienced.wiring.open_runtime`), then :func:`serve`."""
+    from resilienced.consumer import replica_name
+    from resilienced.wiring import open_runtime
+
+    metrics = Metrics()
+    replica = replica_name()
+    async with open_runtime(settings, metrics=metrics, replica=replica, provider=provider,
+                            capacity_source=capacity_source) as runtime:
+        return await serve(settings, responder=runtime.responder, claims=runtime.claims,
+                           ready=ready, metrics=metrics, replica=replica, observer=observer,
+                           stop=stop)

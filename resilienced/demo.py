@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import sys
 import time
@@ -26,12 +25,11 @@ from typing import Any
 
 from aiobotocore.session import get_session
 
-import handlers
 from resilienced import inject, log, replay
 from resilienced.claims import MemoryClaims
 from resilienced.consumer import Consumer
 from resilienced.errors import ConfigError
-from resilienced.localaws import FAKE_CREDENTIALS, MotoServer
+from resilienced.localaws import FAKE_CREDENTIALS, MotoServer, create_queue_with_dlq, create_rules
 from resilienced.model import Outcome, Verdict
 from resilienced.ports import Message
 from resilienced.respond import PlanLogger
@@ -78,10 +76,9 @@ async def run_demo(*, endpoint_url: str) -> tuple[list[dict[str, Any]], int]:
     session = get_session()
     async with session.create_client("sqs", region_name=REGION, endpoint_url=endpoint_url) as sqs, \
             session.create_client("events", region_name=REGION, endpoint_url=endpoint_url) as events:
-        queue_url, dlq_url = await _create_queues(sqs)
-        queue_arn = (await sqs.get_queue_attributes(QueueUrl=queue_url, AttributeNames=["QueueArn"]))[
-            "Attributes"]["QueueArn"]
-        await _create_rules(events, queue_arn)
+        queue_url, dlq_url = await create_queue_with_dlq(sqs, name="resilienced-demo",
+                                                         max_receive_count=MAX_RECEIVE_COUNT)
+        await create_rules(events, queue_url=queue_url, sqs=sqs)
         sent = await _inject(sqs, events, queue_url)
         decisions: dict[str, tuple[Message, Outcome, Verdict]] = {}
         queue_settings = QueueSettings(queue_url=queue_url, region=REGION, endpoint_url=endpoint_url,
@@ -103,24 +100,6 @@ async def run_demo(*, endpoint_url: str) -> tuple[list[dict[str, Any]], int]:
         dead = int((await sqs.get_queue_attributes(QueueUrl=dlq_url, AttributeNames=[
             "ApproximateNumberOfMessages"]))["Attributes"]["ApproximateNumberOfMessages"])
     return _rows(sent, decisions), dead
-
-
-async def _create_queues(sqs: Any) -> tuple[str, str]:
-    dlq_url = (await sqs.create_queue(QueueName="resilienced-demo-dlq"))["QueueUrl"]
-    dlq_arn = (await sqs.get_queue_attributes(QueueUrl=dlq_url, AttributeNames=["QueueArn"]))[
-        "Attributes"]["QueueArn"]
-    policy = json.dumps({"deadLetterTargetArn": dlq_arn, "maxReceiveCount": str(MAX_RECEIVE_COUNT)})
-    queue_url = (await sqs.create_queue(QueueName="resilienced-demo",
-                                        Attributes={"RedrivePolicy": policy}))["QueueUrl"]
-    return queue_url, dlq_url
-
-
-async def _create_rules(events: Any, queue_arn: str) -> None:
-    for module in handlers.MODULES:
-        name = f"resilienced-{module.KIND.value.replace('_', '-')}"
-        pattern = {"source": [module.SOURCE], "detail-type": list(module.DETAIL_TYPES)}
-        await events.put_rule(Name=name, EventPattern=json.dumps(pattern))
-        await events.put_targets(Rule=name, Targets=[{"Id": "queue", "Arn": queue_arn}])
 
 
 async def _inject(sqs: Any, events: Any, queue_url: str) -> list[tuple[str, str, str]]:

@@ -50,8 +50,10 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
-from resilienced.errors import PermanentError
+from resilienced.errors import BackendUnavailable, PermanentError
+from resilienced.fsx import parse_failures_csv
 from resilienced.ports import ExportTask, ExportTasks, ObjectStore, StoredObject
+from resilienced.s3 import ObjectNotFound, parse_s3_uri
 
 log = logging.getLogger(__name__)
 
@@ -92,7 +94,8 @@ class DurableResult:
     there is none) and ``steps_lost`` a lower bound of the steps resuming from it repeats
     (the newest step number seen in S3 minus ``fallback_step``; None when no step was seen).
     ``reason`` says why nothing durable arrived; ``rejected`` lists the checkpoints looked at
-    and not trusted, with why; ``export_tasks`` the FSx task ids started (task mode).
+    and not trusted, with why; ``export_tasks`` the FSx task ids started (task mode);
+    ``details``: ``export_mode`` and ``newest_seen_step``.
     """
 
     durable: bool
@@ -217,8 +220,6 @@ class _Looker:
         cache_key = (manifest_obj.key, manifest_obj.size, manifest_obj.last_modified)
         parsed = self._manifests.get(cache_key)
         if parsed is None:
-            from resilienced.s3 import ObjectNotFound
-
             try:
                 raw = await self.store.get(bucket=self.bucket, key=manifest_obj.key)
             except ObjectNotFound:
@@ -249,7 +250,8 @@ class _Looker:
             return _Verdict(ckpt.step, False, parsed, "; ".join(wrong))
         if missing:
             shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
-            return _Verdict(ckpt.step, False, parsed, f"{len(missing)} of {len(parsed.files)} files not in S3 yet: {shown}")
+            return _Verdict(ckpt.step, False, parsed,
+                            f"{len(missing)} of {len(parsed.files)} files not in S3 yet: {shown}")
         return _Verdict(ckpt.step, True, parsed, None)
 
     async def newest(self, *, after: datetime | None, before: datetime | None,
@@ -270,6 +272,22 @@ class _Looker:
         return None
 
 
+# --------------------------------------------------------------------------- one look, public
+async def newest_durable(*, store: ObjectStore, uri: str, before: datetime | None = None) -> Manifest | None:
+    """The manifest of the newest checkpoint under ``uri`` that is durable now (manifest and every
+    file in S3 with its size), saved before ``before`` when given; None when there is none.
+
+    Used when an instance is already gone (a state change with no notice): the run resumes from
+    this checkpoint, and the daemon records which one.
+    """
+    from resilienced.s3 import parse_s3_uri
+
+    bucket, prefix = parse_s3_uri(uri)
+    looker = _Looker(store=store, bucket=bucket, prefix=prefix)
+    verdict = await looker.newest(after=None, before=before, steps=await looker.look())
+    return verdict.manifest if verdict is not None else None
+
+
 # --------------------------------------------------------------------------- the wait
 async def wait_durable(
     *,
@@ -287,6 +305,11 @@ async def wait_durable(
 ) -> DurableResult:
     """Wait until a checkpoint saved after ``notice_time`` is durable in S3 under ``uri``.
 
+    S3 answering with a temporary error (``BackendUnavailable``) while waiting is retried at the
+    next poll; if the last look at the deadline fails too, that error is raised (the message is
+    retried later, when S3 may show the checkpoint).  ``PermanentError`` (no such bucket, access
+    denied, an FSx request AWS refuses) and ``ValueError`` (bad arguments) are raised at once.
+
     Args:
         store: the object store (``S3Store``).
         uri: the run's checkpoint prefix, ``s3://bucket/prefix``.
@@ -302,8 +325,6 @@ async def wait_durable(
             redelivered message does not start a second task for the same attempt.
         clock: wall-clock "now" as a tz-aware datetime (default: the system clock).
     """
-    from resilienced.s3 import parse_s3_uri
-
     for name, value in (("notice_time", notice_time), ("deadline", deadline)):
         if not isinstance(value, datetime) or value.tzinfo is None:
             raise ValueError(f"{name} must be a tz-aware datetime, got {value!r}")
@@ -320,6 +341,8 @@ async def wait_durable(
     looker = _Looker(store=store, bucket=bucket, prefix=prefix)
     tasks: list[str] = []
     notes: list[str] = []
+    notes_s3: list[str] = []
+    mode = "auto" if export is None else "task"
 
     def left() -> float:
         return give_up - now().timestamp()
@@ -328,15 +351,22 @@ async def wait_durable(
         log.info("checkpoint step %d in %s is durable (saved %s, %d files)", verdict.step, uri,
                  verdict.manifest.time.isoformat(), len(verdict.manifest.files))  # type: ignore[union-attr]
         return DurableResult(durable=True, step=verdict.step, manifest=verdict.manifest,
-                             waited_s=time.monotonic() - started, export_tasks=tuple(tasks))
+                             waited_s=time.monotonic() - started, export_tasks=tuple(tasks),
+                             details={"export_mode": mode, "newest_seen_step": looker.newest_seen})
 
-    async def look_once() -> tuple[_Verdict | None, dict[int, _Checkpoint]]:
-        steps = await looker.look()
-        return await looker.newest(after=notice_time, before=None, steps=steps), steps
+    async def look_once() -> _Verdict | None:
+        """The newest durable post-notice checkpoint; None also when S3 did not answer."""
+        try:
+            steps = await looker.look()
+            return await looker.newest(after=notice_time, before=None, steps=steps)
+        except BackendUnavailable as e:
+            log.warning("durable: S3 did not answer (%s); looking again in %.1fs", e, poll_interval)
+            notes_s3.append(str(e))
+            return None
 
     if export is None:
         while True:
-            verdict, _ = await look_once()
+            verdict = await look_once()
             if verdict is not None:
                 return done(verdict)
             if left() <= 0:
@@ -357,7 +387,7 @@ async def wait_durable(
             elif task.lifecycle != "SUCCEEDED":
                 notes.append(f"export task {task.task_id} still {task.lifecycle} at the deadline")
                 break
-            verdict, _ = await look_once()
+            verdict = await look_once()
             if verdict is not None:
                 return done(verdict)
             if task.lifecycle != "SUCCEEDED":
@@ -367,7 +397,8 @@ async def wait_durable(
             if left() > 0:
                 await asyncio.sleep(min(poll_interval, max(left(), 0.0)))
 
-    # Nothing durable after the notice: the newest durable one from before it.
+    # Nothing durable after the notice: the newest durable one from before it.  This last look
+    # raises when S3 does not answer: without it there is no fallback to name.
     steps = await looker.look()
     last = await looker.newest(after=notice_time, before=None, steps=steps)
     if last is not None:  # arrived during the very last interval
@@ -381,6 +412,8 @@ async def wait_durable(
     )
     if notes:
         reason += "; " + "; ".join(notes)
+    if notes_s3:
+        reason += f"; S3 did not answer {len(notes_s3)} time(s), last: {notes_s3[-1]}"
     if why:
         reason += "; " + "; ".join(why)
     fallback_step = fallback.step if fallback else None
@@ -397,6 +430,7 @@ async def wait_durable(
         steps_lost=steps_lost, reason=reason,
         rejected=tuple(f"step {s}: {w}" for s, w in sorted(looker.rejected.items(), reverse=True)),
         export_tasks=tuple(tasks),
+        details={"export_mode": mode, "newest_seen_step": newest_seen},
     )
 
 
@@ -417,9 +451,6 @@ async def _follow(export: ExportTasks, task: ExportTask, *, poll_interval: float
 
 async def _task_failure(store: ObjectStore, task: ExportTask) -> str:
     """Why an export task failed, with the files its report names."""
-    from resilienced.fsx import parse_failures_csv
-    from resilienced.s3 import ObjectNotFound, parse_s3_uri
-
     text = f"export task {task.task_id} {task.lifecycle}"
     if task.failure:
         text += f": {task.failure}"

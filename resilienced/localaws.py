@@ -7,6 +7,7 @@ for certain (its own process group) also when the caller fails.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -16,6 +17,7 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 #: Credentials moto accepts; never real ones.
 FAKE_CREDENTIALS = {
@@ -104,3 +106,30 @@ class MotoServer:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+# --------------------------------------------------------------------------- the AWS wiring
+async def create_queue_with_dlq(sqs: Any, *, name: str, max_receive_count: int = 3) -> tuple[str, str]:
+    """An SQS queue whose redrive policy sends poison to ``<name>-dlq``: (queue URL, DLQ URL)."""
+    dlq_url = (await sqs.create_queue(QueueName=f"{name}-dlq"))["QueueUrl"]
+    dlq_arn = (await sqs.get_queue_attributes(QueueUrl=dlq_url, AttributeNames=["QueueArn"]))[
+        "Attributes"]["QueueArn"]
+    policy = json.dumps({"deadLetterTargetArn": dlq_arn, "maxReceiveCount": str(max_receive_count)})
+    queue_url = (await sqs.create_queue(QueueName=name, Attributes={"RedrivePolicy": policy}))["QueueUrl"]
+    return queue_url, dlq_url
+
+
+async def create_rules(events: Any, *, queue_url: str, sqs: Any, prefix: str = "resilienced") -> list[str]:
+    """One EventBridge rule per event kind the daemon reads, each targeting the queue."""
+    import handlers
+
+    queue_arn = (await sqs.get_queue_attributes(QueueUrl=queue_url, AttributeNames=["QueueArn"]))[
+        "Attributes"]["QueueArn"]
+    names = []
+    for module in handlers.MODULES:
+        name = f"{prefix}-{module.KIND.value.replace('_', '-')}"
+        pattern = {"source": [module.SOURCE], "detail-type": list(module.DETAIL_TYPES)}
+        await events.put_rule(Name=name, EventPattern=json.dumps(pattern))
+        await events.put_targets(Rule=name, Targets=[{"Id": "queue", "Arn": queue_arn}])
+        names.append(name)
+    return names

@@ -42,10 +42,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from resilienced.errors import ResilienceError
+from resilienced.raymode import CAPACITY_TYPE_LABEL, INSTANCE_ID_LABEL  # noqa: F401  (the ray-mode labels)
 
-#: Node label keys used across the project.
-INSTANCE_ID_LABEL = "resilienced.io/instance-id"
-CAPACITY_TYPE_LABEL = "resilienced.io/capacity-type"
 CAPACITY_TYPES = ("spot", "capacity-block", "on-demand")
 
 #: Set in every node's environment (and so inherited by its raylet and Ray workers): how

@@ -7,8 +7,10 @@ exactly one ``decision`` line (see :func:`decision`): the line an operator greps
 
 from __future__ import annotations
 
+import json
 import logging
 import sys
+from datetime import datetime, timezone
 from collections.abc import Sequence
 from typing import IO, Any
 
@@ -56,6 +58,33 @@ def configure(*, level: str = "info", stream: IO[str] | None = None) -> None:
         logger_factory=structlog.PrintLoggerFactory(stream),
         cache_logger_on_first_use=False,
     )
+    _route_stdlib(stream, level)
+
+
+class _JsonLines(logging.Formatter):
+    """Stdlib log records (adapters that use :mod:`logging`) as the same JSON lines."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        line = {"event": record.getMessage(), "level": record.levelname.lower(),
+                "logger": record.name,
+                "timestamp": datetime.fromtimestamp(record.created, timezone.utc).isoformat()}
+        if record.exc_info:
+            line["exception"] = self.formatException(record.exc_info)
+        return json.dumps(line, default=str)
+
+
+def _route_stdlib(stream: Any, level: str) -> None:
+    """resilienced's stdlib loggers at ``level``, every other library at warning, on ``stream``."""
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(_JsonLines())
+    root = logging.getLogger()
+    for old in [h for h in root.handlers if getattr(h, "_resilienced", False)]:
+        root.removeHandler(old)
+    handler._resilienced = True  # type: ignore[attr-defined]
+    root.addHandler(handler)
+    root.setLevel(logging.WARNING)
+    for name in ("resilienced", "handlers"):
+        logging.getLogger(name).setLevel(_LEVELS[level])
 
 
 def get(name: str = "resilienced") -> Any:

@@ -179,10 +179,13 @@ class _TokenSwitch:
 
     def _file(self) -> Path:
         if self._path is None:
+            atexit.register(self._cleanup)
+        if self._dir is None or not self._dir.is_dir():  # first use, or a /tmp cleaner took it
             self._dir = Path(tempfile.mkdtemp(prefix="resilienced-ray-auth-"))
             os.chmod(self._dir, 0o700)
             self._path = self._dir / "token"
-            atexit.register(self._cleanup)
+            self._written = None
+        assert self._path is not None
         return self._path
 
     def _cleanup(self) -> None:
@@ -199,7 +202,9 @@ class _TokenSwitch:
         saved = {k: os.environ.get(k) for k in _AUTH_VARS}
         try:
             path = self._file()
-            if token != self._written:
+            # Rewritten also when it went missing: Ray ends the process when RAY_AUTH_TOKEN_PATH
+            # names a file it cannot read.
+            if token != self._written or not path.is_file():
                 tmp = path.with_name("token.tmp")
                 fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
                 with os.fdopen(fd, "w", encoding="utf-8") as f:

@@ -39,11 +39,20 @@ from typing import Any, Protocol
 from resilienced.errors import BackendUnavailable
 from resilienced.model import Target
 from resilienced.ports import Claim, Location, RayControl, RayNode
+from resilienced.sqs import translate  # the shared AWS error translation
 
 log = logging.getLogger(__name__)
 
-#: The node label that names the EC2 instance a Ray node runs on.
+#: The node labels of ray mode (``ray start --labels=...``); the local drill uses them too.
+#: The EC2 instance a Ray node runs on:
 INSTANCE_ID_LABEL = "resilienced.io/instance-id"
+#: ``spot`` | ``capacity-block`` | ``on-demand``: the pool the node came from.
+CAPACITY_TYPE_LABEL = "resilienced.io/capacity-type"
+#: The Capacity Block (``cr-...``) a node runs in, when it does.
+RESERVATION_LABEL = "resilienced.io/capacity-reservation-id"
+#: The node's instance type and zone (else ``--instance-type``; zone unknown).
+INSTANCE_TYPE_LABEL = "resilienced.io/instance-type"
+ZONE_LABEL = "resilienced.io/zone"
 
 
 class RayModeCluster:
@@ -69,6 +78,7 @@ class RayModeCluster:
         ray_address: str | None = None,
         ec2: Any | None = None,
         instance_label: str = INSTANCE_ID_LABEL,
+        instance_type: str | None = None,
     ) -> None:
         if not instance_label or not isinstance(instance_label, str):
             raise ValueError("instance_label must be a non-empty node label key")
@@ -77,6 +87,7 @@ class RayModeCluster:
         self.checkpoint_uri = checkpoint_uri
         self.ray_address = ray_address if ray_address is not None else getattr(ray, "address", None)
         self.instance_label = instance_label
+        self.instance_type = instance_type
 
     async def locate(
         self, *, instance_ids: Sequence[str], capacity_reservation_id: str | None = None
@@ -84,9 +95,10 @@ class RayModeCluster:
         """The Ray nodes on each instance (label first, then private IP).
 
         ``capacity_reservation_id`` is not used: the instances of a reservation are resolved
-        before this call.  A target's ``ray_node_ids`` are its *alive* nodes (those to drain);
-        nodes found dead are listed in ``attributes["dead_node_ids"]`` (the instance is gone,
-        the run still needs requeueing from its newest checkpoint).
+        before this call.  A target's ``ray_node_ids`` are its *alive* worker nodes (those to
+        drain; a head node on the instance is flagged ``attributes["head_on_instance"]`` and never
+        drained); nodes found dead are listed in ``attributes["dead_node_ids"]`` (the instance
+        is gone, the run still needs requeueing from its newest checkpoint).
         """
         wanted = list(dict.fromkeys(instance_ids))
         if not wanted:
@@ -137,15 +149,31 @@ class RayModeCluster:
             node=shown[0].address if shown else None,
             ray_cluster=None,
             ray_job=None,
-            ray_node_ids=tuple(n.node_id for n in alive),
+            # Never the head: a drained idle head raylet leaves at once (seen here), taking the
+            # driver with it; the head's instance going away ends the cluster in any case.
+            ray_node_ids=tuple(n.node_id for n in alive if not n.is_head),
             checkpoint_uri=self.checkpoint_uri,
             ray_address=self.ray_address,
             attributes={
                 "matched_by": matched_by,
                 "dead_node_ids": [n.node_id for n in dead],
-                "head": any(n.is_head for n in alive),
+                "head_on_instance": any(n.is_head for n in alive),
+                **self._capacity_facts(shown),
             },
         )
+
+    def _capacity_facts(self, nodes: list[RayNode]) -> dict[str, Any]:
+        """What the capacity decision needs, from the node labels (else the configured type)."""
+        node_labels = nodes[0].labels if nodes else {}
+        facts: dict[str, Any] = {}
+        instance_type = node_labels.get(INSTANCE_TYPE_LABEL) or self.instance_type
+        if instance_type:
+            facts["instance_type"] = instance_type
+        for key, label in (("availability_zone", ZONE_LABEL), ("capacity_type", CAPACITY_TYPE_LABEL),
+                           ("reservation_id", RESERVATION_LABEL)):
+            if node_labels.get(label):
+                facts[key] = node_labels[label]
+        return facts
 
     async def _private_addresses(self, instance_ids: list[str]) -> dict[str, set[str]]:
         """instance id -> its private IPv4 addresses, for the instances EC2 knows.
@@ -153,8 +181,6 @@ class RayModeCluster:
         A filter on ``instance-id`` (not ``InstanceIds``): an unknown id is then just absent
         instead of failing the whole call with ``InvalidInstanceID.NotFound``.
         """
-        from resilienced.sqs import translate  # the shared AWS error translation
-
         out: dict[str, set[str]] = {}
         for start in range(0, len(instance_ids), 200):  # at most 200 values per filter
             chunk = instance_ids[start:start + 200]

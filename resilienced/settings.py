@@ -1,7 +1,9 @@
 """Settings: grouped, documented, from flags with environment defaults, validated once.
 
 Every setting is a field of a frozen dataclass *group* (``QueueSettings``, ``IntakeSettings``,
-``HttpSettings``, ``LogSettings``).  A field is declared with :func:`option`, which carries its
+``ModeSettings``, ``RecoverySettings``, ``CapacityPolicy``, ``HttpSettings``, ``LogSettings``).
+A field is declared with :func:`~resilienced.options.option` (the machinery lives in
+:mod:`resilienced.options`), which carries its
 flag (``--visibility-timeout``), its environment variables (``RESILIENCED_VISIBILITY_TIMEOUT``,
 plus standard fallbacks such as ``AWS_REGION``), how to parse it from a string, and its
 documentation (units, and why the default is what it is).  The CLI flags, the environment
@@ -17,190 +19,39 @@ with ``option()`` fields and a ``TITLE``, add a field to :class:`Settings` and a
 ``Settings.GROUPS``.  That is all the CLI needs.
 """
 
+
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import enum
-import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, TypeVar
+from datetime import timedelta
+from typing import ClassVar
 from urllib.parse import urlsplit
 
+from resilienced.capacity.policy import CapacityPolicy
 from resilienced.errors import ConfigError
-
-ENV_PREFIX = "RESILIENCED_"
-
-ACCOUNT_RE = re.compile(r"[0-9]{12}")
-REGION_RE = re.compile(r"[a-z]{2}(?:-[a-z]+)+-[0-9]{1,2}")
-_AWS_QUEUE_HOST_RE = re.compile(r"sqs\.([a-z]{2}(?:-[a-z]+)+-[0-9]{1,2})\.amazonaws\.com(?:\.cn)?")
-
-
-# --------------------------------------------------------------------------- declaring options
-@dataclass(frozen=True)
-class Option:
-    """How one setting is given and documented (kept in the dataclass field's metadata)."""
-
-    help: str
-    parse: Callable[[str], Any]
-    flag: str | None = None  # default: --field-name
-    env: tuple[str, ...] = ()  # default: (RESILIENCED_FIELD_NAME,)
-    fallback_env: tuple[str, ...] = ()  # standard variables read after ours (AWS_REGION ...)
-    metavar: str | None = None
-    is_switch: bool = False  # a flag without a value (store_true)
-
-
-def option(default: Any, *, help: str, parse: Callable[[str], Any], flag: str | None = None,
-           fallback_env: Sequence[str] = (), metavar: str | None = None,
-           is_switch: bool = False) -> Any:
-    """Declare a setting: its default, documentation, and how to parse it from a string."""
-    meta = Option(help=help, parse=parse, flag=flag, fallback_env=tuple(fallback_env),
-                  metavar=metavar, is_switch=is_switch)
-    if isinstance(default, (list, dict, set)):
-        raise TypeError("use an immutable default (a tuple)")
-    return field(default=default, metadata={"option": meta})
-
-
-def flag_of(f: dataclasses.Field) -> str:
-    meta: Option = f.metadata["option"]
-    return meta.flag or "--" + f.name.replace("_", "-")
-
-
-def env_of(f: dataclasses.Field) -> tuple[str, ...]:
-    meta: Option = f.metadata["option"]
-    return (meta.env or (ENV_PREFIX + f.name.upper(),)) + meta.fallback_env
-
-
-# --------------------------------------------------------------------------- parsers (str -> value)
-def text(value: str) -> str | None:
-    value = value.strip()
-    return value or None
-
-
-def integer(value: str) -> int:
-    try:
-        return int(value.strip(), 10)
-    except ValueError:
-        raise ValueError(f"expected a whole number, got {value!r}") from None
-
-
-def seconds(value: str) -> float:
-    try:
-        number = float(value.strip())
-    except ValueError:
-        raise ValueError(f"expected a number of seconds, got {value!r}") from None
-    if number != number or number in (float("inf"), float("-inf")):
-        raise ValueError(f"expected a finite number of seconds, got {value!r}")
-    return number
-
-
-def boolean(value: str) -> bool:
-    lowered = value.strip().lower()
-    if lowered in ("1", "true", "yes", "on"):
-        return True
-    if lowered in ("0", "false", "no", "off", ""):
-        return False
-    raise ValueError(f"expected true or false, got {value!r}")
-
-
-def csv(value: str) -> tuple[str, ...]:
-    return tuple(item.strip() for item in value.split(",") if item.strip())
-
-
-def choice(*choices: str) -> Callable[[str], str]:
-    def parse(value: str) -> str:
-        value = value.strip().lower()
-        if value not in choices:
-            raise ValueError(f"expected one of {', '.join(choices)}, got {value!r}")
-        return value
-    return parse
-
-
-# --------------------------------------------------------------------------- the group machinery
-G = TypeVar("G", bound="Group")
-
-
-class Group:
-    """Mixin for a settings group: argparse flags, env lookup, and ``validate()``."""
-
-    TITLE: ClassVar[str] = "settings"
-
-    @classmethod
-    def options(cls) -> list[dataclasses.Field]:
-        return [f for f in dataclasses.fields(cls) if "option" in f.metadata]  # type: ignore[arg-type]
-
-    @classmethod
-    def add_arguments(cls, parser: argparse.ArgumentParser, *, only: Sequence[str] | None = None) -> None:
-        """Add this group's flags (all, or the named fields) to ``parser``.
-
-        Every flag defaults to ``None`` so that :meth:`from_args` can tell "not given" from a
-        value and fall back to the environment.
-        """
-        doc = (cls.__doc__ or "").strip().splitlines()[0] if cls.__doc__ else None
-        group = parser.add_argument_group(cls.TITLE, doc)
-        for f in cls.options():
-            if only is not None and f.name not in only:
-                continue
-            meta: Option = f.metadata["option"]
-            envs = " / ".join(env_of(f))
-            default = _show_default(f.default)
-            help_text = f"{meta.help.split('. ')[0].rstrip('.')}. [env {envs}; default {default}]"
-            if meta.is_switch:
-                group.add_argument(flag_of(f), dest=f.name, action="store_const", const="true",
-                                   default=None, help=help_text)
-            else:
-                group.add_argument(flag_of(f), dest=f.name, default=None, metavar=meta.metavar,
-                                   help=help_text)
-
-    @classmethod
-    def from_args(cls: type[G], args: argparse.Namespace | None, environ: Mapping[str, str]) -> G:
-        """Build the group from parsed flags (strings) and the environment; parse errors raise ConfigError."""
-        values: dict[str, Any] = {}
-        for f in cls.options():
-            meta: Option = f.metadata["option"]
-            raw = getattr(args, f.name, None) if args is not None else None
-            origin = flag_of(f)
-            if raw is None:
-                for name in env_of(f):
-                    if environ.get(name) not in (None, ""):
-                        raw, origin = environ[name], f"env {name}"
-                        break
-            if raw is None:
-                continue
-            try:
-                values[f.name] = meta.parse(raw)
-            except ValueError as e:
-                raise ConfigError(flag_of(f), f"{e} (from {origin})") from None
-        return cls(**values)
-
-    def validate(self) -> None:  # pragma: no cover - every group overrides
-        """Raise ConfigError for a value that cannot work."""
-
-
-def _show_default(value: Any) -> str:
-    if value is None or value == ():
-        return "unset"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, tuple):
-        return ",".join(value)
-    if isinstance(value, float) and value.is_integer():
-        return str(int(value))
-    return str(value)
-
-
-def _require_range(flag: str, value: float, low: float, high: float, unit: str = "") -> None:
-    if not (low <= value <= high):
-        suffix = f" {unit}" if unit else ""
-        raise ConfigError(flag, f"must be between {_show_default(float(low))} and "
-                                f"{_show_default(float(high))}{suffix}, got {_show_default(value)}")
-
-
-def _require_url(flag: str, value: str) -> None:
-    parts = urlsplit(value)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ConfigError(flag, f"expected an http(s) URL, got {value!r}")
+from resilienced.options import (  # noqa: F401  (re-exported: the machinery used to live here)
+    ACCOUNT_RE,
+    ENV_PREFIX,
+    REGION_RE,
+    _AWS_QUEUE_HOST_RE,
+    Group,
+    Option,
+    _require_range,
+    _require_url,
+    _show_default,
+    boolean,
+    choice,
+    csv,
+    env_of,
+    flag_of,
+    integer,
+    option,
+    seconds,
+    text,
+)
 
 
 # --------------------------------------------------------------------------- groups
@@ -323,6 +174,12 @@ class IntakeSettings(Group):
              "(1-172800). The hook's heartbeat timeout (30-7200 s, AWS default 3600) is not in "
              "the event; 120 s treats a terminate hook like a Spot notice, which is never too "
              "late. Set it to your hook's timeout to let runs use the slack.")
+    notice_seconds: float = option(
+        120.0, parse=seconds, metavar="S",
+        help="Lead time of a Spot interruption notice, in seconds (5-120): the deadline is the "
+             "event's time plus this (also for a capacity-reservation interruption without "
+             "instance-termination-time, and a rebalance under the drain policy). EC2 gives "
+             "120 s; only the local drill shortens it, to play the story in less time.")
     dedupe_seconds: float = option(
         86400.0, parse=seconds, metavar="S",
         help="How long a handled event id is remembered, so a duplicate is acknowledged "
@@ -339,10 +196,16 @@ class IntakeSettings(Group):
         RebalancePolicy(self.rebalance_policy)  # parse() already restricted it
         _require_range("--asg-deadline-seconds", self.asg_deadline_seconds, 1, 172800, "s")
         _require_range("--dedupe-seconds", self.dedupe_seconds, 60, 1209600, "s")
+        _require_range("--notice-seconds", self.notice_seconds, 5, 120, "s")
 
     @property
     def rebalance(self) -> RebalancePolicy:
         return RebalancePolicy(self.rebalance_policy)
+
+    @property
+    def notice(self) -> timedelta:
+        """The lead time of a Spot (or interruptible reservation) notice."""
+        return timedelta(seconds=self.notice_seconds)
 
 
 @dataclass(frozen=True)
@@ -380,6 +243,135 @@ class LogSettings(Group):
         pass
 
 
+class Mode(str, enum.Enum):
+    """Where the daemon finds and acts on Ray runs."""
+
+    PLAN = "plan"  # only compute and log each plan: nothing outside is touched
+    KUBERNETES = "kubernetes"  # KubeRay on Kubernetes (EKS)
+    RAY = "ray"  # one Ray cluster without Kubernetes (EC2 cluster launcher, the local drill)
+
+
+@dataclass(frozen=True)
+class ModeSettings(Group):
+    """Where the Ray runs are: KubeRay on Kubernetes, a Ray cluster without it, or plan only."""
+
+    TITLE: ClassVar[str] = "mode"
+
+    mode: str = option(
+        Mode.PLAN.value, parse=choice(*(m.value for m in Mode)), metavar="MODE",
+        help="plan | kubernetes | ray. plan computes and logs each event's plan and touches "
+             "nothing (a safe default for a daemon whose job is to drain nodes: acting is "
+             "opted into); kubernetes finds KubeRay runs through the API server; ray acts on "
+             "the one Ray cluster at --ray-address.")
+    kubeconfig: str | None = option(
+        None, parse=text, metavar="PATH",
+        help="Kubeconfig file (kubernetes mode). Unset: the in-cluster ServiceAccount.")
+    kube_context: str | None = option(
+        None, parse=text, metavar="NAME", help="Kubeconfig context (kubernetes mode).")
+    claims_namespace: str = option(
+        "resilienced", parse=lambda v: v.strip(), fallback_env=("POD_NAMESPACE",),
+        metavar="NS",
+        help="Namespace of the Leases that make replicas act once per event and run "
+             "(kubernetes mode); the daemon's own namespace.")
+    ray_address: str | None = option(
+        None, parse=text, metavar="HOST:PORT",
+        help="GCS address of the Ray cluster (ray mode), such as 10.0.0.5:6379.")
+    ray_token_file: str | None = option(
+        None, parse=text, metavar="PATH",
+        help="File holding the Ray cluster's auth token (ray mode). Unset: RAY_AUTH_TOKEN, "
+             "then ~/.ray/auth_token, as Ray itself looks; a cluster without auth needs none.")
+    instance_label: str = option(
+        "resilienced.io/instance-id", parse=lambda v: v.strip(), metavar="KEY",
+        help="Ray node label holding the EC2 instance id (ray mode). Start nodes with "
+             "`ray start --labels=resilienced.io/instance-id=$(ec2-metadata -i | cut -d' ' -f2)`; "
+             "unlabelled nodes are found by private IP through DescribeInstances.")
+    checkpoint_uri: str | None = option(
+        None, parse=text, metavar="S3URI",
+        help="S3 prefix of the run's checkpoints, s3://bucket/prefix (ray mode; in kubernetes "
+             "mode the RayJob/RayCluster annotation resilienced.io/checkpoint-uri says it).")
+    instance_type: str | None = option(
+        None, parse=text, metavar="TYPE",
+        help="Instance type of the Ray cluster's worker pool (ray mode), for the capacity "
+             "decision; kubernetes mode reads it from the Node's labels.")
+
+    def validate(self) -> None:
+        mode = Mode(self.mode)
+        if mode is Mode.RAY and not self.ray_address:
+            raise ConfigError("--ray-address", "required in ray mode (flag --ray-address or env "
+                                               "RESILIENCED_RAY_ADDRESS)")
+        if self.checkpoint_uri is not None and not self.checkpoint_uri.startswith("s3://"):
+            raise ConfigError("--checkpoint-uri", f"expected s3://bucket/prefix, got {self.checkpoint_uri!r}")
+        if not self.instance_label:
+            raise ConfigError("--instance-label", "must not be empty")
+        if not self.claims_namespace:
+            raise ConfigError("--claims-namespace", "must not be empty")
+
+    @property
+    def kind(self) -> Mode:
+        return Mode(self.mode)
+
+
+@dataclass(frozen=True)
+class RecoverySettings(Group):
+    """How a notice becomes a durable checkpoint: export mode, waits, FSx."""
+
+    TITLE: ClassVar[str] = "recovery"
+
+    export_mode: str = option(
+        "auto", parse=choice("auto", "task"), metavar="MODE",
+        help="auto | task. auto: the FSx data repository association auto-exports new and "
+             "changed files, and the daemon watches S3 until the checkpoint is there. task: the "
+             "daemon starts an FSx export task for the run's checkpoint path and waits for it "
+             "(auto-export and export tasks cannot run at the same time on one association).")
+    fsx_file_system_id: str | None = option(
+        None, parse=text, metavar="FS",
+        help="FSx for Lustre file system id, fs-... (export mode task).")
+    fsx_file_system_path: str = option(
+        "/", parse=lambda v: v.strip() or "/", metavar="PATH",
+        help="File system path of the data repository association (export mode task), such "
+             "as /checkpoints: with --fsx-data-repository-path it maps a run's checkpoint URI "
+             "to the path an export task exports.")
+    fsx_data_repository_path: str | None = option(
+        None, parse=text, metavar="S3URI",
+        help="S3 path of the data repository association (export mode task), such as "
+             "s3://bucket/checkpoints.")
+    durable_grace_seconds: float = option(
+        60.0, parse=seconds, metavar="S",
+        help="How long after the deadline S3 is still watched for the checkpoint, in seconds "
+             "(0-3600): FSx may still be exporting what the run saved just before the node "
+             "went.")
+    durable_poll_seconds: float = option(
+        2.0, parse=seconds, metavar="S",
+        help="Seconds between looks at S3 (and at an export task) while waiting (0.05-60). "
+             "2 s: a list of a checkpoint prefix is cheap; FSx task status only updates every 30 s.")
+    checkpoint_ahead_seconds: float = option(
+        600.0, parse=seconds, metavar="S",
+        help="Drain deadline given when an event has none (rebalance with checkpoint-ahead), in "
+             "seconds (10-86400).")
+
+    def validate(self) -> None:
+        if self.export_mode == "task":
+            if not self.fsx_file_system_id:
+                raise ConfigError("--fsx-file-system-id", "required with --export-mode task")
+            if not self.fsx_data_repository_path or not self.fsx_data_repository_path.startswith("s3://"):
+                raise ConfigError("--fsx-data-repository-path",
+                                  "required with --export-mode task, as s3://bucket/prefix")
+        _require_range("--durable-grace-seconds", self.durable_grace_seconds, 0, 3600, "s")
+        _require_range("--durable-poll-seconds", self.durable_poll_seconds, 0.05, 60, "s")
+        _require_range("--checkpoint-ahead-seconds", self.checkpoint_ahead_seconds, 10, 86400, "s")
+
+    def export_paths(self, checkpoint_uri: str) -> list[str]:
+        """The FSx path(s) an export task exports for a run whose checkpoints are at ``checkpoint_uri``."""
+        base = (self.fsx_data_repository_path or "").rstrip("/")
+        if not checkpoint_uri.startswith(base + "/") and checkpoint_uri.rstrip("/") != base:
+            raise ConfigError("--fsx-data-repository-path",
+                              f"checkpoint URI {checkpoint_uri} is not under the association's "
+                              f"S3 path {base}")
+        rest = checkpoint_uri[len(base):].strip("/")
+        root = self.fsx_file_system_path.rstrip("/")
+        return [f"{root}/{rest}" if rest else (root or "/")]
+
+
 # --------------------------------------------------------------------------- all groups
 @dataclass(frozen=True)
 class Settings:
@@ -389,14 +381,19 @@ class Settings:
     intake: IntakeSettings = field(default_factory=IntakeSettings)
     http: HttpSettings = field(default_factory=HttpSettings)
     log: LogSettings = field(default_factory=LogSettings)
-    # -- Other groups go here (ModeSettings, RaySettings, CheckpointSettings ...): add a field
-    # -- and an entry in GROUPS; the `run` subcommand then takes their flags.
+    mode: ModeSettings = field(default_factory=ModeSettings)
+    recovery: RecoverySettings = field(default_factory=RecoverySettings)
+    capacity: CapacityPolicy = field(default_factory=CapacityPolicy)
+    # -- Another group: add a field and an entry in GROUPS; `run` then takes its flags.
 
     GROUPS: ClassVar[dict[str, type[Group]]] = {
         "queue": QueueSettings,
         "intake": IntakeSettings,
         "http": HttpSettings,
         "log": LogSettings,
+        "mode": ModeSettings,
+        "recovery": RecoverySettings,
+        "capacity": CapacityPolicy,
     }
 
     @classmethod

@@ -20,7 +20,7 @@ from decimal import Decimal, InvalidOperation
 from typing import ClassVar
 
 from resilienced.errors import ConfigError
-from resilienced.settings import Group, boolean, choice, integer, option
+from resilienced.options import Group, boolean, choice, integer, option
 
 _DURATION_RE = re.compile(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([smhd]?)\s*")
 _UNIT_SECONDS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}

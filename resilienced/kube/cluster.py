@@ -49,6 +49,7 @@ from resilienced.kube.events import EventRecorder, ObjectRef, ref_for
 from resilienced.kube.locate import (
     RAY_POD_SELECTOR,
     RESERVATION_LABEL,
+    capacity_facts,
     checkpoint_uri,
     cluster_key_of,
     gcs_address,
@@ -369,6 +370,14 @@ class KubeCluster:
             attributes["gcs_error"] = view.gcs_error
         if view.job_candidates:
             attributes["ray_jobs"] = list(view.job_candidates)
+        job = None
+        if view.job_key:
+            job_ns, job_name = view.job_key.split("/", 1)
+            job = self.rayjobs.get(job_ns, job_name)
+        workers = [(p.get("spec") or {}).get("nodeName") or ""
+                   for p in self.pods.by_index("cluster", view.key) if not is_head(p)]
+        attributes.update(capacity_facts(node=node, run_objects=[o for o in (job, view.raycluster) if o],
+                                         worker_nodes=workers))
         return Target(
             instance_id=instance, node=name_of(node), ray_cluster=view.key, ray_job=view.job_key,
             ray_node_ids=tuple(dict.fromkeys(ids)), checkpoint_uri=view.checkpoint_uri,

@@ -190,3 +190,36 @@ def secret_name_for(cluster_name: str) -> str:
     if name and (name[0].isdigit() or not name[0].isalnum()):
         name = "r" + name[1:]
     return name
+
+
+#: Node labels that carry what the capacity decision needs (well-known Kubernetes and Karpenter keys).
+INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
+ZONE_LABEL = "topology.kubernetes.io/zone"
+KARPENTER_CAPACITY_LABEL = "karpenter.sh/capacity-type"
+
+
+def capacity_facts(*, node: Mapping[str, Any], run_objects: Sequence[Mapping[str, Any]],
+                   worker_nodes: Sequence[str]) -> dict[str, Any]:
+    """``Target.attributes`` for the capacity decision (see ``resilienced.capacity.request``).
+
+    From the Node's labels: instance type, zone, capacity type (Karpenter's ``spot`` /
+    ``reserved`` / ``on-demand``), reservation id; from the run's objects (RayJob first, then
+    RayCluster): when resilienced last moved it; ``instance_count``: the distinct Nodes the run's
+    worker pods are on (the gang).
+    """
+    node_labels = labels(node)
+    facts: dict[str, Any] = {}
+    for key, label in (("instance_type", INSTANCE_TYPE_LABEL), ("availability_zone", ZONE_LABEL),
+                       ("capacity_type", KARPENTER_CAPACITY_LABEL), ("reservation_id", RESERVATION_LABEL)):
+        if node_labels.get(label):
+            facts[key] = node_labels[label]
+    for obj in run_objects:
+        moved = annotations(obj).get("resilienced.io/capacity-moved-at")
+        if moved:
+            facts["capacity_moved_at"] = moved
+            break
+    count = len({n for n in worker_nodes if n})
+    if count:
+        facts["instance_count"] = count
+    return facts
+

@@ -34,12 +34,12 @@ from resilienced.capacity.decision import Capacity, CapacityDecision
 from resilienced.capacity.planner import CapacityPlanner
 from resilienced.capacity.request import CapacityRequest
 from resilienced.errors import TemporaryError
-from resilienced.localray import CAPACITY_TYPE_LABEL, INSTANCE_ID_LABEL, LocalRayCluster, LocalRayNode
+from resilienced.localray import LocalRayCluster, LocalRayNode
+from resilienced.raymode import CAPACITY_TYPE_LABEL, INSTANCE_ID_LABEL, RESERVATION_LABEL
 from resilienced.model import Event, Target
 from resilienced.requeue.result import RequeueResult, waiting
 
 REPLACES_LABEL = "resilienced.io/replaces"
-RESERVATION_LABEL = "resilienced.io/capacity-reservation-id"
 
 
 class NoCapacity(TemporaryError):

@@ -8,6 +8,7 @@ file it lists are in S3 and check out.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from datetime import datetime, timedelta, timezone
 from typing import Any
@@ -15,6 +16,7 @@ from typing import Any
 import pytest
 
 from resilienced.durable import MalformedManifest, parse_manifest, wait_durable
+from resilienced.errors import BackendUnavailable, PermanentError
 from resilienced.s3 import S3Store
 
 from .conftest import BUCKET, PREFIX, URI, make_ckpt, put_ckpt
@@ -83,7 +85,10 @@ async def test_files_arriving_late_and_out_of_order_become_durable_only_when_all
         await s3.put_object(Bucket=BUCKET, Key=PREFIX + ordered[-1], Body=objects[ordered[-1]])
         result = await asyncio.wait_for(waiter, 30)
     finally:
-        waiter.cancel()
+        if not waiter.done():
+            waiter.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await waiter
     assert result.durable, result.reason
     assert result.step == 40
     assert result.manifest is not None and len(result.manifest.files) == len(ckpt.files)
@@ -133,7 +138,8 @@ async def test_a_malformed_manifest_is_never_trusted(s3: Any, store: S3Store) ->
     await put_ckpt(s3, make_ckpt(10, saved=before(300)))
     bad = make_ckpt(11, saved=after(1))
     await put_ckpt(s3, bad, skip=("manifest.json",))
-    await s3.put_object(Bucket=BUCKET, Key=PREFIX + "step-11/manifest.json", Body=b'{"format": "resilienced-checkpoint/1", "step": ')
+    truncated = b'{"format": "resilienced-checkpoint/1", "step": '
+    await s3.put_object(Bucket=BUCKET, Key=PREFIX + "step-11/manifest.json", Body=truncated)
 
     result = await wait_durable(store=store, uri=URI, notice_time=NOTICE, deadline=PAST,
                                 poll_interval=0.05)
@@ -280,3 +286,54 @@ async def test_wait_durable_rejects_bad_arguments(store: S3Store, kwargs: dict[s
     args.update(kwargs)
     with pytest.raises(ValueError, match=message):
         await wait_durable(**args)
+
+
+class FlakyStore:
+    """The real S3Store behind a link that drops the first ``failures`` listings."""
+
+    def __init__(self, store: S3Store, *, failures: int) -> None:
+        self._store = store
+        self.failures = failures
+
+    async def list(self, **kwargs: Any) -> Any:
+        if self.failures > 0:
+            self.failures -= 1
+            raise BackendUnavailable("s3", "ListObjectsV2 failed: ServerDisconnectedError")
+        return await self._store.list(**kwargs)
+
+    async def get(self, **kwargs: Any) -> bytes:
+        return await self._store.get(**kwargs)
+
+
+async def test_s3_errors_while_waiting_are_retried_until_the_deadline(s3: Any, store: S3Store) -> None:
+    await put_ckpt(s3, make_ckpt(70, saved=after(1)))
+    flaky = FlakyStore(store, failures=3)
+
+    result = await wait_durable(store=flaky, uri=URI, notice_time=NOTICE, deadline=soon(60),
+                                poll_interval=0.02)
+
+    assert result.durable and result.step == 70
+    assert flaky.failures == 0
+
+
+async def test_s3_down_through_the_deadline_is_backend_unavailable(aio_session: Any,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    from aiobotocore.config import AioConfig
+
+    from resilienced.localaws import free_port
+
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        monkeypatch.setenv(name, "testing")
+    config = AioConfig(connect_timeout=1, read_timeout=1, retries={"max_attempts": 1})
+    async with aio_session.create_client("s3", region_name="us-east-1", config=config,
+                                         endpoint_url=f"http://127.0.0.1:{free_port()}") as client:
+        with pytest.raises(BackendUnavailable) as info:
+            await wait_durable(store=S3Store(client=client), uri=URI, notice_time=NOTICE, deadline=PAST,
+                               poll_interval=0.05)
+    assert info.value.backend == "s3"
+
+
+async def test_a_missing_bucket_is_permanent_at_once(store: S3Store) -> None:
+    with pytest.raises(PermanentError, match="NoSuchBucket"):
+        await wait_durable(store=store, uri="s3://no-such-bucket/x", notice_time=NOTICE, deadline=soon(60),
+                           poll_interval=0.05)

@@ -15,7 +15,7 @@ from resilienced.durable import wait_durable
 from resilienced.fsx import FsxExportTasks
 from resilienced.s3 import S3Store
 
-from .conftest import BUCKET, PREFIX, URI, make_ckpt, put_ckpt
+from .conftest import BUCKET, URI, make_ckpt, put_ckpt
 from .test_fsx import FS, OTHER, REPORT, TASK, create_request, running_request, task
 
 NOTICE = (datetime.now(timezone.utc) - timedelta(minutes=5)).replace(microsecond=0)

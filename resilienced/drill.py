@@ -1,0 +1,703 @@
+"""``resilienced drill``: the whole interruption story on one machine.
+
+The drill starts and wires, all on 127.0.0.1:
+
+* moto server (EventBridge, SQS with a DLQ, S3), with one EventBridge rule per event kind;
+* a local multi-node Ray cluster: a head with no CPUs and ``--workers`` worker nodes, each
+  labelled with a made-up instance id and ``resilienced.io/capacity-type=spot``;
+* the FSx stand-in: a local checkpoint root and an exporter that copies committed checkpoint
+  files to ``s3://<bucket>/runs/drill`` as DRA auto-export does;
+* the trainer (``python -m trainer``, FSDP2 on gloo, ``--workers`` ranks) on that cluster;
+* the daemon in ray mode (in this process), whose requeue asks a local provider for
+  replacement nodes: ``--spot-capacity`` Spot nodes (0 by default) and a Capacity Block of
+  ``--workers`` nodes.
+
+Then it plays an interruption as AWS FIS does: a rebalance recommendation, then the Spot
+interruption notice for one worker's instance, then that instance's termination at the deadline
+(``--scenario spot``); or an instance that is simply gone, announced only by a state change
+(``--scenario abrupt``).  The run resumes and finishes; an uninterrupted reference run with the
+same seed (no Ray, same world size) gives the losses to compare with.
+
+Time is compressed: EC2's notice is 120 s; the drill tells the daemon (``--notice-seconds`` of
+the intake) and the world that it is ``--notice-seconds`` (25 by default), so the whole story
+fits in a few minutes.  Everything else is real: the drain is Ray's, the checkpoint is torch DCP,
+the S3 check reads what the exporter wrote, the replacement is a new Ray node.
+
+Anchors for ``docs/benchmarks.md``: ``--daemon off`` (no daemon: periodic checkpoints only; the
+drill itself replaces the lost node, as an autoscaler would) and ``--preemption-poll 5`` (Ray
+Train's default poll interval, against the 0.5 s the trainer documents).
+
+Everything started is stopped at the end, also on Ctrl-C and on failure; the work directory is
+removed unless ``--keep``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import shutil
+import signal
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any, TextIO
+
+from resilienced.errors import ConfigError, ResilienceError
+from resilienced.raymode import CAPACITY_TYPE_LABEL as CAPACITY_LABEL
+from resilienced.raymode import INSTANCE_ID_LABEL as INSTANCE_LABEL
+
+REGION = "us-east-1"
+BUCKET = "resilienced-drill"
+PREFIX = "runs/drill"
+INSTANCE_TYPE = "drill.cpu"
+BLOCK_ID = "cr-0d1e2a3b4c5d6e7f8"
+
+
+class DrillError(ResilienceError):
+    """The drill could not play its story (a part did not start, the run did not finish)."""
+
+
+@dataclass(frozen=True)
+class DrillOptions:
+    workers: int = 2
+    steps: int = 80
+    interrupt_at_step: int = 15
+    spot_capacity: int = 0
+    seed: int = 0
+    scenario: str = "spot"
+    keep: bool = False
+    json_report: str | None = None
+    notice_seconds: float = 25.0
+    checkpoint_every: int = 10
+    preemption_poll: float = 0.5
+    daemon: bool = True
+    step_seconds: float = 0.5
+    timeout: float = 300.0
+    workdir: str | None = None
+
+    def validate(self) -> DrillOptions:
+        if self.workers < 1:
+            raise ConfigError("--workers", f"must be at least 1, got {self.workers}")
+        if self.steps < 2:
+            raise ConfigError("--steps", f"must be at least 2, got {self.steps}")
+        if not 1 <= self.interrupt_at_step < self.steps:
+            raise ConfigError("--interrupt-at-step", f"must be between 1 and --steps - 1 "
+                                                     f"({self.steps - 1}), got {self.interrupt_at_step}")
+        if self.spot_capacity < 0:
+            raise ConfigError("--spot-capacity", f"must be >= 0, got {self.spot_capacity}")
+        if self.scenario not in ("spot", "abrupt"):
+            raise ConfigError("--scenario", f"expected spot or abrupt, got {self.scenario!r}")
+        if not 5 <= self.notice_seconds <= 120:
+            raise ConfigError("--notice-seconds", f"must be between 5 and 120, got {self.notice_seconds}")
+        if self.checkpoint_every < 0:
+            raise ConfigError("--checkpoint-every", f"must be >= 0, got {self.checkpoint_every}")
+        if not 0.05 <= self.preemption_poll <= 60:
+            raise ConfigError("--preemption-poll", f"must be between 0.05 and 60 s, got {self.preemption_poll}")
+        if self.step_seconds < 0:
+            raise ConfigError("--step-seconds", f"must be >= 0, got {self.step_seconds}")
+        return self
+
+
+# --------------------------------------------------------------------------- the timeline
+@dataclass
+class Timeline:
+    """What happened when, printed live relative to the notice (before it: relative to start)."""
+
+    out: TextIO
+    started: float = field(default_factory=time.time)
+    notice: float | None = None
+    entries: list[dict[str, Any]] = field(default_factory=list)
+
+    def add(self, who: str, what: str, *, at: float | None = None) -> None:
+        at = time.time() if at is None else at
+        self.entries.append({"time": at, "who": who, "what": what})
+        if self.notice is None:
+            stamp = f"   start+{at - self.started:6.1f}s"
+        else:
+            stamp = f"  notice{at - self.notice:+7.1f}s"
+        self.out.write(f"{stamp}  {who:<8} {what}\n")
+        self.out.flush()
+
+
+class JsonLines:
+    """Tails a JSON-lines file written by another process (whole lines only)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._offset = 0
+        self._partial = b""
+        self.lines: list[dict[str, Any]] = []
+
+    def read_new(self) -> list[dict[str, Any]]:
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self._offset)
+                chunk = f.read()
+        except FileNotFoundError:
+            return []
+        self._offset += len(chunk)
+        data = self._partial + chunk
+        *complete, self._partial = data.split(b"\n")
+        new = []
+        for raw in complete:
+            if raw.strip():
+                try:
+                    new.append(json.loads(raw))
+                except json.JSONDecodeError:
+                    continue
+        self.lines.extend(new)
+        return new
+
+
+# --------------------------------------------------------------------------- events to put
+def _event(detail_type: str, detail: dict[str, Any], *, instance_id: str, when: datetime) -> dict[str, Any]:
+    return {
+        "Source": "aws.ec2",
+        "DetailType": detail_type,
+        "Detail": json.dumps(detail),
+        "Resources": [f"arn:aws:ec2:{REGION}a:instance/{instance_id}"],
+        "Time": when,
+        "EventBusName": "default",
+    }
+
+
+def rebalance(instance_id: str, when: datetime) -> dict[str, Any]:
+    return _event("EC2 Instance Rebalance Recommendation", {"instance-id": instance_id},
+                  instance_id=instance_id, when=when)
+
+
+def spot_notice(instance_id: str, when: datetime) -> dict[str, Any]:
+    return _event("EC2 Spot Instance Interruption Warning",
+                  {"instance-id": instance_id, "instance-action": "terminate"},
+                  instance_id=instance_id, when=when)
+
+
+def state_change(instance_id: str, state: str, when: datetime) -> dict[str, Any]:
+    return _event("EC2 Instance State-change Notification",
+                  {"instance-id": instance_id, "state": state}, instance_id=instance_id, when=when)
+
+
+def made_up_ids(n: int, *, seed: int) -> list[str]:
+    """Instance ids of EC2's form (``i-`` + 17 hex), stable for a seed."""
+    return [f"i-0{(seed * 7919 + i + 1) * 0x9E3779B1 % (1 << 64):016x}" for i in range(n)]
+
+
+# --------------------------------------------------------------------------- the report
+def report_from(
+    *,
+    options: DrillOptions,
+    metrics: list[dict[str, Any]],
+    events: list[dict[str, Any]],
+    reference: dict[int, float],
+    notice: float | None,
+    durable_at: float | None,
+    capacity: str | None,
+    trainer_exit: int | None,
+) -> dict[str, Any]:
+    """The drill's report, from what the trainer, the daemon and the reference wrote."""
+    starts = sorted((e for e in events if e.get("event") == "started"), key=lambda e: e["time"])
+    resumed = next((e for e in starts if e.get("resumed_from_step") is not None and
+                    notice is not None and e["time"] >= notice), None)
+    first_attempt = starts[0].get("attempt") if starts else None
+    before = [m for m in metrics if m.get("attempt") == first_attempt] if starts else metrics
+    interrupted_at = max((m["step"] for m in before), default=None)
+    checkpoint_step = resumed.get("resumed_from_step") if resumed else None
+    after = ([m for m in metrics if m.get("attempt") == resumed.get("attempt")] if resumed else [])
+    resumed_at = min((m["step"] for m in after), default=None)
+    committed = [e for e in events if e.get("event") == "checkpoint_committed"
+                 and notice is not None and e["time"] >= notice]
+    final: dict[int, list[float]] = {}
+    for m in metrics:
+        final.setdefault(int(m["step"]), []).append(float(m["loss"]))
+    every_step = all(s in final for s in range(1, options.steps + 1))
+    trained_twice = sum(len(v) - 1 for v in final.values())
+    losses_match = bool(reference) and every_step and all(
+        reference.get(step) is not None and all(loss == reference[step] for loss in losses)
+        for step, losses in final.items())
+    finished = any(e.get("event") == "finished" for e in events)
+
+    def since(t: float | None) -> float | None:
+        return None if t is None or notice is None else round(t - notice, 3)
+
+    steps_lost = (interrupted_at - checkpoint_step
+                  if interrupted_at is not None and checkpoint_step is not None else None)
+    checks = {
+        "run finished": finished and trainer_exit == 0 and every_step,
+        "run resumed from a checkpoint": checkpoint_step is not None,
+        "resumed_at_step == checkpoint_step + 1": (resumed_at is not None and checkpoint_step is not None
+                                                   and resumed_at == checkpoint_step + 1),
+        "losses match the uninterrupted run": losses_match,
+    }
+    if options.scenario == "spot" and options.daemon:
+        checks["no step lost"] = steps_lost == 0
+        checks["requeued on capacity that exists"] = capacity in ("spot", "capacity-block", "on-demand")
+    return {
+        "ok": all(checks.values()),
+        "scenario": options.scenario,
+        "daemon": options.daemon,
+        "workers": options.workers,
+        "steps": options.steps,
+        "seed": options.seed,
+        "notice_seconds": options.notice_seconds,
+        "preemption_poll_s": options.preemption_poll,
+        "interrupted_at_step": interrupted_at,
+        "checkpoint_step": checkpoint_step,
+        "resumed_at_step": resumed_at,
+        "steps_lost": steps_lost,
+        "steps_trained_twice": trained_twice,
+        "notice_to_checkpoint_s": since(min((e["time"] for e in committed), default=None)),
+        "notice_to_durable_s": since(durable_at),
+        "notice_to_resumed_s": since(min((m["time"] for m in after), default=None)),
+        "capacity": capacity,
+        "losses_match_uninterrupted": losses_match,
+        "checks": checks,
+    }
+
+
+def table(report: dict[str, Any]) -> str:
+    keys = ("ok", "scenario", "interrupted_at_step", "checkpoint_step", "resumed_at_step",
+            "steps_lost", "steps_trained_twice", "notice_to_checkpoint_s", "notice_to_durable_s",
+            "notice_to_resumed_s", "capacity", "losses_match_uninterrupted")
+    width = max(len(k) for k in keys)
+    lines = [f"  {k:<{width}}  {report.get(k)}" for k in keys]
+    lines += [f"  {'check':<{width}}  {'passed' if v else 'FAILED'}: {name}"
+              for name, v in report["checks"].items()]
+    return "\n".join(lines) + "\n"
+
+
+# --------------------------------------------------------------------------- the drill
+class Drill:
+    """One run of the drill; :meth:`run` returns the report."""
+
+    def __init__(self, options: DrillOptions, *, out: TextIO = sys.stdout) -> None:
+        self.o = options
+        self.out = out
+        self.timeline = Timeline(out)
+        self.workdir = Path(options.workdir or tempfile.mkdtemp(prefix="rdrill-", dir="/tmp"))
+        self.ckpt = self.workdir / "fsx" / "drill"
+        self.metrics = JsonLines(self.workdir / "metrics.jsonl")
+        self.events = JsonLines(self.workdir / "events.jsonl")
+        self.instance_ids = made_up_ids(options.workers, seed=options.seed)
+        self.decisions: list[dict[str, Any]] = []
+        self.durable_at: float | None = None
+        self.capacity: str | None = None
+        self._trainer: asyncio.subprocess.Process | None = None
+        self._nodes: dict[str, Any] = {}
+
+    # ------------------------------------------------------------------ parts
+    def _trainer_args(self, *, ray_address: str, checkpoint_dir: Path, metrics: Path,
+                      events: Path | None, pad: bool) -> list[str]:
+        args = [sys.executable, "-m", "trainer", "--ray-address", ray_address,
+                "--num-workers", str(self.o.workers), "--steps", str(self.o.steps),
+                "--seed", str(self.o.seed), "--checkpoint-dir", str(checkpoint_dir),
+                "--checkpoint-every", str(self.o.checkpoint_every), "--metrics-out", str(metrics)]
+        if events is not None:
+            args += ["--events-out", str(events)]
+        if pad and self.o.step_seconds:
+            args += ["--min-step-seconds", str(self.o.step_seconds)]
+        return args
+
+    async def _provision_aws(self, endpoint: str) -> str:
+        from aiobotocore.session import get_session
+
+        from resilienced.localaws import create_queue_with_dlq, create_rules
+
+        session = get_session()
+        async with session.create_client("sqs", region_name=REGION, endpoint_url=endpoint) as sqs, \
+                session.create_client("events", region_name=REGION, endpoint_url=endpoint) as events, \
+                session.create_client("s3", region_name=REGION, endpoint_url=endpoint) as s3:
+            queue_url, _dlq = await create_queue_with_dlq(sqs, name="resilienced-drill", max_receive_count=5)
+            await create_rules(events, queue_url=queue_url, sqs=sqs)
+            await s3.create_bucket(Bucket=BUCKET)
+        return queue_url
+
+    async def _put(self, endpoint: str, entry: dict[str, Any], what: str) -> None:
+        from aiobotocore.session import get_session
+
+        async with get_session().create_client("events", region_name=REGION, endpoint_url=endpoint) as ev:
+            response = await ev.put_events(Entries=[entry])
+        if response.get("FailedEntryCount"):
+            raise DrillError(f"EventBridge refused the {what}: {response['Entries']}")
+        self.timeline.add("aws", f"EventBridge <- {what}")
+
+    def _observe(self, message: Any, outcome: Any, verdict: Any, latency: float) -> None:
+        """The daemon's decisions, as they settle (called by the consumer)."""
+        event = outcome.event
+        record = {"time": time.time(), "kind": event.kind.value if event else None,
+                  "result": outcome.result.value, "verdict": verdict.value,
+                  "reason": outcome.reason, "details": dict(outcome.details)}
+        self.decisions.append(record)
+        runs = outcome.details.get("runs") or []
+        for run in runs:
+            durable = run.get("durable") or {}
+            if durable.get("verified") and event is not None and event.time is not None \
+                    and self.durable_at is None:
+                # the daemon measured from the event's time; the notice is when it was sent
+                self.durable_at = event.time.timestamp() + float(durable["notice_to_durable_s"])
+            requeue = run.get("requeue") or {}
+            if requeue.get("capacity") and requeue.get("changes"):
+                self.capacity = requeue["capacity"]
+        summary = outcome.reason or outcome.result.value
+        if runs:
+            parts = []
+            for run in runs:
+                if run.get("signal"):
+                    parts.append(f"drained {len(run['signal'].get('drained', {}))} node(s)")
+                if run.get("durable"):
+                    d = run["durable"]
+                    parts.append(f"checkpoint step {d.get('step')} durable in S3" if d.get("verified")
+                                 else f"nothing durable after the notice ({d.get('reason')})")
+                if run.get("resume"):
+                    parts.append(f"resume point step {run['resume'].get('resume_step')}")
+                if run.get("requeue"):
+                    r = run["requeue"]
+                    parts.append(f"requeue -> {r.get('capacity')}: {r.get('reason')}")
+                if run.get("notify"):
+                    parts.append(f"recorded {run['notify']}")
+            summary = "; ".join(parts) or summary
+        self.timeline.add("daemon", f"{record['kind']}: {outcome.result.value} ({summary})")
+
+    async def _watch_trainer(self) -> None:
+        """Print the trainer's lifecycle events and progress as they come."""
+        last_step_shown = 0
+        while True:
+            for e in self.events.read_new():
+                kind = e.get("event")
+                if kind == "started":
+                    text = (f"attempt {e.get('attempt')} started, world size {e.get('world_size')}"
+                            + (f", resumed from step {e['resumed_from_step']}"
+                               if e.get("resumed_from_step") is not None else ", from scratch"))
+                elif kind == "preemption_notice":
+                    text = f"preemption notice at step {e.get('step')} (from {e.get('source')})"
+                elif kind == "checkpoint_committed":
+                    text = (f"checkpoint step {e.get('step')} committed ({e.get('reason')}, "
+                            f"{float(e.get('save_seconds') or 0):.2f}s)")
+                elif kind == "waiting_for_teardown":
+                    text = f"trained up to step {e.get('step')}; waiting to be torn down"
+                elif kind == "finished":
+                    text = f"finished at step {e.get('step')}"
+                else:
+                    text = f"{kind}: {e}"
+                self.timeline.add("trainer", text, at=e.get("time"))
+            for m in self.metrics.read_new():
+                if m["step"] - last_step_shown >= 10 or m["step"] == self.o.interrupt_at_step:
+                    self.timeline.add("trainer", f"step {m['step']} loss {m['loss']:.4f}", at=m.get("time"))
+                    last_step_shown = m["step"]
+            await asyncio.sleep(0.2)
+
+    async def _until(self, predicate: Callable[[], bool], *, what: str, timeout: float) -> None:
+        end = time.monotonic() + timeout
+        while not predicate():
+            if self._trainer is not None and self._trainer.returncode is not None:
+                raise DrillError(f"the trainer exited with {self._trainer.returncode} while waiting "
+                                 f"for {what}; see {self.workdir / 'trainer.log'}")
+            if time.monotonic() > end:
+                raise DrillError(f"timed out after {timeout:.0f}s waiting for {what}")
+            await asyncio.sleep(0.2)
+
+    # ------------------------------------------------------------------ the story
+    async def run(self) -> dict[str, Any]:
+        from resilienced.localaws import FAKE_CREDENTIALS, MotoServer
+
+        for key, value in FAKE_CREDENTIALS.items():  # the drill's AWS is a local moto
+            os.environ[key] = value
+        os.environ.setdefault("AWS_DEFAULT_REGION", REGION)
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.out.write(f"resilienced drill: scenario {self.o.scenario}, {self.o.workers} workers, "
+                       f"{self.o.steps} steps, interrupt at step {self.o.interrupt_at_step}, "
+                       f"spot capacity {self.o.spot_capacity}, notice {self.o.notice_seconds:g}s, "
+                       f"daemon {'on' if self.o.daemon else 'off'}\n  work dir {self.workdir}\n")
+        async with contextlib.AsyncExitStack() as stack:
+            moto = MotoServer(log_path=self.workdir / "moto.log")
+            await asyncio.to_thread(moto.start)
+            stack.callback(moto.stop)
+            queue_url = await self._provision_aws(moto.endpoint_url)
+            self.timeline.add("aws", f"moto on {moto.endpoint_url}: EventBridge rules -> SQS (+DLQ), S3 bucket")
+
+            cluster = await self._start_ray(stack)
+            await self._start_exporter(stack, moto.endpoint_url)
+            stop = asyncio.Event()
+            daemon_task = None
+            if self.o.daemon:
+                daemon_task = await self._start_daemon(stack, moto.endpoint_url, queue_url, cluster, stop)
+            watcher = asyncio.create_task(self._watch_trainer(), name="drill.watch")
+            stack.push_async_callback(_cancel, watcher)
+            await self._start_trainer(stack, cluster)
+            await self._until(lambda: any(m["step"] >= self.o.interrupt_at_step for m in self.metrics.lines),
+                              what=f"step {self.o.interrupt_at_step}", timeout=self.o.timeout)
+            victim = self.instance_ids[0]
+            if self.o.scenario == "spot":
+                await self._play_spot(moto.endpoint_url, cluster, victim)
+            else:
+                await self._play_abrupt(moto.endpoint_url, cluster, victim)
+            assert self._trainer is not None
+            try:
+                code = await asyncio.wait_for(self._trainer.wait(), timeout=self.o.timeout)
+            except asyncio.TimeoutError:
+                raise DrillError(f"the run did not finish within {self.o.timeout:.0f}s after the "
+                                 f"interruption; see {self.workdir / 'trainer.log'}") from None
+            self.events.read_new()
+            self.metrics.read_new()
+            self.timeline.add("trainer", f"exited with {code}")
+            if daemon_task is not None:
+                await self._settle(daemon_task)
+                stop.set()
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(daemon_task, timeout=30)
+            self.timeline.add("drill", "running the uninterrupted reference (same seed, no Ray)")
+            reference = await self._reference()
+        report = report_from(options=self.o, metrics=self.metrics.lines, events=self.events.lines,
+                             reference=reference, notice=self.timeline.notice,
+                             durable_at=self.durable_at, capacity=self.capacity, trainer_exit=code)
+        return report
+
+    async def _start_ray(self, stack: contextlib.AsyncExitStack) -> Any:
+        from resilienced.localray import LocalRayCluster
+
+        cluster = LocalRayCluster(workdir=self.workdir, env={
+            "RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S": str(self.o.preemption_poll)})
+        stack.callback(cluster.stop)
+        await asyncio.to_thread(cluster.start)
+        for instance_id in self.instance_ids:
+            node = await asyncio.to_thread(cluster.add_node, labels={
+                INSTANCE_LABEL: instance_id, CAPACITY_LABEL: "spot"}, num_cpus=1)
+            self._nodes[instance_id] = node
+        self.timeline.add("ray", f"cluster at {cluster.address}: head + {self.o.workers} spot node(s) "
+                                 f"{', '.join(self.instance_ids)}")
+        return cluster
+
+    async def _start_exporter(self, stack: contextlib.AsyncExitStack, endpoint: str) -> Any:
+        from resilienced.fsxlocal import LocalExporter
+
+        self.ckpt.mkdir(parents=True, exist_ok=True)
+        exporter = LocalExporter(root=self.ckpt, bucket=BUCKET, prefix=PREFIX, endpoint_url=endpoint,
+                                 region=REGION, poll_interval=0.2, shuffle=True, seed=self.o.seed)
+        await exporter.start()
+        stack.push_async_callback(exporter.stop)
+        self.timeline.add("fsx", f"{self.ckpt} auto-exports to s3://{BUCKET}/{PREFIX}")
+        return exporter
+
+    async def _start_daemon(self, stack: contextlib.AsyncExitStack, endpoint: str, queue_url: str,
+                            cluster: Any, stop: asyncio.Event) -> asyncio.Task[int]:
+        from resilienced import daemon, log
+        from resilienced.capacity.static import StaticCapacity
+        from resilienced.ports import CapacityReservation
+        from resilienced.requeue.raymode import LocalNodeProvider
+        from resilienced.settings import (
+            HttpSettings,
+            IntakeSettings,
+            ModeSettings,
+            QueueSettings,
+            RecoverySettings,
+            Settings,
+        )
+
+        token_file = self.workdir / "ray-token"
+        token_file.write_text(cluster.auth_token)
+        token_file.chmod(0o600)
+        settings = Settings(
+            queue=QueueSettings(queue_url=queue_url, region=REGION, endpoint_url=endpoint,
+                                wait_seconds=1, visibility_timeout=30, shutdown_timeout=10),
+            intake=IntakeSettings(notice_seconds=self.o.notice_seconds),
+            http=HttpSettings(http_host="127.0.0.1", http_port=0),
+            mode=ModeSettings(mode="ray", ray_address=cluster.address, ray_token_file=str(token_file),
+                              checkpoint_uri=f"s3://{BUCKET}/{PREFIX}", instance_type=INSTANCE_TYPE),
+            recovery=RecoverySettings(durable_poll_seconds=0.5, durable_grace_seconds=30),
+        ).validate()
+        now = datetime.now(timezone.utc)
+        block = CapacityReservation(
+            reservation_id=BLOCK_ID, instance_type=INSTANCE_TYPE, availability_zone=f"{REGION}a",
+            reservation_type="capacity-block", state="active", available_instances=self.o.workers,
+            total_instances=self.o.workers, start=now - timedelta(hours=1), end=now + timedelta(days=1))
+        provider = LocalNodeProvider(cluster, capacity={
+            "spot": self.o.spot_capacity, "capacity-block": self.o.workers, "on-demand": 0})
+        daemon_log = open(self.workdir / "daemon.log", "a")
+        stack.callback(daemon_log.close)
+        log.configure(level="info", stream=daemon_log)
+        ready = asyncio.Event()
+        task = asyncio.create_task(daemon.run(
+            settings, ready=ready, provider=provider, capacity_source=StaticCapacity([block]),
+            observer=self._observe, stop=stop), name="drill.daemon")
+
+        async def shut() -> None:
+            stop.set()
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(task, timeout=30)
+            await _cancel(task)
+        stack.push_async_callback(shut)
+        waiter = asyncio.create_task(ready.wait())
+        done, _ = await asyncio.wait({waiter, task}, timeout=60, return_when=asyncio.FIRST_COMPLETED)
+        if waiter not in done:
+            waiter.cancel()
+            if task.done():
+                raise DrillError(f"the daemon did not start: {task.exception() or task.result()}")
+            raise DrillError("the daemon did not start within 60s")
+        self.timeline.add("daemon", f"running in ray mode on {queue_url.rsplit('/', 1)[-1]}; "
+                                    f"provider: spot {self.o.spot_capacity}, capacity-block "
+                                    f"{BLOCK_ID} {self.o.workers}")
+        return task
+
+    async def _start_trainer(self, stack: contextlib.AsyncExitStack, cluster: Any) -> None:
+        env = dict(os.environ)
+        env.update(cluster.env)
+        env["RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S"] = str(self.o.preemption_poll)
+        env["PYTHONUNBUFFERED"] = "1"
+        log_file = open(self.workdir / "trainer.log", "ab")
+        stack.callback(log_file.close)
+        self._trainer = await asyncio.create_subprocess_exec(
+            *self._trainer_args(ray_address=cluster.address, checkpoint_dir=self.ckpt,
+                                metrics=self.metrics.path, events=self.events.path, pad=True),
+            stdout=log_file, stderr=log_file, env=env, start_new_session=True)
+        stack.push_async_callback(_stop_process, self._trainer)
+        self.timeline.add("trainer", f"python -m trainer: {self.o.workers} ranks, FSDP2 on gloo "
+                                     f"(pid {self._trainer.pid})")
+
+    async def _play_spot(self, endpoint: str, cluster: Any, victim: str) -> None:
+        now = datetime.now(timezone.utc)
+        await self._put(endpoint, rebalance(victim, now), f"rebalance recommendation for {victim}")
+        self.timeline.notice = time.time()
+        deadline = self.timeline.notice + self.o.notice_seconds
+        await self._put(endpoint, spot_notice(victim, datetime.now(timezone.utc)),
+                        f"Spot interruption notice for {victim} (deadline in {self.o.notice_seconds:g}s)")
+        await asyncio.sleep(max(0.0, deadline - time.time()))  # EC2 acts at the deadline
+        await self._terminate(endpoint, cluster, victim)
+
+    async def _play_abrupt(self, endpoint: str, cluster: Any, victim: str) -> None:
+        self.timeline.notice = time.time()
+        await self._terminate(endpoint, cluster, victim)
+
+    async def _terminate(self, endpoint: str, cluster: Any, victim: str) -> None:
+        await asyncio.to_thread(cluster.kill_node, self._nodes[victim])
+        self.timeline.add("aws", f"instance {victim} terminated (its Ray node is gone)")
+        await self._put(endpoint, state_change(victim, "terminated", datetime.now(timezone.utc)),
+                        f"state change: {victim} terminated")
+        if not self.o.daemon:  # nobody requeues: play the autoscaler that replaces the node
+            replacement = made_up_ids(self.o.workers + 1, seed=self.o.seed)[-1]
+            await asyncio.to_thread(cluster.add_node, labels={
+                INSTANCE_LABEL: replacement, CAPACITY_LABEL: "on-demand"}, num_cpus=1)
+            self.capacity = "on-demand"
+            self.timeline.add("drill", f"(daemon off) an autoscaler replaced it with {replacement}")
+
+    async def _settle(self, daemon_task: asyncio.Task[int]) -> None:
+        """Let the daemon settle the last event (the state change) before it is stopped."""
+        end = time.monotonic() + 30
+        while time.monotonic() < end and not daemon_task.done():
+            if any(d["kind"] == "state_change" for d in self.decisions):
+                return
+            await asyncio.sleep(0.2)
+
+    async def _reference(self) -> dict[int, float]:
+        path = self.workdir / "reference.jsonl"
+        ckpt = self.workdir / "reference-ckpt"
+        env = dict(os.environ)
+        env["PYTHONUNBUFFERED"] = "1"
+        with open(self.workdir / "reference.log", "ab") as log_file:
+            proc = await asyncio.create_subprocess_exec(
+                *self._trainer_args(ray_address="local", checkpoint_dir=ckpt, metrics=path,
+                                    events=None, pad=False),
+                stdout=log_file, stderr=log_file, env=env, start_new_session=True)
+            try:
+                code = await asyncio.wait_for(proc.wait(), timeout=self.o.timeout)
+            finally:
+                await _stop_process(proc)
+        if code != 0:
+            raise DrillError(f"the reference run exited with {code}; see {self.workdir / 'reference.log'}")
+        reference = {}
+        for line in JsonLines(path).read_new():
+            reference[int(line["step"])] = float(line["loss"])
+        return reference
+
+    def cleanup(self) -> None:
+        if self.o.keep:
+            self.out.write(f"artifacts kept in {self.workdir} (trainer.log, daemon.log, metrics.jsonl, "
+                           f"events.jsonl, reference.jsonl, fsx/, ray logs)\n")
+        else:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+async def _cancel(task: asyncio.Task[Any]) -> None:
+    if not task.done():
+        task.cancel()
+    with contextlib.suppress(asyncio.CancelledError, Exception):
+        await task
+
+
+async def _stop_process(proc: asyncio.subprocess.Process) -> None:
+    """Stop a child started in its own session: SIGTERM to its group, then SIGKILL."""
+    if proc.returncode is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            await asyncio.wait_for(proc.wait(), timeout=10)
+        except asyncio.TimeoutError:
+            pass
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)  # whatever of its group is left
+    if proc.returncode is None:
+        await proc.wait()
+
+
+# --------------------------------------------------------------------------- the command
+def configure(parser: argparse.ArgumentParser) -> None:
+    d = DrillOptions()
+    parser.add_argument("--workers", type=int, default=d.workers, help="ranks, one per Ray worker node")
+    parser.add_argument("--steps", type=int, default=d.steps, help="optimizer steps of the run")
+    parser.add_argument("--interrupt-at-step", type=int, default=d.interrupt_at_step,
+                        help="the interruption comes once the run has trained this step")
+    parser.add_argument("--spot-capacity", type=int, default=d.spot_capacity,
+                        help="replacement Spot nodes the local provider has (0: none, so the run "
+                             "goes to the Capacity Block)")
+    parser.add_argument("--seed", type=int, default=d.seed)
+    parser.add_argument("--scenario", choices=("spot", "abrupt"), default=d.scenario,
+                        help="spot: rebalance, notice, termination at the deadline; abrupt: the "
+                             "instance is gone with no notice (a state change only)")
+    parser.add_argument("--notice-seconds", type=float, default=d.notice_seconds,
+                        help="time from the notice to the termination (EC2: 120)")
+    parser.add_argument("--checkpoint-every", type=int, default=d.checkpoint_every,
+                        help="periodic checkpoints every K steps")
+    parser.add_argument("--preemption-poll", type=float, default=d.preemption_poll,
+                        help="RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S (Ray's default: 5)")
+    parser.add_argument("--step-seconds", type=float, default=d.step_seconds,
+                        help="pad each training step to at least this long, so the story is "
+                             "visible (the model itself trains a step in milliseconds)")
+    parser.add_argument("--daemon", choices=("on", "off"), default="on",
+                        help="off: no daemon (periodic checkpoints only), as a baseline")
+    parser.add_argument("--timeout", type=float, default=d.timeout,
+                        help="seconds each wait of the drill may take before it fails")
+    parser.add_argument("--keep", action="store_true", help="keep the work directory and say where")
+    parser.add_argument("--json-report", metavar="FILE", help="also write the report as JSON")
+    parser.add_argument("--workdir", metavar="DIR", help="work directory (default: a new one under /tmp)")
+
+
+def main(args: argparse.Namespace) -> int:
+    options = DrillOptions(
+        workers=args.workers, steps=args.steps, interrupt_at_step=args.interrupt_at_step,
+        spot_capacity=args.spot_capacity, seed=args.seed, scenario=args.scenario, keep=args.keep,
+        json_report=args.json_report, notice_seconds=args.notice_seconds,
+        checkpoint_every=args.checkpoint_every, preemption_poll=args.preemption_poll,
+        daemon=args.daemon == "on", step_seconds=args.step_seconds, timeout=args.timeout,
+        workdir=args.workdir,
+    ).validate()
+    drill = Drill(options)
+    try:
+        report = asyncio.run(drill.run())
+    except DrillError as e:
+        print(f"resilienced drill: failed: {e}"
+              + ("" if options.keep else " (run again with --keep to keep the logs)"), file=sys.stderr)
+        drill.cleanup()
+        return 1
+    except BaseException:
+        drill.cleanup()
+        raise
+    drill.cleanup()
+    sys.stdout.write("\n" + table(report))
+    if options.json_report:
+        Path(options.json_report).write_text(json.dumps(report, indent=2) + "\n")
+    return 0 if report["ok"] else 1

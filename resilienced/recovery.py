@@ -1,0 +1,443 @@
+"""Acting on a plan: locate the runs, signal them, wait for a durable checkpoint, requeue the gang.
+
+:class:`Recovery` is the real :class:`~resilienced.respond.Responder`.  For one plan:
+
+1. **locate**: the plan's instances (for a Capacity Block expiry, the reservation's instances
+   from EC2) -> the Ray Train runs on them (:meth:`Cluster.locate`), grouped per run: several
+   instances of one run are one gang and are handled together;
+2. per run, under a claim ``run/<event id>/<run>`` (cross-replica idempotency: a run already
+   done for this event is skipped; one held by another delivery is retried later, never skipped):
+
+   * NOTIFY: an Event on the run, nothing else;
+   * SIGNAL: cordon the nodes, then drain the run's Ray nodes on those instances through the
+     run's GCS with reason PREEMPTION and the event's deadline (Ray Train turns that into
+     ``get_preemption_info()`` in every rank, which saves the step it is on);
+   * DURABLE: wait until a checkpoint saved after the notice is in S3 (manifest and every file),
+     else record the newest durable one from before the notice and the steps that costs;
+   * REQUEUE: for an instance already gone (state change), find the newest durable checkpoint
+     the run will resume from; decide the capacity (Spot / Capacity Block / On-Demand / wait) and
+     apply it to the whole gang;
+
+3. COMPLETE_LIFECYCLE: tell the Auto Scaling group it may go on terminating (also when no run
+   was found: the instance is released either way).
+
+Every step is idempotent on its own as well (a node already draining with an earlier deadline is
+not drained again; a durable checkpoint is found again at once; a requeue applied twice changes
+nothing), so a retry after a partial failure redoes nothing twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+
+from resilienced import log
+from resilienced.capacity.decision import Capacity
+from resilienced.durable import DurableResult, newest_durable, wait_durable
+from resilienced.errors import PermanentError, ResilienceError, TemporaryError
+from resilienced.model import Kind, Outcome, Plan, Result, Step, Target
+from resilienced.ports import CapacitySource, ClaimStore, Cluster, ExportTasks, ObjectStore, RayControl
+
+#: Reasons of the Kubernetes Events resilienced records (kubernetes mode; logged in ray mode).
+REASON_NOTICE = "InterruptionNotice"
+REASON_DRAINING = "Draining"
+REASON_DURABLE = "CheckpointDurable"
+REASON_NOT_DURABLE = "CheckpointNotDurable"
+REASON_RESUME_POINT = "ResumePoint"
+
+NOTIFY_REASONS = {Kind.REBALANCE_RECOMMENDATION: "RebalanceRecommendation"}
+
+DURATION_BUCKETS = (0.5, 1, 2, 5, 10, 20, 30, 45, 60, 90, 120, 180, 300, 600, 1800)
+
+
+@dataclass(frozen=True)
+class RecoveryOptions:
+    """How the steps behave (from ``RecoverySettings``).
+
+    ``durable_grace_seconds``: how long after the deadline S3 is still watched (FSx may still be
+    exporting what the run saved just before the node went).  ``checkpoint_ahead_seconds``: the
+    drain deadline given when a plan has none (``--rebalance-policy checkpoint-ahead``).
+    ``export_paths``: maps a run's checkpoint URI to the FSx paths an export task exports
+    (``--export-mode task``); None: auto-export.
+    """
+
+    durable_grace_seconds: float = 60.0
+    durable_poll_seconds: float = 2.0
+    checkpoint_ahead_seconds: float = 600.0
+    claim_ttl_floor_seconds: float = 300.0
+    file_system_id: str | None = None
+    export_paths: Callable[[str], Sequence[str]] | None = None
+
+
+class RecoveryMetrics:
+    """The step metrics, on the daemon's registry."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.drains = Counter("resilienced_drains", "Ray node drains sent, by outcome "
+                              "(accepted, already_draining, rejected).", ["outcome"], registry=registry)
+        self.durable = Counter("resilienced_checkpoints", "Checkpoint checks after a notice, by "
+                               "outcome (durable, not_durable, no_checkpoint_uri).", ["outcome"],
+                               registry=registry)
+        self.notice_to_durable = Histogram(
+            "resilienced_notice_to_durable_seconds",
+            "Seconds from the interruption notice to a verified checkpoint in S3.",
+            buckets=DURATION_BUCKETS, registry=registry)
+        self.steps_lost = Counter("resilienced_steps_lost", "Steps repeated because the "
+                                  "newest durable checkpoint predates the notice (a lower bound).",
+                                  registry=registry)
+        for outcome in ("accepted", "already_draining", "rejected"):
+            self.drains.labels(outcome=outcome)
+        for outcome in ("durable", "not_durable", "no_checkpoint_uri"):
+            self.durable.labels(outcome=outcome)
+
+
+class Lifecycle:
+    """The Auto Scaling call a terminate lifecycle hook waits for (``CompleteLifecycleAction``)."""
+
+    def __init__(self, client: Any) -> None:
+        self._client = client  # an aiobotocore ``autoscaling`` client owned by the caller
+
+    async def complete(self, *, event_attributes: dict[str, Any], instance_id: str | None) -> str:
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        from resilienced.errors import BackendUnavailable
+
+        params = {
+            "LifecycleHookName": event_attributes["lifecycle_hook_name"],
+            "AutoScalingGroupName": event_attributes["auto_scaling_group_name"],
+            "LifecycleActionToken": event_attributes["lifecycle_action_token"],
+            "LifecycleActionResult": "CONTINUE",
+        }
+        if instance_id:
+            params["InstanceId"] = instance_id
+        try:
+            await self._client.complete_lifecycle_action(**params)
+        except ClientError as e:
+            code = e.response.get("Error", {}).get("Code", "")
+            message = e.response.get("Error", {}).get("Message", "")
+            if code == "ValidationError" and "No active Lifecycle Action" in message:
+                return "already completed or timed out"
+            status = e.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
+            if code in ("Throttling", "ThrottlingException") or status >= 500:
+                raise BackendUnavailable("autoscaling", f"CompleteLifecycleAction: {code} {message}") from e
+            raise PermanentError(f"autoscaling CompleteLifecycleAction: {code} {message}") from e
+        except BotoCoreError as e:
+            raise BackendUnavailable("autoscaling", f"CompleteLifecycleAction: {e}") from e
+        return "completed (CONTINUE)"
+
+
+@dataclass
+class RunReport:
+    """What happened to one run (logged, kept in the claim, returned in the outcome)."""
+
+    run: str
+    instances: list[str]
+    steps: dict[str, Any] = field(default_factory=dict)
+    skipped: str | None = None
+
+    def as_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"run": self.run, "instances": self.instances, **self.steps}
+        if self.skipped:
+            out["skipped"] = self.skipped
+        return out
+
+
+class Recovery:
+    """The responder that makes plans act.
+
+    Args:
+        cluster: where runs are found (kubernetes or ray mode).
+        claims: cross-replica idempotency per (event, run).
+        ray_control: the GCS adapter for a target's Ray cluster.
+        store: S3, where checkpoints become durable (None: the durable step is skipped with a
+            warning; never trusted).
+        planner / requeue: the capacity decision and the appliers (None: the requeue step
+            only says it cannot act).
+        capacity: the EC2 side, to find a Capacity Block's instances.
+        export: FSx export tasks (``--export-mode task``); None: DRA auto-export.
+        lifecycle: Auto Scaling, for terminate hooks.
+    """
+
+    def __init__(
+        self,
+        *,
+        cluster: Cluster,
+        claims: ClaimStore,
+        ray_control: Callable[[Target], Awaitable[RayControl]],
+        store: ObjectStore | None = None,
+        planner: Any | None = None,
+        requeue: Any | None = None,
+        capacity: CapacitySource | None = None,
+        export: ExportTasks | None = None,
+        lifecycle: Lifecycle | None = None,
+        options: RecoveryOptions = RecoveryOptions(),
+        metrics: RecoveryMetrics | None = None,
+        clock: Callable[[], datetime] = lambda: datetime.now(timezone.utc),
+    ) -> None:
+        self.cluster = cluster
+        self.claims = claims
+        self.ray_control = ray_control
+        self.store = store
+        self.planner = planner
+        self.requeue = requeue
+        self.capacity = capacity
+        self.export = export
+        self.lifecycle = lifecycle
+        self.options = options
+        self.metrics = metrics
+        self.clock = clock
+        self._log = log.get("resilienced.recovery")
+
+    # ------------------------------------------------------------------ the plan
+    async def act(self, plan: Plan, *, holder: str) -> Outcome:
+        event = plan.event
+        instance_ids = list(plan.instance_ids)
+        if plan.capacity_reservation_id and not instance_ids:
+            if self.capacity is None:
+                raise PermanentError(f"capacity block {plan.capacity_reservation_id}: no EC2 access "
+                                     "configured to find its instances")
+            instance_ids = await self.capacity.reservation_instances(
+                reservation_id=plan.capacity_reservation_id)
+        location = await self.cluster.locate(instance_ids=instance_ids,
+                                             capacity_reservation_id=plan.capacity_reservation_id)
+        runs = self.group(location.targets)
+        outcomes = await asyncio.gather(*(self._run(plan, run, holder=holder) for run in runs),
+                                        return_exceptions=True)
+        reports: list[dict[str, Any]] = []
+        temporary: list[TemporaryError] = []
+        permanent: list[str] = []
+        for run, got in zip(runs, outcomes):
+            if isinstance(got, TemporaryError):
+                temporary.append(got)
+                reports.append({"run": run.run_key, "retry": str(got)})
+            elif isinstance(got, PermanentError):
+                permanent.append(f"{run.run_key}: {got}")
+                reports.append({"run": run.run_key, "failed": str(got)})
+            elif isinstance(got, BaseException):
+                raise got
+            else:
+                reports.append(got.as_json())
+        lifecycle = None
+        if Step.COMPLETE_LIFECYCLE in plan.steps and not temporary:
+            lifecycle = await self._complete_lifecycle(plan)
+        details: dict[str, Any] = {"runs": reports, "unresolved": dict(location.unresolved),
+                                   "instances": instance_ids}
+        if lifecycle:
+            details["lifecycle"] = lifecycle
+        self._log.info("recovery", event_id=event.event_id, kind=event.kind.value, **details)
+        if temporary:
+            delays = [t.delay for t in temporary if t.delay is not None]
+            raise TemporaryError("; ".join(str(t) for t in temporary),
+                                 delay=min(delays) if delays else None)
+        if not runs:
+            why = "; ".join(f"{i}: {r}" for i, r in location.unresolved.items()) or \
+                "no instances to act on"
+            return Outcome(result=Result.NOT_ACTIONABLE, event=event, plan=plan,
+                           reason=f"no Ray run on the affected instances ({why})", details=details)
+        if permanent:
+            return Outcome(result=Result.FAILED, event=event, plan=plan,
+                           reason="; ".join(permanent), details=details)
+        return Outcome(result=Result.DONE, event=event, plan=plan, details=details,
+                       reason=f"{len(runs)} run(s): " + ", ".join(r.run_key for r in runs))
+
+    @staticmethod
+    def group(targets: Sequence[Target]) -> list[Target]:
+        """One target per run: several instances of one run are one gang."""
+        runs: dict[str, Target] = {}
+        for target in targets:
+            have = runs.get(target.run_key)
+            if have is None:
+                lost = list(target.attributes.get("lost_instance_ids") or [target.instance_id])
+                runs[target.run_key] = replace(target, attributes={
+                    **target.attributes, "lost_instance_ids": lost,
+                    "instance_ids": [target.instance_id]})
+                continue
+            attrs = dict(have.attributes)
+            attrs["instance_ids"] = [*attrs["instance_ids"], target.instance_id]
+            attrs["lost_instance_ids"] = list(dict.fromkeys(
+                [*attrs["lost_instance_ids"], *(target.attributes.get("lost_instance_ids")
+                                                or [target.instance_id])]))
+            runs[target.run_key] = replace(
+                have, ray_node_ids=tuple(dict.fromkeys((*have.ray_node_ids, *target.ray_node_ids))),
+                attributes=attrs)
+        return list(runs.values())
+
+    # ------------------------------------------------------------------ one run
+    async def _run(self, plan: Plan, target: Target, *, holder: str) -> RunReport:
+        event = plan.event
+        report = RunReport(run=target.run_key, instances=list(target.attributes.get("instance_ids", [])))
+        key = f"run/{event.event_id}/{target.run_key}"
+        claim = await self.claims.acquire(key, holder=holder, ttl_seconds=self._claim_ttl(plan))
+        if claim is None:
+            existing = await self.claims.get(key)
+            if existing is not None and existing.state == "done":
+                report.skipped = f"already done for this event by {existing.holder}"
+                return report
+            who = existing.holder if existing is not None else "another delivery"
+            raise TemporaryError(f"run {target.run_key} for event {event.event_id} is being "
+                                 f"handled by {who}", delay=self.options.durable_poll_seconds * 5)
+        try:
+            if Step.NOTIFY in plan.steps:
+                await self._notify(plan, target, report)
+            if Step.SIGNAL in plan.steps:
+                await self._signal(plan, target, report)
+            if Step.DURABLE in plan.steps:
+                await self._durable(plan, target, report)
+            if Step.REQUEUE in plan.steps:
+                await self._requeue(plan, target, report)
+        except BaseException:
+            try:
+                await asyncio.shield(self.claims.release(key, holder=holder))
+            except ResilienceError as e:
+                self._log.warning("claim release failed", key=key, error=str(e))
+            raise
+        await self.claims.complete(key, holder=holder, details=report.as_json())
+        return report
+
+    def _claim_ttl(self, plan: Plan) -> float:
+        left = 0.0
+        if plan.deadline is not None:
+            left = (plan.deadline - self.clock()).total_seconds()
+        return max(self.options.claim_ttl_floor_seconds, left + self.options.durable_grace_seconds)
+
+    async def _notify(self, plan: Plan, target: Target, report: RunReport) -> None:
+        event = plan.event
+        reason = NOTIFY_REASONS.get(event.kind, REASON_NOTICE)
+        message = (f"{event.kind.value} for instance(s) {', '.join(report.instances)} "
+                   f"(event {event.event_id}); policy: notify only, nothing drained")
+        await self._record(target, reason=reason, message=message, warning=False)
+        report.steps["notify"] = reason
+
+    async def _signal(self, plan: Plan, target: Target, report: RunReport) -> None:
+        event = plan.event
+        deadline = plan.deadline or (self.clock() + timedelta(seconds=self.options.checkpoint_ahead_seconds))
+        await self.cluster.cordon(target, reason=event.kind.value, deadline=deadline)
+        drained: dict[str, str] = {}
+        if target.ray_node_ids:
+            ray = await self.ray_control(target)
+            message = f"resilienced: {event.kind.value} {event.event_id}"
+            for node_id in target.ray_node_ids:
+                outcome = await self._drain(ray, node_id, deadline=deadline, message=message)
+                drained[node_id] = outcome
+                if self.metrics is not None:
+                    self.metrics.drains.labels(outcome=outcome).inc()
+            rejected = [n for n, o in drained.items() if o == "rejected"]
+            if rejected:
+                raise TemporaryError(f"GCS did not accept the drain of {', '.join(rejected)}", delay=5)
+        await self._record(target, reason=REASON_DRAINING, warning=True, message=(
+            f"{event.kind.value} (event {event.event_id}): drained Ray node(s) "
+            f"{', '.join(drained) or 'none on these instances'} of run {target.run_key} "
+            f"with deadline {deadline.isoformat()}; every rank saves the step it is on"))
+        report.steps["signal"] = {"deadline": deadline.isoformat(), "drained": drained}
+
+    async def _drain(self, ray: RayControl, node_id: str, *, deadline: datetime, message: str) -> str:
+        drain_node = getattr(ray, "drain_node", None)
+        if drain_node is not None:  # RayGcs says whether the node was already draining
+            result = await drain_node(node_id, deadline=deadline, message=message)
+            if getattr(result, "skipped", False):
+                return "already_draining"
+            return "accepted" if result.accepted else "rejected"
+        return "accepted" if await ray.drain(node_id, deadline=deadline, message=message) else "rejected"
+
+    async def _durable(self, plan: Plan, target: Target, report: RunReport) -> None:
+        event = plan.event
+        if not target.checkpoint_uri or self.store is None:
+            why = ("the run names no checkpoint URI (annotation resilienced.io/checkpoint-uri)"
+                   if not target.checkpoint_uri else "no object store configured")
+            await self._record(target, reason=REASON_NOT_DURABLE, warning=True,
+                               message=f"cannot verify a checkpoint of {target.run_key}: {why}")
+            if self.metrics is not None:
+                self.metrics.durable.labels(outcome="no_checkpoint_uri").inc()
+            report.steps["durable"] = {"verified": False, "reason": why}
+            return
+        notice = event.time or self.clock()
+        deadline = plan.deadline or (self.clock() + timedelta(seconds=self.options.checkpoint_ahead_seconds))
+        export_paths = (self.options.export_paths(target.checkpoint_uri)
+                        if self.export is not None and self.options.export_paths else ())
+        result: DurableResult = await wait_durable(
+            store=self.store, uri=target.checkpoint_uri, notice_time=notice, deadline=deadline,
+            grace_seconds=self.options.durable_grace_seconds,
+            poll_interval=self.options.durable_poll_seconds,
+            export=self.export, file_system_id=self.options.file_system_id,
+            export_paths=export_paths, export_token=f"{event.event_id}-{target.run_key}",
+            clock=self.clock)
+        if result.durable:
+            assert result.manifest is not None
+            after = (self.clock() - notice).total_seconds()
+            if self.metrics is not None:
+                self.metrics.durable.labels(outcome="durable").inc()
+                self.metrics.notice_to_durable.observe(max(0.0, after))
+            await self._record(target, reason=REASON_DURABLE, warning=False, message=(
+                f"checkpoint step {result.step} of {target.run_key} is durable in "
+                f"{target.checkpoint_uri} ({len(result.manifest.files)} files, "
+                f"{after:.1f}s after the notice)"))
+            report.steps["durable"] = {"verified": True, "step": result.step,
+                                       "notice_to_durable_s": round(after, 3),
+                                       "export_tasks": list(result.export_tasks)}
+            return
+        if self.metrics is not None:
+            self.metrics.durable.labels(outcome="not_durable").inc()
+            if result.steps_lost:
+                self.metrics.steps_lost.inc(result.steps_lost)
+        resume = ("no durable checkpoint at all: the run starts over" if result.fallback_step is None
+                  else f"it resumes from step {result.fallback_step}, repeating at least "
+                       f"{result.steps_lost if result.steps_lost is not None else '?'} step(s)")
+        await self._record(target, reason=REASON_NOT_DURABLE, warning=True, message=(
+            f"no checkpoint of {target.run_key} saved after the notice became durable by the "
+            f"deadline + {self.options.durable_grace_seconds:g}s ({result.reason}); {resume}"))
+        report.steps["durable"] = {"verified": False, "reason": result.reason,
+                                   "resume_step": result.fallback_step,
+                                   "steps_lost": result.steps_lost,
+                                   "rejected": list(result.rejected)}
+
+    async def _requeue(self, plan: Plan, target: Target, report: RunReport) -> None:
+        event = plan.event
+        if Step.DURABLE not in plan.steps and target.checkpoint_uri and self.store is not None:
+            # The instance is already gone (no notice): the run resumes from what is in S3.
+            newest = await newest_durable(store=self.store, uri=target.checkpoint_uri,
+                                          before=event.time)
+            notice = event.time or self.clock()
+            if newest is None:
+                resume = {"resume_step": None, "reason": "no durable checkpoint: the run starts over"}
+            else:
+                resume = {"resume_step": newest.step,
+                          "checkpoint_age_s": round((notice - newest.time).total_seconds(), 3)}
+            report.steps["resume"] = resume
+            await self._record(target, reason=REASON_RESUME_POINT, warning=True, message=(
+                f"instance(s) {', '.join(report.instances)} went without a notice "
+                f"({event.kind.value}); run {target.run_key} resumes from "
+                + (f"step {newest.step}, saved {resume['checkpoint_age_s']:.0f}s before"
+                   if newest is not None else "scratch (nothing durable)")))
+        if self.planner is None or self.requeue is None:
+            report.steps["requeue"] = {"capacity": None, "reason": "no capacity planner or requeuer configured"}
+            return
+        _request, decision = await self.planner.plan_for(target, event=event)
+        result = await self.requeue.requeue(target, decision=decision, event=event)
+        report.steps["requeue"] = result.as_json()
+        if result.capacity is Capacity.WAIT:
+            delay = result.retry_after.total_seconds() if result.retry_after else None
+            raise TemporaryError(f"run {target.run_key} waits for capacity: {result.reason}", delay=delay)
+
+    async def _complete_lifecycle(self, plan: Plan) -> str:
+        if self.lifecycle is None:
+            raise PermanentError("ASG lifecycle action: no Auto Scaling access configured")
+        instance = plan.instance_ids[0] if plan.instance_ids else None
+        return await self.lifecycle.complete(event_attributes=dict(plan.event.attributes),
+                                             instance_id=instance)
+
+    async def _record(self, target: Target, *, reason: str, message: str, warning: bool) -> None:
+        try:
+            await self.cluster.record(target, reason=reason, message=message, warning=warning)
+        except ResilienceError as e:  # an Event is a courtesy; the step itself is done
+            self._log.warning("recording an event failed", run=target.run_key, reason=reason,
+                              error=str(e))
+
+
+def monotonic() -> float:
+    return time.monotonic()

@@ -1,0 +1,165 @@
+"""From settings to a working responder: adapters opened, wired, and closed again.
+
+:func:`open_runtime` is the one place that knows which adapter serves which port in each mode:
+
+==========  ==================================  ================================================
+mode        cluster / claims / GCS              requeue
+==========  ==================================  ================================================
+plan        none: :class:`PlanLogger` only      none
+kubernetes  ``KubeCluster`` (watch caches),     ``KubernetesRequeuer`` (Kueue, KubeRay, Volcano)
+            ``KubeLeaseClaims``, a ``RayGcs``
+            per RayCluster (token per cluster)
+ray         ``RayModeCluster`` on one ``RayGcs``, ``RayModeRequeuer`` when a node provider is
+            ``RayKvClaims`` on its GCS KV         given (the local drill's); else the decision is
+                                                  made and recorded, and Ray's autoscaler
+                                                  replaces the nodes
+==========  ==================================  ================================================
+
+S3 (durable), EC2 (Capacity Blocks, DescribeInstances), FSx (export tasks) and Auto Scaling
+(lifecycle hooks) are aiobotocore clients of the queue's region; ``--endpoint-url`` applies to
+all of them (moto and LocalStack serve every service on one endpoint).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from aiobotocore.config import AioConfig
+from aiobotocore.session import get_session
+
+from resilienced.claims import MemoryClaims
+from resilienced.errors import ConfigError
+from resilienced.metrics import Metrics
+from resilienced.model import Target
+from resilienced.ports import CapacitySource, ClaimStore, Cluster, RayControl
+from resilienced.recovery import Lifecycle, Recovery, RecoveryMetrics, RecoveryOptions
+from resilienced.respond import PlanLogger, Responder
+from resilienced.settings import Mode, Settings
+
+
+@dataclass
+class Runtime:
+    """What the daemon (and the drill, and ``replay``) runs with."""
+
+    responder: Responder
+    claims: ClaimStore
+    cluster: Cluster | None = None
+    planner: Any | None = None  # CapacityPlanner (for replay's dry-run capacity column)
+
+
+def _aws_config() -> AioConfig:
+    return AioConfig(max_pool_connections=20, connect_timeout=5, read_timeout=30,
+                     retries={"mode": "standard", "max_attempts": 3})
+
+
+def read_token(path: str | None) -> str | None:
+    """The Ray token in ``path`` (stripped), or None when no path is given."""
+    if path is None:
+        return None
+    try:
+        token = Path(path).read_text().strip()
+    except OSError as e:
+        raise ConfigError("--ray-token-file", f"cannot read {path}: {e.strerror or e}") from None
+    if not token:
+        raise ConfigError("--ray-token-file", f"{path} is empty")
+    return token
+
+
+@asynccontextmanager
+async def open_runtime(
+    settings: Settings,
+    *,
+    metrics: Metrics,
+    replica: str,
+    provider: Any | None = None,
+    capacity_source: CapacitySource | None = None,
+) -> AsyncIterator[Runtime]:
+    """The responder and claim store for ``settings.mode``; every adapter is closed on exit.
+
+    ``provider`` (ray mode): a node provider for replacement nodes (the drill's local one).
+    ``capacity_source``: overrides EC2 as the source of Capacity Blocks (the drill's static one).
+    """
+    from resilienced.capacity.ec2 import Ec2Capacity
+    from resilienced.capacity.planner import CapacityPlanner
+    from resilienced.raygcs import RayGcs
+    from resilienced.requeue.router import Requeue, RequeueMetrics
+    from resilienced.s3 import S3Store
+
+    mode = settings.mode.kind
+    if mode is Mode.PLAN:
+        yield Runtime(responder=PlanLogger(),
+                      claims=MemoryClaims(done_ttl_seconds=settings.intake.dedupe_seconds))
+        return
+
+    region = settings.queue.effective_region
+    endpoint = settings.queue.endpoint_url
+    session = get_session()
+    async with AsyncExitStack() as stack:
+        async def client(service: str) -> Any:
+            return await stack.enter_async_context(session.create_client(
+                service, region_name=region, endpoint_url=endpoint, config=_aws_config()))
+
+        store = S3Store(client=await client("s3"))
+        ec2 = await client("ec2")
+        capacity = capacity_source if capacity_source is not None else Ec2Capacity(ec2)
+        planner = CapacityPlanner(source=capacity, policy=settings.capacity)
+        lifecycle = Lifecycle(await client("autoscaling"))
+        export = None
+        rs = settings.recovery
+        if rs.export_mode == "task":
+            from resilienced.fsx import FsxExportTasks
+
+            export = FsxExportTasks(client=await client("fsx"),
+                                    report_path=rs.fsx_data_repository_path.rstrip("/") + "/.fsx-reports",
+                                    mount_point=rs.fsx_file_system_path if rs.fsx_file_system_path.startswith("/") else "/")
+        options = RecoveryOptions(
+            durable_grace_seconds=rs.durable_grace_seconds,
+            durable_poll_seconds=rs.durable_poll_seconds,
+            checkpoint_ahead_seconds=rs.checkpoint_ahead_seconds,
+            file_system_id=rs.fsx_file_system_id,
+            export_paths=rs.export_paths if export is not None else None,
+        )
+
+        if mode is Mode.KUBERNETES:
+            from resilienced.kube.api import connect
+            from resilienced.kube.cluster import KubeCluster
+            from resilienced.kube.leases import KubeLeaseClaims
+            from resilienced.requeue.router import KubernetesRequeuer
+
+            api = await connect(kubeconfig=settings.mode.kubeconfig, context=settings.mode.kube_context)
+            stack.push_async_callback(api.close)
+            cluster: Any = KubeCluster(api, ray_control_factory=lambda addr, tok: RayGcs(addr, token=tok),
+                                       replica=replica)
+            await cluster.start()
+            stack.push_async_callback(cluster.stop)
+            claims: ClaimStore = KubeLeaseClaims(api, namespace=settings.mode.claims_namespace)
+            requeuer: Any = KubernetesRequeuer(api)
+            ray_control = cluster.ray_control
+        else:
+            from resilienced.raymode import RayKvClaims, RayModeCluster
+            from resilienced.requeue.raymode import RayModeRequeuer
+
+            ray = RayGcs(settings.mode.ray_address, token=read_token(settings.mode.ray_token_file))
+            cluster = RayModeCluster(ray=ray, checkpoint_uri=settings.mode.checkpoint_uri, ec2=ec2,
+                                     instance_label=settings.mode.instance_label,
+                                     instance_type=settings.mode.instance_type)
+            claims = RayKvClaims(kv=ray, done_ttl_seconds=settings.intake.dedupe_seconds)
+            requeuer = (RayModeRequeuer(provider, planner=planner,
+                                        instance_type=settings.mode.instance_type)
+                        if provider is not None else None)
+
+            async def ray_control(target: Target) -> RayControl:
+                return ray
+
+        requeue = (Requeue(requeuer, cluster=cluster, metrics=RequeueMetrics(metrics.registry))
+                   if requeuer is not None else None)
+        recovery = Recovery(
+            cluster=cluster, claims=claims, ray_control=ray_control, store=store,
+            planner=planner, requeue=requeue, capacity=capacity, export=export,
+            lifecycle=lifecycle, options=options, metrics=RecoveryMetrics(metrics.registry),
+        )
+        yield Runtime(responder=recovery, claims=claims, cluster=cluster, planner=planner)
