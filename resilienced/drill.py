@@ -211,8 +211,9 @@ def report_from(
     checkpoint_step = resumed.get("resumed_from_step") if resumed else None
     after = ([m for m in metrics if m.get("attempt") == resumed.get("attempt")] if resumed else [])
     resumed_at = min((m["step"] for m in after), default=None)
+    # the checkpoint the notice caused (spot); an abrupt loss has no notice, so none
     committed = [e for e in events if e.get("event") == "checkpoint_committed"
-                 and notice is not None and e["time"] >= notice]
+                 and e.get("reason") == "preemption" and notice is not None and e["time"] >= notice]
     final: dict[int, list[float]] = {}
     for m in metrics:
         final.setdefault(int(m["step"]), []).append(float(m["loss"]))

@@ -3,9 +3,9 @@
 ``run_with_ray``: joins the Ray cluster at ``--ray-address`` (or ``RAY_ADDRESS``; with neither,
 starts a local Ray sized for the workers), ships this package to the workers
 (``runtime_env.py_modules``) and runs ``trainer.loop.ray_train_fn`` on ``--num-workers`` workers
-(1 CPU each; with ``--use-gpu`` 1 GPU each and ``cpu:gloo,cuda:nccl``).  The checkpoint root is
-also the Ray Train run directory (``storage_path`` = its parent, ``name`` = its name), so the
-checkpoints the trainer commits there can be reported with ``NO_UPLOAD``.  A preemption is not
+(1 CPU each; with ``--use-gpu`` 1 GPU each and ``cpu:gloo,cuda:nccl``).  Ray Train's run
+directory is ``<checkpoint root>/.ray-train/<run name>``; it receives a small pointer per
+committed checkpoint (see ``trainer.runtime``).  A preemption is not
 charged to ``--max-failures`` (Ray Train's ``max_preemption_failures``, ``--max-preemptions``).
 
 ``run_local`` (``--ray-address local``): ``--num-workers`` processes (forked) with gloo on
@@ -32,6 +32,9 @@ from trainer.config import TrainConfig
 from trainer.errors import EXIT_PREEMPTED, PreemptedError, TrainerError
 
 log = logging.getLogger(__name__)
+
+#: Ray Train's run directory, under the checkpoint root (pointers to checkpoints, run snapshot).
+RAY_TRAIN_DIR = ".ray-train"
 
 #: Set for the Ray Train controller (and propagated by it) unless already set: Ray's default
 #: poll of the GCS drain state is every 5 s; 0.5 s gets the notice to the ranks ~1 s after a drain.
@@ -89,12 +92,13 @@ def run_with_ray(cfg: TrainConfig) -> int:
         ),
         run_config=RunConfig(
             name=cfg.run_name or root.name,
-            storage_path=str(root.parent),
+            storage_path=str(root / RAY_TRAIN_DIR),
             failure_config=FailureConfig(
                 max_failures=cfg.max_failures, max_preemption_failures=cfg.max_preemptions
             ),
-            # Retention is the trainer's (it knows which checkpoints are complete).
-            checkpoint_config=CheckpointConfig(num_to_keep=None),
+            # Ray Train keeps pointers to the checkpoints (and prunes them itself); the
+            # checkpoints' own retention is the trainer's (it knows which are complete).
+            checkpoint_config=CheckpointConfig(num_to_keep=cfg.keep),
         ),
     )
     try:

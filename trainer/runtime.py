@@ -5,15 +5,16 @@ committed checkpoint is reported, how the SIGTERM flag is installed, and what "w
 down" means.
 
 * :class:`RayRuntime`: ``ray.train.get_preemption_info()`` (a barrier, once per step boundary),
-  ``ray.train.report(..., checkpoint=..., checkpoint_upload_mode=NO_UPLOAD)`` (the checkpoint is
-  already on the shared checkpoint root, which is Ray Train's run directory), and after the last
-  save a wait that only Ray's teardown ends (a clean return would mark the run FINISHED).
+  ``ray.train.report`` of a pointer to each committed checkpoint (the checkpoint is already on
+  the shared checkpoint root), and after the last save a wait that only Ray's teardown ends (a
+  clean return would mark the run FINISHED).
 * :class:`LocalRuntime`: no Ray; SIGTERM is the only notice; after the last save the rank waits
   until the deadline and then raises :class:`~trainer.errors.PreemptedError` (exit code 75).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from pathlib import Path
@@ -53,15 +54,26 @@ class RayRuntime:
         return ray.train.get_preemption_info()
 
     def report(self, committed: Committed, *, metrics: dict[str, Any]) -> None:
-        import ray.train
-        from ray.train import Checkpoint, CheckpointUploadMode
+        """Report a pointer to the committed checkpoint (rank 0), metrics only (the others).
 
-        ray.train.report(
-            metrics,
-            checkpoint=Checkpoint(path=str(committed.path)),
-            checkpoint_upload_mode=CheckpointUploadMode.NO_UPLOAD,
-            delete_local_checkpoint_after_upload=False,
-        )
+        The checkpoint itself stays where it is; Ray Train's run directory (``.ray-train`` under
+        the checkpoint root) gets a small ``pointer.json``, which Ray Train manages and prunes on
+        its own, so its run snapshot never names a checkpoint the trainer pruned (a new driver
+        on the same run would refuse to start).
+        """
+        import tempfile
+
+        import ray.train
+        from ray.train import Checkpoint
+
+        name = committed.path.name
+        if ray.train.get_context().get_world_rank() != 0:
+            ray.train.report(metrics, checkpoint=None, checkpoint_dir_name=name)
+            return
+        with tempfile.TemporaryDirectory(prefix="ckpt-pointer-") as tmp:
+            pointer = {"path": str(committed.path), "step": committed.step, "reason": committed.reason}
+            (Path(tmp) / "pointer.json").write_text(json.dumps(pointer))
+            ray.train.report(metrics, checkpoint=Checkpoint.from_directory(tmp), checkpoint_dir_name=name)
 
     def install_sigterm(self) -> bool:
         """Install the SIGTERM flag on this worker actor's main thread (signals need it)."""

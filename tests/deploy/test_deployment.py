@@ -18,7 +18,6 @@ from .tools import FSX_STACK, REPO, build, load_template, one
 
 #: Settings the manifests set before the daemon reads them (their issues are open).  This list
 #: may only shrink: the test fails once one of them becomes a real setting, to be removed here.
-PENDING_SETTINGS = {"RESILIENCED_MODE", "RESILIENCED_EXPORT_MODE"}
 
 
 def _pod(build_name: str) -> dict[str, Any]:
@@ -44,8 +43,7 @@ def test_every_configmap_key_is_a_setting_of_the_daemon() -> None:
     for name in ("base", "overlay"):
         keys = set(_config(name))
         assert all(k.startswith(ENV_PREFIX) for k in keys)
-        assert keys - known <= PENDING_SETTINGS, f"not a setting: {sorted(keys - known - PENDING_SETTINGS)}"
-    assert not PENDING_SETTINGS & known, f"now real settings, drop from PENDING: {PENDING_SETTINGS & known}"
+        assert not keys - known, f"not a setting: {sorted(keys - known)}"
 
 
 def test_the_overlay_configuration_is_one_the_daemon_accepts() -> None:

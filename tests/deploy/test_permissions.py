@@ -118,15 +118,18 @@ def test_rbac_rules_equal_the_adapters_own_lists() -> None:
 
 # ---------------------------------------------------------------- the code's Kubernetes calls
 def _kube_calls() -> set[tuple[str, str, str]]:
-    """(module, verb, resource) of every ``call("verb", "resource", ...)`` in resilienced/kube."""
+    """(module, verb, resource) of every ``call(verb=..., resource=...)`` with literal values in resilienced/kube."""
     found = set()
     for path in sorted((REPO / "resilienced" / "kube").glob("*.py")):
         tree = ast.parse(path.read_text())
         for node in ast.walk(tree):
-            if (isinstance(node, ast.Call) and getattr(node.func, "id", None) == "call"
-                    and len(node.args) >= 2
-                    and all(isinstance(a, ast.Constant) and isinstance(a.value, str) for a in node.args[:2])):
-                found.add((f"resilienced.kube.{path.stem}", node.args[0].value, node.args[1].value))
+            if not (isinstance(node, ast.Call) and getattr(node.func, "id", None) == "call"):
+                continue
+            given = dict(zip(("verb", "resource"), node.args[:2]))
+            given.update({k.arg: k.value for k in node.keywords if k.arg in ("verb", "resource")})
+            verb, resource = given.get("verb"), given.get("resource")
+            if all(isinstance(a, ast.Constant) and isinstance(a.value, str) for a in (verb, resource)):
+                found.add((f"resilienced.kube.{path.stem}", verb.value, resource.value))
     return found
 
 

@@ -195,7 +195,7 @@ def same_steps(expected: dict[int, float], got: dict[int, float]) -> dict[int, f
 
 # ---------------------------------------------------------------------- Ray
 #: Drain window of ``ray start --block`` on SIGTERM in the test cluster (Ray's default is 30 s).
-DRAIN_TIMEOUT_S = 10
+DRAIN_TIMEOUT_S = 8
 
 
 def node_labels(n: int, capacity: str = "spot") -> dict[str, str]:

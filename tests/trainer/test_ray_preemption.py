@@ -22,8 +22,8 @@ from resilienced.localray import LocalRayCluster, LocalRayNode
 
 pytestmark = pytest.mark.e2e
 
-STEPS = 60
-ARGS = ["--steps", str(STEPS), "--min-step-seconds", "0.3"]
+STEPS = 50
+ARGS = ["--steps", str(STEPS), "--min-step-seconds", "0.2"]
 _serial = itertools.count(100)
 
 
