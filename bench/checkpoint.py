@@ -217,7 +217,7 @@ def bench_drains(args: argparse.Namespace, workdir: Path) -> dict:
         try:
             for i in range(args.drains):
                 attempt = i + 1  # every drain costs one restart
-                _wait(lambda: len([m for m in _jsonl(metrics) if m["attempt"] == attempt]) >= 3,
+                _wait(lambda attempt=attempt: len([m for m in _jsonl(metrics) if m["attempt"] == attempt]) >= 3,
                       timeout=300, what=f"attempt {attempt} to train", proc=proc)
                 alive = {n.node_id for n in cluster.nodes() if n.alive and not n.draining}
                 victim = next(n for n in cluster.workers if n.running() and n.node_id in alive)
@@ -226,7 +226,7 @@ def bench_drains(args: argparse.Namespace, workdir: Path) -> dict:
                 deadline = sent + args.drain_window
                 cluster.drain_node(victim, deadline_ms=int(deadline * 1000))
 
-                def committed() -> dict | None:
+                def committed(seen: int = seen) -> dict | None:
                     for e in _jsonl(events)[seen:]:
                         if e["event"] == "checkpoint_committed" and e["reason"] == "preemption":
                             return e
@@ -242,7 +242,7 @@ def bench_drains(args: argparse.Namespace, workdir: Path) -> dict:
                 notice_latencies.append(notice["time"] - sent)
                 print(f"drain {i + 1}: notice {notice_latencies[-1]:.2f}s, manifest committed "
                       f"{latencies[-1]:.2f}s after the drain (step {event['step']})", flush=True)
-                _wait(lambda: any(e["event"] == "waiting_for_teardown" for e in _jsonl(events)[seen:]),
+                _wait(lambda seen=seen: any(e["event"] == "waiting_for_teardown" for e in _jsonl(events)[seen:]),
                       timeout=args.drain_window + 30, what="waiting_for_teardown", proc=proc)
                 while time.time() < deadline:
                     time.sleep(0.05)

@@ -234,15 +234,24 @@ class LocalRayCluster:
         labels: Mapping[str, str],
         num_cpus: int = 1,
         resources: Mapping[str, float] | None = None,
+        node_ip: str = "127.0.0.1",
     ) -> LocalRayNode:
-        """Start a worker node (``ray start --block`` under setsid) and wait until it is ALIVE."""
+        """Start a worker node (``ray start --block`` under setsid) and wait until it is ALIVE.
+
+        ``node_ip``: the node's address, a loopback one (``127.0.0.2``, ...) to give workers
+        distinct addresses (a Kubernetes pod IP, an EC2 private IP): a worker started so reports
+        it as its node manager address.
+        """
+        if not node_ip.startswith("127."):
+            raise ValueError(f"node_ip must be a loopback address (127.x.y.z), got {node_ip!r}")
         if self.head is None:
             raise LocalRayError("start() the cluster before adding nodes")
         if num_cpus < 0:
             raise ValueError(f"num_cpus must be >= 0, got {num_cpus}")
         _check_labels(labels)
         with self._lock:  # one node start at a time: concurrent starts time out on 2 cores
-            node = self._start_node(head=False, labels=labels, num_cpus=num_cpus, resources=resources)
+            node = self._start_node(head=False, labels=labels, num_cpus=num_cpus, resources=resources,
+                                    node_ip=node_ip)
             self.workers.append(node)
             return node
 
@@ -253,13 +262,14 @@ class LocalRayCluster:
         labels: Mapping[str, str],
         num_cpus: int,
         resources: Mapping[str, float] | None,
+        node_ip: str = "127.0.0.1",
     ) -> LocalRayNode:
         self._counter += 1
         name = "head" if head else f"node{self._counter - 1}"
         node_manager_port = self._ports.take()
         cmd = [
             sys.executable, "-m", "ray.scripts.scripts", "start", "--block",
-            "--node-ip-address=127.0.0.1",
+            f"--node-ip-address={node_ip}",
             f"--num-cpus={num_cpus}",
             "--num-gpus=0",
             f"--object-store-memory={self._object_store_memory}",

@@ -2,52 +2,122 @@
 
 Each PATH is a file holding one SQS message body, or a directory: its files are taken
 recursively in name order (hidden files skipped).  Every file gives one row, built by
-:func:`row` (the only place a row is made, so later fields such as ``targets`` go there).
-Bodies go through exactly the daemon's path (``intake.read``), so the two cannot disagree.
+:func:`row` (the only place a row is made).  Bodies go through exactly the daemon's path
+(``intake.read``), so the two cannot disagree.
 
 ``--dry-run``: nothing outside the process is touched.  Without it, actionable plans are also
 handed to the responder -- today :class:`~resilienced.respond.PlanLogger`, which only logs them
 (stderr).  Exit status: 0 when every input was read (invalid events included), 2 on a usage
-error or an unreadable path.
+error or an unreadable path, 1 when a cluster given does not answer at start-up.
+
+Targets (``--kubeconfig`` or ``--ray-address``, only with ``--dry-run``): each actionable row
+also gets ``targets``, the runs on its instances, and ``unresolved``, why the other instances
+have none.  :func:`open_lookup` builds the read-only adapters the way
+:func:`resilienced.wiring.open_runtime` does for the daemon (``KubeCluster`` on watch caches, or
+``RayModeCluster`` on one GCS; ``Ec2Capacity`` for the capacity decision), but never the acting
+ones: no claims, no S3, no requeuer, no Auto Scaling.  The Ray and EC2 adapters are wrapped in
+:class:`ReadOnlyRay` and :class:`ReadOnlyCapacity`, whose ``drain`` and ``purchase`` refuse, and
+the capacity decision is :meth:`CapacityPlanner.target_plan` (a dry run: counts nothing, buys
+nothing).  So the Kubernetes API sees only get/list/watch, the GCS only node listings, EC2 only
+Describe* calls.
+
+What is missing is said, not fatal: a RayCluster whose GCS does not answer gives its targets with
+``ray_node_ids`` empty and ``gcs_error``; EC2 not configured (no region) or not answering gives a
+decision made with no Capacity Blocks known, and the reason says so.  Each row's decision is made
+on its own: replay does not carry one file's interruption into the pool history of the next.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
+from contextlib import AsyncExitStack, asynccontextmanager
+from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any, TextIO
 
 from resilienced import intake, log
-from resilienced.errors import ConfigError
+from resilienced.capacity.policy import CapacityPolicy
+from resilienced.errors import (
+    BackendUnavailable,
+    ConfigError,
+    PermanentError,
+    ResilienceError,
+)
 from resilienced.intake import Reading
+from resilienced.model import Plan, Step, Target
+from resilienced.ports import CapacityReservation, Cluster, RayNode
 from resilienced.respond import PlanLogger, Responder
-from resilienced.settings import IntakeSettings
+from resilienced.settings import IntakeSettings, Mode, ModeSettings, QueueSettings
 from resilienced.validate import isoformat
+
+#: The ModeSettings flags replay takes: where the runs are (the mode follows from which is given).
+MODE_FLAGS = ("kubeconfig", "kube_context", "ray_address", "ray_token_file", "instance_label",
+              "checkpoint_uri", "instance_type")
+#: The QueueSettings flags replay takes: the AWS region and endpoint, for EC2 (as the daemon).
+AWS_FLAGS = ("region", "endpoint_url")
+#: The contract fields of a target (``Target.as_json``); capacity fields follow them.
+TARGET_FIELDS = ("instance_id", "node", "ray_cluster", "ray_job", "ray_node_ids", "checkpoint_uri")
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("paths", nargs="+", metavar="PATH",
                         help="a file holding one SQS message body, or a directory of such files")
     parser.add_argument("--dry-run", action="store_true",
-                        help="touch nothing outside this process (no responder is called)")
+                        help="touch nothing outside this process (no responder is called; with "
+                             "--kubeconfig or --ray-address, the cluster and EC2 are only read)")
     parser.add_argument("--json", action="store_true",
                         help="one JSON object per input file on stdout, instead of a table")
     IntakeSettings.add_arguments(parser)
+    ModeSettings.add_arguments(parser, only=MODE_FLAGS)
+    QueueSettings.add_arguments(parser, only=AWS_FLAGS)
+    CapacityPolicy.add_arguments(parser)
+
+
+@dataclass(frozen=True)
+class LookupSettings:
+    """Where replay looks for targets: the cluster (mode), EC2 (region) and the capacity policy."""
+
+    mode: ModeSettings
+    aws: QueueSettings
+    capacity: CapacityPolicy
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace, environ: Mapping[str, str]) -> LookupSettings | None:
+        """The settings, validated; None when neither --kubeconfig nor --ray-address is given."""
+        mode = ModeSettings.from_args(args, environ)
+        if mode.kubeconfig and mode.ray_address:
+            raise ConfigError("--ray-address", "give --kubeconfig (kubernetes mode) or --ray-address "
+                                               "(ray mode), not both")
+        if not mode.kubeconfig and not mode.ray_address:
+            return None
+        kind = Mode.KUBERNETES if mode.kubeconfig else Mode.RAY
+        mode = dataclasses.replace(mode, mode=kind.value)
+        mode.validate()
+        aws = QueueSettings.from_args(args, environ)
+        aws.validate(require_queue=False)
+        return cls(mode=mode, aws=aws, capacity=CapacityPolicy.from_args(args, environ))
 
 
 def main(args: argparse.Namespace) -> int:
     settings = IntakeSettings.from_args(args, os.environ)
     settings.validate()
+    lookup = LookupSettings.from_args(args, os.environ)
+    if lookup is not None and not args.dry_run:
+        raise ConfigError("--dry-run", "replay acts only with --dry-run when a cluster is given; "
+                                       "use `resilienced run` to act")
     files = collect(args.paths)
     log.configure(level="warning" if args.dry_run else "info", stream=sys.stderr)
     responder = None if args.dry_run else PlanLogger()
-    rows = asyncio.run(replay(files, settings=settings, responder=responder))
-    write(rows, as_json=args.json, stream=sys.stdout)
+    rows = asyncio.run(replay(files, settings=settings, responder=responder, lookup=lookup))
+    write(rows, as_json=args.json, stream=sys.stdout,
+          columns=COLUMNS if lookup is None else TARGET_COLUMNS)
     return 0
 
 
@@ -78,21 +148,39 @@ def collect(paths: Sequence[str]) -> list[tuple[str, bytes]]:
 
 
 async def replay(files: Sequence[tuple[str, bytes]], *, settings: IntakeSettings,
-                 responder: Responder | None) -> list[dict[str, Any]]:
+                 responder: Responder | None, lookup: LookupSettings | None = None) -> list[dict[str, Any]]:
+    """One row per file; with ``lookup``, actionable rows get their targets (read only)."""
+    if lookup is not None and responder is not None:
+        raise ValueError("replay looks up targets only in a dry run (no responder)")
     rows = []
-    for name, body in files:
-        reading = intake.read(body, settings)
-        if responder is not None and reading.plan.actionable:
-            # Where acting happens: the same responder the daemon uses.
-            await responder.act(reading.plan, holder=f"replay/{name}")
-        rows.append(row(name, reading))
+    async with AsyncExitStack() as stack:
+        finder = await stack.enter_async_context(open_lookup(lookup)) if lookup is not None else None
+        for name, body in files:
+            reading = intake.read(body, settings)
+            if responder is not None and reading.plan.actionable:
+                # Where acting happens: the same responder the daemon uses.
+                await responder.act(reading.plan, holder=f"replay/{name}")
+            found = await finder.find(reading.plan) if finder is not None and reading.plan.actionable else None
+            rows.append(row(name, reading, found=found))
     return rows
 
 
-def row(source_file: str, reading: Reading) -> dict[str, Any]:
-    """The replay record of one input (the CLI contract; add new fields here)."""
+@dataclass(frozen=True)
+class Found:
+    """What the lookup found for one plan: target entries, and why other instances have none."""
+
+    targets: list[dict[str, Any]]
+    unresolved: dict[str, str] = field(default_factory=dict)
+
+
+def row(source_file: str, reading: Reading, *, found: Found | None = None) -> dict[str, Any]:
+    """The replay record of one input (the CLI contract; add new fields here).
+
+    ``found`` (a dry run with a cluster, actionable plans only) adds ``targets`` and
+    ``unresolved``; without it the row has neither key.
+    """
     plan, event = reading.plan, reading.event
-    return {
+    record = {
         "source_file": source_file,
         "event_id": event.event_id,
         "kind": event.kind.value,
@@ -107,19 +195,247 @@ def row(source_file: str, reading: Reading) -> dict[str, Any]:
         "wrapping": event.wrapping.value if reading.decoded else None,
         "time": isoformat(event.time),
     }
+    if found is not None:
+        record["targets"] = found.targets
+        record["unresolved"] = found.unresolved
+    return record
 
 
+# --------------------------------------------------------------------------- read-only adapters
+class ReadOnlyRay:
+    """A Ray cluster's GCS for replay: node listings only; ``drain`` refuses.
+
+    ``errors`` (kubernetes mode): when given, a GCS that does not answer is recorded there by
+    address and its node list taken as empty, so the run's targets still come out (without
+    ``ray_node_ids``); otherwise the error is raised.  ``timeout_s`` bounds one listing.
+    """
+
+    def __init__(self, inner: Any, *, timeout_s: float, errors: dict[str, str] | None = None) -> None:
+        self._inner = inner
+        self._timeout_s = timeout_s
+        self._errors = errors
+
+    @property
+    def address(self) -> str | None:
+        return getattr(self._inner, "address", None)
+
+    async def nodes(self) -> list[RayNode]:
+        try:
+            nodes = await asyncio.wait_for(self._inner.nodes(), self._timeout_s)
+        except TimeoutError:
+            error: BackendUnavailable = BackendUnavailable(
+                "ray-gcs", f"{self.address}: no node list within {self._timeout_s:g}s")
+        except BackendUnavailable as e:
+            error = e
+        else:
+            if self._errors is not None:
+                self._errors.pop(self.address or "", None)
+            return nodes
+        if self._errors is None:
+            raise error
+        self._errors[self.address or ""] = str(error)
+        return []
+
+    async def ping(self) -> str:
+        """Connect once (token and Ray version checked); BackendUnavailable when it does not answer."""
+        try:
+            return await asyncio.wait_for(self._inner.ping(), self._timeout_s)
+        except TimeoutError:
+            raise BackendUnavailable("ray-gcs", f"{self.address}: no answer within {self._timeout_s:g}s") from None
+
+    async def drain(self, node_id: str, *, deadline: datetime, message: str) -> bool:
+        raise PermanentError(f"replay only reads: it does not drain Ray node {node_id}")
+
+
+class ReadOnlyCapacity:
+    """The capacity source of replay's decisions: Describe* only; ``purchase`` refuses.
+
+    ``inner`` is ``Ec2Capacity`` when a region is configured, else an empty source with
+    ``missing`` saying why.  A reservation listing that fails is taken as empty; every such gap
+    is appended to :attr:`notes`, which the caller adds to the decision's reason.
+    """
+
+    def __init__(self, inner: Any, *, missing: str | None = None) -> None:
+        self._inner = inner
+        self.missing = missing
+        self.notes: list[str] = []
+
+    async def reservations(self, *, instance_type: str | None = None) -> list[CapacityReservation]:
+        if self.missing:
+            self.notes.append(f"{self.missing}: decided with no Capacity Blocks known")
+            return []
+        try:
+            return await self._inner.reservations(instance_type=instance_type)
+        except ResilienceError as e:
+            self.notes.append(f"EC2 did not answer ({e}): decided with no Capacity Blocks known")
+            return []
+
+    async def reservation_instances(self, *, reservation_id: str) -> list[str]:
+        if self.missing:
+            raise PermanentError(self.missing)
+        return await self._inner.reservation_instances(reservation_id=reservation_id)
+
+    async def offerings(self, **query: Any) -> list[Any]:
+        if self.missing or not hasattr(self._inner, "offerings"):
+            self.notes.append(f"{self.missing or 'no EC2'}: no Capacity Block offerings known")
+            return []
+        try:
+            return await self._inner.offerings(**query)
+        except ResilienceError as e:
+            self.notes.append(f"EC2 did not answer ({e}): no Capacity Block offerings known")
+            return []
+
+    async def purchase(self, offering: Any, **_: Any) -> Any:
+        raise PermanentError(f"replay only reads: it does not buy {offering.offering_id}")
+
+
+# --------------------------------------------------------------------------- the lookup
+class Finder:
+    """Targets of one plan, with each run's dry-run capacity decision (see :meth:`find`)."""
+
+    def __init__(self, *, cluster: Cluster, planner: Any, capacity: ReadOnlyCapacity,
+                 gcs_errors: Mapping[str, str]) -> None:
+        self.cluster = cluster
+        self.planner = planner
+        self.capacity = capacity
+        self.gcs_errors = gcs_errors
+
+    async def find(self, plan: Plan) -> Found:
+        """Resolve the plan's instances (a Capacity Block's through EC2), locate, decide per run.
+
+        Never raises for an outside system that fails: what could not be found is in
+        ``unresolved`` (instance id, or the reservation id, -> why).
+        """
+        from resilienced.recovery import Recovery
+
+        unresolved: dict[str, str] = {}
+        ids = list(plan.instance_ids)
+        reservation = plan.capacity_reservation_id
+        if reservation and not ids:
+            try:
+                ids = await self.capacity.reservation_instances(reservation_id=reservation)
+            except (ResilienceError, ValueError) as e:
+                unresolved[reservation] = f"cannot list the reservation's instances: {e}"
+        try:
+            location = await self.cluster.locate(instance_ids=ids, capacity_reservation_id=reservation)
+        except ResilienceError as e:
+            unresolved.update({i: f"cannot locate: {e}" for i in ids})
+            return Found(targets=[], unresolved=unresolved)
+        unresolved.update(location.unresolved)
+        decisions = {run.run_key: await self._decide(plan, run) for run in Recovery.group(location.targets)}
+        targets = []
+        for target in location.targets:
+            entry = target.as_json()
+            entry.update(decisions[target.run_key])
+            gcs_error = self.gcs_errors.get(target.ray_address or "") or target.attributes.get("gcs_error")
+            if gcs_error:
+                entry["gcs_error"] = (f"the GCS at {target.ray_address} did not answer ({gcs_error}): "
+                                      "the Ray node ids are unknown")
+            targets.append(entry)
+        return Found(targets=targets, unresolved=unresolved)
+
+    async def _decide(self, plan: Plan, run: Target) -> dict[str, Any]:
+        """``capacity`` (or None) and ``reason`` for one run (a gang), plus the decision's extras."""
+        if Step.REQUEUE not in plan.steps:
+            steps = ", ".join(s.value for s in plan.steps)
+            return {"capacity": None, "reason": f"no capacity decision: the plan does not requeue "
+                                                f"(steps: {steps})"}
+        seen = len(self.capacity.notes)
+        try:
+            planned = await self.planner.target_plan(run, event=plan.event)
+        except (ValueError, ResilienceError) as e:
+            return {"capacity": None, "reason": f"no capacity decision: {e}"}
+        decision = {k: v for k, v in planned.items() if k not in TARGET_FIELDS}
+        notes = list(dict.fromkeys(self.capacity.notes[seen:]))
+        if notes:
+            decision["reason"] = "; ".join([decision["reason"], *notes])
+        return decision
+
+
+#: Bounds of the lookup (seconds): one GCS node listing, and the caches' first lists.
+GCS_TIMEOUT_S = 20.0
+KUBE_READY_TIMEOUT_S = 15.0
+
+
+@asynccontextmanager
+async def ec2_client(*, region: str, endpoint_url: str | None) -> AsyncIterator[Any]:
+    """An aiobotocore ``ec2`` client for ``region`` (the seam tests replace with a Stubber's)."""
+    from aiobotocore.config import AioConfig
+    from aiobotocore.session import get_session
+
+    config = AioConfig(connect_timeout=5, read_timeout=20, retries={"mode": "standard", "max_attempts": 2})
+    async with get_session().create_client("ec2", region_name=region, endpoint_url=endpoint_url,
+                                           config=config) as client:
+        yield client
+
+
+@asynccontextmanager
+async def open_lookup(settings: LookupSettings) -> AsyncIterator[Finder]:
+    """The read-only adapters of ``settings``' mode, started; closed again on exit.
+
+    Raises (before yielding) when the cluster does not answer at all: the Kubernetes caches do
+    not fill within ``KUBE_READY_TIMEOUT_S``, or the GCS at ``--ray-address`` refuses or does
+    not answer (BackendUnavailable, RayAuthError: the CLI exits 1).
+    """
+    from resilienced.capacity.ec2 import Ec2Capacity
+    from resilienced.capacity.planner import CapacityPlanner
+    from resilienced.capacity.static import StaticCapacity
+    from resilienced.raygcs import RayGcs
+    from resilienced.wiring import read_token
+
+    mode = settings.mode
+    region = settings.aws.effective_region
+    async with AsyncExitStack() as stack:
+        ec2 = None
+        if region:
+            ec2 = await stack.enter_async_context(ec2_client(region=region, endpoint_url=settings.aws.endpoint_url))
+            capacity = ReadOnlyCapacity(Ec2Capacity(ec2))
+        else:
+            capacity = ReadOnlyCapacity(StaticCapacity(), missing="EC2 not configured (no --region)")
+        planner = CapacityPlanner(source=capacity, policy=settings.capacity)
+        gcs_errors: dict[str, str] = {}
+        cluster: Any
+        if mode.kind is Mode.KUBERNETES:
+            from resilienced.kube.api import connect
+            from resilienced.kube.cluster import KubeCluster, KubeOptions
+
+            def gcs(address: str, token: str | None) -> ReadOnlyRay:
+                return ReadOnlyRay(RayGcs(address, token=token), timeout_s=GCS_TIMEOUT_S, errors=gcs_errors)
+
+            api = await connect(kubeconfig=mode.kubeconfig, context=mode.kube_context)
+            stack.push_async_callback(api.close)
+            cluster = KubeCluster(api, ray_control_factory=gcs, replica="replay", options=KubeOptions(
+                ready_timeout_s=KUBE_READY_TIMEOUT_S, gcs_timeout_s=GCS_TIMEOUT_S + 5))
+            await cluster.start()
+            stack.push_async_callback(cluster.stop)
+            await cluster.wait_ready()
+        else:
+            from resilienced.raymode import RayModeCluster
+
+            try:
+                ray = ReadOnlyRay(RayGcs(mode.ray_address or "", token=read_token(mode.ray_token_file)),
+                                  timeout_s=GCS_TIMEOUT_S)
+            except ValueError as e:
+                raise ConfigError("--ray-address", str(e)) from None
+            await ray.ping()
+            cluster = RayModeCluster(ray=ray, checkpoint_uri=mode.checkpoint_uri, ec2=ec2,
+                                     instance_label=mode.instance_label, instance_type=mode.instance_type)
+        yield Finder(cluster=cluster, planner=planner, capacity=capacity, gcs_errors=gcs_errors)
+
+
+# --------------------------------------------------------------------------- output
 COLUMNS = (("FILE", "source_file"), ("KIND", "kind"), ("ACT", "actionable"),
            ("EVENT ID", "event_id"), ("INSTANCES", "instance_ids"), ("DEADLINE", "deadline"),
            ("STEPS", "steps"), ("REASON", "reason"))
+#: With a cluster: each target as ``instance>run:capacity`` before the reason.
+TARGET_COLUMNS = (*COLUMNS[:-1], ("TARGETS", "targets"), COLUMNS[-1])
 
 
 def write(rows: Sequence[dict[str, Any]], *, as_json: bool, stream: TextIO,
           columns: Sequence[tuple[str, str]] = COLUMNS) -> None:
     """JSON lines, or a table of ``columns`` (title, key)."""
     if as_json:
-        for record in rows:
-            stream.write(json.dumps(record) + "\n")
+        stream.writelines(json.dumps(record, default=str) + "\n" for record in rows)
         return
     stream.write(table(rows, columns))
 
@@ -132,7 +448,7 @@ def table(rows: Sequence[dict[str, Any]], columns: Sequence[tuple[str, str]] = C
         if isinstance(value, bool):
             return "yes" if value else "no"
         if isinstance(value, list):
-            return ",".join(str(v) for v in value)
+            return ",".join(target_cell(v) if isinstance(v, dict) else str(v) for v in value)
         return str(value).replace("\n", " ")
     cells = [[cell(r.get(key)) for _, key in columns] for r in rows]
     widths = [max([len(title)] + [len(c[i]) for c in cells]) for i, (title, _) in enumerate(columns)]
@@ -141,3 +457,8 @@ def table(rows: Sequence[dict[str, Any]], columns: Sequence[tuple[str, str]] = C
         padded = [v.ljust(w) for v, w in zip(values[:-1], widths[:-1], strict=True)] + [values[-1]]
         lines.append("  ".join(padded).rstrip())
     return "\n".join(lines) + "\n"
+
+
+def target_cell(target: Mapping[str, Any]) -> str:
+    run = target.get("ray_job") or target.get("ray_cluster") or target.get("node") or "?"
+    return f"{target.get('instance_id')}>{run}:{target.get('capacity') or '-'}"

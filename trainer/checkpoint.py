@@ -466,7 +466,7 @@ class Checkpointer:
             mine.append(partial / ".metadata")
         entries = [
             FileEntry(path.relative_to(partial).as_posix(), size, digest)
-            for path, (size, digest) in zip(mine, _seal(mine))
+            for path, (size, digest) in zip(mine, _seal(mine), strict=True)
         ]
         gathered: list[list[FileEntry]] | None = [[] for _ in range(self.world_size)] if self.rank == 0 else None
         if self.world_size > 1:

@@ -73,6 +73,16 @@ def _seed_process_rngs(seed: int, step: int, rank: int) -> None:
     random.seed(s)
 
 
+def _device(cfg: TrainConfig) -> torch.device:
+    if not cfg.use_gpu:
+        return torch.device("cpu")
+    import ray.train.torch  # --use-gpu needs Ray (the config refuses it in local mode)
+
+    device = ray.train.torch.get_device()
+    torch.cuda.set_device(device)
+    return device
+
+
 class _Run:
     """The state of one rank in one attempt."""
 
@@ -81,7 +91,7 @@ class _Run:
         self.runtime = runtime
         self.rank = dist.get_rank()
         self.world_size = dist.get_world_size()
-        self.device = torch.device("cuda", torch.cuda.current_device()) if cfg.use_gpu else torch.device("cpu")
+        self.device = _device(cfg)
         # Checkpoint collectives run on their own gloo group (async saves run them in a
         # background thread); the per-step agreement has a third one, so neither ever
         # interleaves with the other or with training's collectives.
@@ -226,10 +236,13 @@ class _Run:
                 deadline_ms=local_deadline, stop=stop,
                 async_writing=self.pending is not None and not self.pending.written(),
             )
+            boundary_s = time.perf_counter() - boundary  # the notice poll and the agreement
             if self.pending is not None and not agreed.async_writing:
                 self.finish_pending()
             if agreed.notice:
                 deadline_ms = agreed.deadline_ms
+            if agreed.ray_notice:
+                source = "ray"  # a drain ends in Ray's teardown, whatever came first
             if agreed.notice and not noticed:
                 noticed = True
                 source = agreed.source
@@ -254,13 +267,15 @@ class _Run:
                 )
             if self.step >= cfg.steps:
                 break
+            started = time.perf_counter()
             loss = self.train_step()
             self.journal.metric(step=self.step, loss=loss, world_size=self.world_size, attempt=self.attempt)
             if cfg.min_step_seconds:
-                pad = cfg.min_step_seconds - (time.perf_counter() - boundary)
+                pad = cfg.min_step_seconds - (boundary_s + time.perf_counter() - started)
                 if pad > 0:
                     time.sleep(pad)
-            self.plan.record_step(time.perf_counter() - boundary)
+            # what one more step costs: its boundary and the step (not a save made in between)
+            self.plan.record_step(boundary_s + time.perf_counter() - started)
             if (
                 cfg.checkpoint_every
                 and self.step % cfg.checkpoint_every == 0

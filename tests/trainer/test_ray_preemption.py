@@ -109,3 +109,11 @@ def test_sigterm_to_a_nodes_ray_start_is_a_preemption_too(
     assert run.wait(300) == 0, run.log
     notice = expect_saved_then_resumed_exactly(run, reference, manifest)
     assert signalled * 1000 < notice["deadline_ms"] <= (gone_at + 1) * 1000
+
+    # A new driver on the same run (a RayJob retry) resumes where the run ended, although the
+    # trainer pruned checkpoints that Ray Train had been told about.
+    again = trainer_runs.run(["--ray-address", ray_cluster.address, *ARGS[2:], "--steps", str(STEPS + 2)],
+                             env=ray_cluster.env, timeout=300)
+    assert again.events_named("started")[-1]["resumed_from_step"] == STEPS
+    assert again.step_counts() == {step: 1 for step in range(1, STEPS + 3)}
+    assert again.losses() == {step: loss for step, loss in reference([]).items() if step <= STEPS + 2}

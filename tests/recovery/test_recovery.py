@@ -1,0 +1,299 @@
+"""The responder end to end on the Kubernetes side: locate -> drain -> durable in S3 -> requeue.
+
+Real parts: the emulated Kubernetes API over HTTP (with the manifests' RBAC) through
+kubernetes_asyncio and resilienced's watch caches, Lease claims, S3 on moto server, the KubeRay
+requeuer.  The Ray cluster of a KubeRay deployment cannot run here, so its GCS is a recording
+stand-in (:class:`RecordingGcs`); the drain through a real GCS is in test_kubernetes_e2e.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+import pytest
+from botocore.stub import Stubber
+from aiobotocore.session import get_session
+
+from resilienced import intake
+from resilienced.capacity.planner import CapacityPlanner
+from resilienced.capacity.policy import CapacityPolicy
+from resilienced.capacity.static import StaticCapacity
+from resilienced.errors import BackendUnavailable, PermanentError, TemporaryError
+from resilienced.kube import KubeCluster, KubeOptions
+from resilienced.kube.cache import CacheOptions
+from resilienced.kube.leases import KubeLeaseClaims
+from resilienced.model import Result
+from resilienced.ports import CapacityReservation
+from resilienced.recovery import Lifecycle, Recovery, RecoveryOptions
+from resilienced.requeue.router import KubernetesRequeuer, Requeue
+from resilienced.s3 import S3Store
+from resilienced.settings import IntakeSettings
+from tests.support.kubeapi import KubeApiServer
+
+from .conftest import DAEMON_NS, NS, REGION, RecordingGcs, instance, put_checkpoint, ray_nodes, seed_world
+
+BLOCK = "cr-0123456789abcdef0"
+FAST = KubeOptions(cache=CacheOptions(request_timeout_s=2.0, watch_timeout_s=30, backoff_initial_s=0.05,
+                                      backoff_max_s=0.2),
+                   ready_timeout_s=5.0, request_timeout_s=2.0, gcs_timeout_s=2.0)
+
+
+def block(*, available: int = 2, reservation: str = BLOCK) -> CapacityReservation:
+    now = datetime.now(timezone.utc)
+    return CapacityReservation(reservation_id=reservation, instance_type="p5.48xlarge",
+                               availability_zone="us-east-1a", reservation_type="capacity-block",
+                               state="active", available_instances=available, total_instances=2,
+                               start=now - timedelta(hours=1), end=now + timedelta(days=2))
+
+
+def body(detail_type: str, detail: dict[str, Any], *, when: datetime, source: str = "aws.ec2",
+         event_id: str = "7e9d2f6c-0000-4000-8000-000000000001") -> str:
+    return json.dumps({"version": "0", "id": event_id, "detail-type": detail_type, "source": source,
+                       "account": "123456789012", "time": when.strftime("%Y-%m-%dT%H:%M:%SZ"),
+                       "region": REGION, "resources": [], "detail": detail})
+
+
+def plan_of(text: str) -> Any:
+    reading = intake.read(text, IntakeSettings())
+    assert reading.plan.actionable, reading.plan.reason
+    return reading.plan
+
+
+class World:
+    """The responder wired as the daemon wires it in kubernetes mode (GCS aside)."""
+
+    def __init__(self, *, api: Any, kubeapi: KubeApiServer, s3: Any, capacity: StaticCapacity,
+                 policy: CapacityPolicy, grace: float = 30.0) -> None:
+        self.kubeapi = kubeapi
+        self.s3 = s3
+        self.gcs = RecordingGcs(ray_nodes())
+        self.cluster = KubeCluster(api, ray_control_factory=lambda addr, tok: self.gcs,
+                                   replica="replica-a", options=FAST)
+        self.claims = KubeLeaseClaims(api, namespace=DAEMON_NS)
+        self.capacity = capacity
+        self.planner = CapacityPlanner(source=capacity, policy=policy)
+        self.recovery = Recovery(
+            cluster=self.cluster, claims=self.claims, ray_control=self.cluster.ray_control,
+            store=S3Store(client=s3), planner=self.planner,
+            requeue=Requeue(KubernetesRequeuer(api), cluster=self.cluster), capacity=capacity,
+            options=RecoveryOptions(durable_grace_seconds=grace, durable_poll_seconds=0.1))
+
+    def events(self, reason: str) -> list[dict[str, Any]]:
+        return [e for e in self.kubeapi.list("events", namespace=None) if e.get("reason") == reason]
+
+
+@pytest.fixture
+async def world(api: Any, kubeapi: KubeApiServer, s3: Any) -> AsyncIterator[World]:
+    seed_world(kubeapi, gcs_port=6379)
+    w = World(api=api, kubeapi=kubeapi, s3=s3, capacity=StaticCapacity([block()]),
+              policy=CapacityPolicy(interruption_threshold=1))
+    await w.cluster.start()
+    try:
+        yield w
+    finally:
+        await w.cluster.stop()
+
+
+async def save_after_the_drain(world: World, *, step: int) -> None:
+    """Play the trainer and FSx: once the drain is seen, a checkpoint lands in S3."""
+    while not world.gcs.drains:
+        await asyncio.sleep(0.02)
+    await put_checkpoint(world.s3, step=step, saved=datetime.now(timezone.utc),
+                         files={"__0_0.distcp": b"rank0" * 100, "__1_0.distcp": b"rank1" * 90, ".metadata": b"m"})
+
+
+def selectors(obj: dict[str, Any], path: str) -> list[dict[str, str]]:
+    spec = obj["spec"] if path == "cluster" else obj["spec"]["rayClusterSpec"]
+    return [g["template"]["spec"].get("nodeSelector", {}) for g in spec["workerGroupSpecs"]]
+
+
+async def test_a_spot_notice_drains_the_worker_waits_for_s3_then_moves_the_whole_gang(world: World) -> None:
+    now = datetime.now(timezone.utc)
+    plan = plan_of(body("EC2 Spot Instance Interruption Warning",
+                        {"instance-id": instance(1), "instance-action": "terminate"}, when=now))
+    saver = asyncio.create_task(save_after_the_drain(world, step=37))
+    outcome = await world.recovery.act(plan, holder="replica-a/m1")
+    await saver
+
+    assert outcome.result is Result.DONE, outcome.reason
+    # the worker on n1 is drained with the notice's deadline; the head on n0 is left alone
+    assert [(node_id, deadline) for node_id, deadline, _ in world.gcs.drains] == [("01" * 28, plan.deadline)]
+    taints = world.kubeapi.get("nodes", "n1")["spec"]["taints"]
+    assert [t["key"] for t in taints] == ["resilienced.io/interruption"] and taints[0]["effect"] == "NoSchedule"
+    run = outcome.details["runs"][0]
+    assert run["run"] == f"{NS}/train" and run["durable"]["step"] == 37 and run["durable"]["verified"]
+    # the whole gang moves to the Capacity Block: every worker group of the RayJob and its RayCluster
+    wanted = {"karpenter.sh/capacity-type": "reserved", "karpenter.k8s.aws/capacity-reservation-id": BLOCK}
+    for obj, path in ((world.kubeapi.get("rayjobs", "train", namespace=NS), "job"),
+                      (world.kubeapi.get("rayclusters", "train-rc", namespace=NS), "cluster")):
+        assert all(s.items() >= wanted.items() for s in selectors(obj, path)), selectors(obj, path)
+    assert {p["metadata"]["name"] for p in world.kubeapi.list("pods", namespace=NS)} == {"train-head"}
+    for reason in ("Draining", "CheckpointDurable", "Requeued"):
+        assert world.events(reason), f"no {reason} Event"
+
+
+async def test_the_same_event_again_from_another_replica_changes_nothing(world: World) -> None:
+    now = datetime.now(timezone.utc)
+    plan = plan_of(body("EC2 Spot Instance Interruption Warning",
+                        {"instance-id": instance(1), "instance-action": "terminate"}, when=now))
+    saver = asyncio.create_task(save_after_the_drain(world, step=5))
+    assert (await world.recovery.act(plan, holder="replica-a/m1")).result is Result.DONE
+    await saver
+    writes_before = {k: v for k, v in world.kubeapi.counts().items() if k[0] in ("patch", "delete", "create")}
+
+    again = await world.recovery.act(plan, holder="replica-b/m2")
+
+    # the gang already left n1 (its pods were deleted for KubeRay to recreate elsewhere)
+    assert again.result is Result.NOT_ACTIONABLE and "runs no Ray pods" in again.reason
+    assert len(world.gcs.drains) == 1
+    writes_after = {k: v for k, v in world.kubeapi.counts().items() if k[0] in ("patch", "delete", "create")}
+    assert writes_after == writes_before  # no taint, Event, patch or pod deletion the second time
+
+
+async def test_two_replicas_on_one_event_at_once_act_once(world: World) -> None:
+    plan = plan_of(body("EC2 Spot Instance Interruption Warning",
+                        {"instance-id": instance(1), "instance-action": "terminate"},
+                        when=datetime.now(timezone.utc)))
+    saver = asyncio.create_task(save_after_the_drain(world, step=9))
+    results = await asyncio.gather(world.recovery.act(plan, holder="replica-a/m1"),
+                                   world.recovery.act(plan, holder="replica-b/m2"), return_exceptions=True)
+    await saver
+    done = [r for r in results if not isinstance(r, BaseException)]
+    retry = [r for r in results if isinstance(r, TemporaryError)]
+    assert len(done) == 1 and done[0].result is Result.DONE and len(retry) == 1, results
+    assert "being handled by replica-" in str(retry[0])
+    assert len(world.gcs.drains) == 1
+
+
+async def test_a_run_done_for_an_event_is_skipped_when_the_event_comes_back(world: World) -> None:
+    plan = plan_of(body("EC2 Instance Rebalance Recommendation", {"instance-id": instance(2)},
+                        when=datetime.now(timezone.utc)))  # policy notify: an Event, nothing else
+    first = await world.recovery.act(plan, holder="replica-a/m1")
+    second = await world.recovery.act(plan, holder="replica-b/m7")
+    assert first.details["runs"][0]["notify"] == "RebalanceRecommendation"
+    assert second.details["runs"][0]["skipped"] == "already done for this event by replica-a/m1"
+    recorded = world.events("RebalanceRecommendation")  # on the Node and on the RayJob, once each
+    assert sorted(e["involvedObject"]["kind"] for e in recorded) == ["Node", "RayJob"]
+    assert all(e.get("count", 1) == 1 for e in recorded) and world.gcs.drains == []
+
+
+async def test_nothing_durable_by_the_deadline_records_the_newest_checkpoint_before_the_notice(
+        world: World) -> None:
+    long_ago = datetime.now(timezone.utc) - timedelta(minutes=10)
+    await put_checkpoint(world.s3, step=10, saved=long_ago - timedelta(minutes=5), files={"a": b"x" * 10})
+    await put_checkpoint(world.s3, step=12, saved=long_ago, files={"a": b"y" * 10}, manifest=False)
+    # a notice whose deadline has passed: the drain still goes out, nothing new can arrive
+    plan = plan_of(body("EC2 Spot Instance Interruption Warning",
+                        {"instance-id": instance(2), "instance-action": "terminate"}, when=long_ago))
+    world.recovery.options = RecoveryOptions(durable_grace_seconds=0, durable_poll_seconds=0.1)
+
+    outcome = await world.recovery.act(plan, holder="replica-a/m1")
+
+    durable = outcome.details["runs"][0]["durable"]
+    assert durable["verified"] is False and durable["resume_step"] == 10 and durable["steps_lost"] >= 2
+    warning = world.events("CheckpointNotDurable")
+    assert warning and warning[0]["type"] == "Warning" and "step 10" in warning[0]["message"]
+
+
+async def test_an_instance_gone_without_notice_is_requeued_from_the_newest_durable_checkpoint(
+        world: World) -> None:
+    now = datetime.now(timezone.utc)
+    await put_checkpoint(world.s3, step=20, saved=now - timedelta(seconds=90), files={"a": b"1" * 7})
+    await put_checkpoint(world.s3, step=30, saved=now - timedelta(seconds=30), files={"a": b"2" * 7})
+    plan = plan_of(body("EC2 Instance State-change Notification",
+                        {"instance-id": instance(1), "state": "terminated"}, when=now))
+
+    outcome = await world.recovery.act(plan, holder="replica-a/m1")
+
+    assert world.gcs.drains == []  # nothing to drain: the instance is gone
+    run = outcome.details["runs"][0]
+    assert run["resume"]["resume_step"] == 30 and 25 <= run["resume"]["checkpoint_age_s"] <= 40
+    # a state change is not counted as a Spot interruption of the pool (it may be anyone's
+    # termination), so with one threshold-1 pool the run stays on Spot, where it already is
+    assert run["requeue"]["capacity"] == "spot"
+    assert world.events("ResumePoint")
+
+
+async def test_a_capacity_block_expiry_moves_the_run_off_the_block(api: Any, kubeapi: KubeApiServer,
+                                                                  s3: Any) -> None:
+    seed_world(kubeapi, gcs_port=6379)
+    for name, n in (("n1", 1), ("n2", 2)):  # the workers run in the expiring block
+        kubeapi.patch("nodes", name, {"metadata": {"labels": {
+            "karpenter.sh/capacity-type": "reserved", "karpenter.k8s.aws/capacity-reservation-id": BLOCK}}})
+    capacity = StaticCapacity([block()], instances={BLOCK: [instance(1), instance(2)]})
+    world = World(api=api, kubeapi=kubeapi, s3=s3, capacity=capacity,
+                  policy=CapacityPolicy(interruption_threshold=1), grace=0)
+    await world.cluster.start()
+    try:
+        end = datetime.now(timezone.utc) + timedelta(minutes=40)
+        plan = plan_of(body("Capacity Block Reservation Expiration Warning",
+                            {"capacity-reservation-id": BLOCK, "end-date": end.strftime("%Y-%m-%dT%H:%M:%S.000Z")},
+                            when=datetime.now(timezone.utc)))
+        assert plan.deadline == end.replace(microsecond=0) - timedelta(minutes=30)
+        saver = asyncio.create_task(save_after_the_drain(world, step=3))
+        outcome = await world.recovery.act(plan, holder="replica-a/m1")
+        await saver
+    finally:
+        await world.cluster.stop()
+
+    assert sorted(d[0] for d in world.gcs.drains) == ["01" * 28, "02" * 28]  # both, as one gang
+    run = outcome.details["runs"][0]
+    assert sorted(run["instances"]) == [instance(1), instance(2)]
+    assert run["requeue"]["capacity"] in ("spot", "on-demand")
+    job = kubeapi.get("rayjobs", "train", namespace=NS)
+    assert all(BLOCK not in s.values() and s.get("karpenter.sh/capacity-type") != "reserved"
+               for s in selectors(job, "job"))
+
+
+# --------------------------------------------------------------------------- ASG lifecycle hooks
+ASG_DETAIL = {"LifecycleActionToken": "b4dd0f5b-0ef2-4479-9dad-6c55f027000e", "AutoScalingGroupName": "gpu-asg",
+              "LifecycleHookName": "drain-first", "EC2InstanceId": instance(7),
+              "LifecycleTransition": "autoscaling:EC2_INSTANCE_TERMINATING"}
+EXPECTED = {"LifecycleHookName": "drain-first", "AutoScalingGroupName": "gpu-asg",
+            "LifecycleActionToken": "b4dd0f5b-0ef2-4479-9dad-6c55f027000e",
+            "LifecycleActionResult": "CONTINUE", "InstanceId": instance(7)}
+
+
+@pytest.fixture
+async def autoscaling() -> AsyncIterator[Any]:
+    async with get_session().create_client("autoscaling", region_name=REGION, aws_access_key_id="x",
+                                           aws_secret_access_key="x") as client:
+        yield client
+
+
+async def test_an_asg_hook_is_completed_even_when_no_ray_run_is_on_the_instance(world: World,
+                                                                              autoscaling: Any) -> None:
+    plan = plan_of(body("EC2 Instance-terminate Lifecycle Action", ASG_DETAIL,
+                        when=datetime.now(timezone.utc), source="aws.autoscaling"))
+    world.recovery.lifecycle = Lifecycle(autoscaling)
+    with Stubber(autoscaling) as stub:
+        stub.add_response("complete_lifecycle_action", {}, EXPECTED)
+        outcome = await world.recovery.act(plan, holder="replica-a/m1")
+        stub.assert_no_pending_responses()
+    assert outcome.result is Result.NOT_ACTIONABLE
+    assert outcome.details["lifecycle"] == "completed (CONTINUE)"
+    assert instance(7) in outcome.details["unresolved"]
+
+
+@pytest.mark.parametrize(("code", "message", "expected"), [
+    ("ValidationError", "No active Lifecycle Action found with instance ID i-0", "already completed or timed out"),
+    ("Throttling", "Rate exceeded", BackendUnavailable),
+    ("AccessDenied", "not authorized", PermanentError),
+], ids=["already-completed-is-done", "throttled-is-temporary", "denied-is-permanent"])
+async def test_completing_a_hook_translates_what_auto_scaling_answers(autoscaling: Any, code: str, message: str,
+                                                                      expected: Any) -> None:
+    lifecycle = Lifecycle(autoscaling)
+    attributes = {"lifecycle_hook_name": "drain-first", "auto_scaling_group_name": "gpu-asg",
+                  "lifecycle_action_token": ASG_DETAIL["LifecycleActionToken"]}
+    with Stubber(autoscaling) as stub:
+        stub.add_client_error("complete_lifecycle_action", service_error_code=code, service_message=message,
+                              http_status_code=400, expected_params=EXPECTED)
+        if isinstance(expected, str):
+            assert await lifecycle.complete(event_attributes=attributes, instance_id=instance(7)) == expected
+        else:
+            with pytest.raises(expected):
+                await lifecycle.complete(event_attributes=attributes, instance_id=instance(7))
