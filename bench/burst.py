@@ -64,7 +64,7 @@ import uuid
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -124,11 +124,16 @@ class World:
             c, w = i % clusters, i // clusters
             workers.append(Worker(
                 instance_id=f"i-{0x0b00000000000000 + i:017x}", node=f"ip-10-20-{i // 250}-{i % 250}.ec2.internal",
-                zone=ZONES[i % len(ZONES)], instance_type=INSTANCE_TYPES[c % len(INSTANCE_TYPES)], cluster=c,
+                zone=ZONES[c % len(ZONES)], instance_type=INSTANCE_TYPES[c % len(INSTANCE_TYPES)], cluster=c,
                 pod=f"{cluster_name(c)}-workers-{w:03d}", ip=f"10.{100 + c // 250}.{c % 250}.{w + 10}",
                 ray_node_id=f"{i + 1:056x}",
             ))
         return World(workers=tuple(workers), clusters=clusters)
+
+    def in_notice_order(self) -> list[Worker]:
+        """One run's workers after another: a Spot capacity pool (one instance type in one AZ, where a
+        gang is placed) is reclaimed at once, so a run's notices arrive together."""
+        return sorted(self.workers, key=lambda w: (w.cluster, w.instance_id))
 
     def head_ip(self, c: int) -> str:
         return f"10.{100 + c // 250}.{c % 250}.2"
@@ -157,7 +162,7 @@ class World:
                                node_type="worker"))
         for c in range(self.clusters):
             head_node = f"ip-10-30-{c // 250}-{c % 250}.ec2.internal"
-            out.append(node(name=head_node, instance_id=f"i-{0x0c00000000000000 + c:017x}", zone=ZONES[0],
+            out.append(node(name=head_node, instance_id=f"i-{0x0c00000000000000 + c:017x}", zone=ZONES[c % len(ZONES)],
                             instance_type="m6i.2xlarge", capacity_type="on-demand"))
             out.append(ray_pod(name=f"{cluster_name(c)}-head", cluster=cluster_name(c), node_name=head_node,
                                ip=self.head_ip(c), node_type="head"))
@@ -377,6 +382,7 @@ class Burst:
     burst_calls: Counter[tuple[str, str]] = field(default_factory=Counter)
     burst_errors: Counter[str] = field(default_factory=Counter)
     gcs_listings: int = 0
+    cpu_s: float = 0.0  # this process's CPU time from the consumer's start to all settled
     warnings: Counter[str] = field(default_factory=Counter)
     events_recorded: dict[str, dict[str, int]] = field(default_factory=dict)  # "reason on Kind" -> objects, count
 
@@ -433,7 +439,7 @@ async def run_burst(*, world: World, sqs: Any, endpoint: str, claims_kind: str, 
     result = Burst(claims=claims_kind, events=events)
     queue_url, _dlq = await create_queue_with_dlq(sqs, name=f"burst-{claims_kind}-{uuid.uuid4().hex[:6]}")
     now = datetime.now(timezone.utc)
-    bodies = [notice(w.instance_id, now) for w in world.workers]
+    bodies = [notice(w.instance_id, now) for w in world.in_notice_order()]
     for start in range(0, len(bodies), 10):
         await sqs.send_message_batch(QueueUrl=queue_url, Entries=[
             {"Id": str(n), "MessageBody": body} for n, body in enumerate(bodies[start:start + 10])])
@@ -443,8 +449,6 @@ async def run_burst(*, world: World, sqs: Any, endpoint: str, claims_kind: str, 
     stack, result.startup_calls = await start_stack(world, gcs, replica=replica)
     try:
         log_path = log_dir / f"{claims_kind}.jsonl"
-        log_file = open(log_path, "w")
-        log.configure(level="info", stream=log_file)  # every line rendered, read back for warnings
         before = len(stack.emulator.log())
         claims = (MemoryClaims() if claims_kind == "memory"
                   else KubeLeaseClaims(stack.api, namespace=LEASE_NAMESPACE))
@@ -460,21 +464,14 @@ async def run_burst(*, world: World, sqs: Any, endpoint: str, claims_kind: str, 
             if len(settled) >= events:
                 done.set()
 
-        async with SqsQueue.open(queue_url=queue_url, region=REGION, endpoint_url=endpoint,
-                                 max_connections=concurrency * 2 + 4) as sqs_queue:
-            queue = TimedQueue(sqs_queue)
-            consumer = Consumer(queue=queue, responder=recovery, claims=claims, queue_settings=settings,
-                                intake_settings=IntakeSettings(), max_receive_count=3, observer=observe,
-                                replica=replica)
-            started = time.monotonic()
-            loop = asyncio.create_task(consumer.run(), name="bench.consumer")
+        with log_path.open("w") as log_file:  # noqa: ASYNC230 - opened once, before the clock starts
+            log.configure(level="info", stream=log_file)  # every line rendered, read back for warnings
             try:
-                await asyncio.wait_for(done.wait(), BURST_TIMEOUT_S)
-                result.to_all_settled_s = time.monotonic() - started
+                started, queue = await consume(
+                    queue_url=queue_url, endpoint=endpoint, recovery=recovery, claims=claims, settings=settings,
+                    observe=observe, done=done, replica=replica, result=result)
             finally:
-                consumer.stop()
-                await loop
-                log_file.flush()
+                log.configure(level="warning", stream=sys.stderr)
         calls = stack.emulator.log()[before:]
         result.burst_calls = Counter((v, r) for v, r, _ in calls)
         result.burst_errors = Counter(f"{v} {r} {s}" for v, r, s in calls if s >= 400)
@@ -495,12 +492,33 @@ async def run_burst(*, world: World, sqs: Any, endpoint: str, claims_kind: str, 
         result.latencies = sorted(at - queue.received[instance_of[n]] for n, at in first_drain.items())
         if first_drain:
             result.to_last_drain_s = max(first_drain.values()) - started
-        log_file.close()
         result.warnings = warnings(log_path)
         return result, stack
     except BaseException:
         await stack.close()
         raise
+
+
+async def consume(*, queue_url: str, endpoint: str, recovery: Recovery, claims: Any, settings: QueueSettings,
+                  observe: Any, done: asyncio.Event, replica: str, result: Burst) -> tuple[float, TimedQueue]:
+    """``Consumer.run()`` until ``done``; then stop it (it finishes what is in flight)."""
+    async with SqsQueue.open(queue_url=queue_url, region=REGION, endpoint_url=endpoint,
+                             max_connections=settings.concurrency * 2 + 4) as sqs_queue:
+        queue = TimedQueue(sqs_queue)
+        consumer = Consumer(queue=queue, responder=recovery, claims=claims, queue_settings=settings,
+                            intake_settings=IntakeSettings(), max_receive_count=3, observer=observe,
+                            replica=replica)
+        cpu = time.process_time()
+        started = time.monotonic()
+        loop = asyncio.create_task(consumer.run(), name="bench.consumer")
+        try:
+            await asyncio.wait_for(done.wait(), BURST_TIMEOUT_S)
+            result.to_all_settled_s = time.monotonic() - started
+            result.cpu_s = time.process_time() - cpu
+        finally:
+            consumer.stop()
+            await loop
+    return started, queue
 
 
 def warnings(log_path: Path) -> Counter[str]:
@@ -591,14 +609,17 @@ async def compare_locate(*, world: World, stack: Stack) -> dict[str, Any]:
     for name, locate in (("cached", cached), ("naive_by_name", naive_by_name), ("naive_full_list", naive_full_list)):
         before, gcs_before = len(emulator.log()), kube.gcs_calls
         times = []
+        cpu = time.process_time()
         start = time.perf_counter()
         for w in world.workers:
             t = time.perf_counter()
             await locate(w)
             times.append(time.perf_counter() - t)
         total = time.perf_counter() - start
+        cpu = time.process_time() - cpu
         calls = emulator.log()[before:]
         out[name] = {"events": len(times), "total_s": total, "mean_s": statistics.fmean(times),
+                     "client_cpu_ms_per_event": round(cpu / len(times) * 1000, 3),
                      "p50_s": percentile(times, 50), "p99_s": percentile(times, 99),
                      "api_calls": len(calls), "api_calls_per_event": len(calls) / len(times),
                      "calls": {f"{v} {r}": n for (v, r), n in sorted(Counter((v, r) for v, r, _ in calls).items())},
@@ -660,6 +681,7 @@ def burst_json(b: Burst) -> dict[str, Any]:
         "start_to_last_drain_s": round(b.to_last_drain_s, 3),
         "start_to_all_settled_s": round(b.to_all_settled_s, 3),
         "events_per_s": round(b.events / b.to_last_drain_s, 1),
+        "daemon_cpu_ms_per_event": round(b.cpu_s / b.events * 1000, 2),
         "results": dict(b.results), "sqs_receives": b.receives, "sqs_deliveries": b.deliveries,
         "sqs_receive_mean_ms": round(b.receive_mean_s * 1000, 1),
         "startup_api_calls": {f"{v} {r}": n for (v, r), n in sorted(b.startup_calls.items())},
@@ -671,12 +693,14 @@ def burst_json(b: Burst) -> dict[str, Any]:
         "api_calls_by_verb_resource": {f"{v} {r}": n for (v, r), n in sorted(b.burst_calls.items())},
         "api_calls_by_purpose": group_calls(b.burst_calls),
         "api_errors": dict(b.burst_errors),
+        "events_recorded": b.events_recorded,
         "gcs_listings": b.gcs_listings,
         "daemon_warnings": dict(b.warnings),
     }
 
 
-def print_report(*, args: argparse.Namespace, world: World, bursts: list[Burst], locate: dict[str, Any]) -> dict:
+def print_report(*, args: argparse.Namespace, world: World, bursts: list[Burst], locate: dict[str, Any],
+                 transport: dict[str, Any]) -> dict[str, Any]:
     m = machine()
     n = len(world.workers)
     print(f"machine: {m['arch']}, nproc {m['nproc']}, {m['cpu']}, {m['python']}, load {m['load_average_1m']}; "
@@ -686,19 +710,28 @@ def print_report(*, args: argparse.Namespace, world: World, bursts: list[Burst],
           f"up front; concurrency {args.concurrency}, receives of 10; GCS: recording stand-in")
     print()
     print("| claims | drains / events | p50 receive->drain | p99 | max | start->last drain | events/s "
-          "| k8s API calls (burst) | per drain (floor 1) | GCS listings (floor {}) |".format(world.clusters))
-    print("|---|---|---|---|---|---|---|---|---|---|")
+          f"| daemon CPU per event | k8s API calls (burst) | per drain (floor 1) | GCS listings (floor {world.clusters}) |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     runs = {}
     for b in bursts:
         j = burst_json(b)
         runs[b.claims] = j
         print(f"| {b.claims} | {b.drains} / {b.events} | {j['receive_to_drain_p50_ms']:.0f} ms "
               f"| {j['receive_to_drain_p99_ms']:.0f} ms | {j['receive_to_drain_max_ms']:.0f} ms "
-              f"| {j['start_to_last_drain_s']:.2f} s | {j['events_per_s']:.0f} | {b.api_calls} "
+              f"| {j['start_to_last_drain_s']:.2f} s | {j['events_per_s']:.0f} | {j['daemon_cpu_ms_per_event']:.1f} ms "
+              f"| {b.api_calls} "
               f"| {j['api_calls_per_drain']} | {b.gcs_listings} |")
+    print(f"| bare SQS receive+delete of the same burst (baseline: the transport) | - | - | - | - "
+          f"| {transport['total_s']:.2f} s | {transport['events_per_s']:.0f} | - | - | - | - |")
+    for b in bursts:
+        runs[b.claims]["wall_over_bare_sqs"] = round(b.to_all_settled_s / transport["total_s"], 2)
+        print(f"ratio {b.claims} burst (start -> all settled) / bare SQS: {runs[b.claims]['wall_over_bare_sqs']:.2f} "
+              f"(SQS receives: {b.receives} of {b.receive_mean_s * 1000:.0f} ms mean in the burst, "
+              f"{transport['sqs_receives']} of {transport['sqs_receive_mean_ms']:.0f} ms bare)")
     print()
     for b in bursts:
         j = runs[b.claims]
+        print(f"{b.claims}: Events stored (objects, summed count) {j['events_recorded']}")
         print(f"{b.claims}: burst calls by purpose {j['api_calls_by_purpose']}")
         print(f"{b.claims}: by verb/resource {j['api_calls_by_verb_resource']}; errors {j['api_errors'] or 'none'}")
         print(f"{b.claims}: start-up (constant) {j['startup_api_calls']}; results {j['results']}; "
@@ -706,14 +739,15 @@ def print_report(*, args: argparse.Namespace, world: World, bursts: list[Burst],
               f"{j['sqs_deliveries']}; daemon warnings {j['daemon_warnings'] or 'none'}")
     print()
     print("locate, sequential, per event (same emulator, same client):")
-    print("| path | API calls per event | mean | p50 | p99 | GCS listings |")
-    print("|---|---|---|---|---|---|")
+    print("| path | API calls per event | mean | p50 | p99 | client CPU per event | GCS listings |")
+    print("|---|---|---|---|---|---|---|")
     labels = {"cached": "KubeCluster.locate (watch caches)",
               "naive_by_name": "naive: list_node(metadata.name=) + list pods(spec.nodeName=)",
               "naive_full_list": "naive: list_node() matched on providerID + list pods(spec.nodeName=)"}
     for key, row in locate.items():
         print(f"| {labels[key]} | {row['api_calls_per_event']:.2f} | {row['mean_s'] * 1000:.2f} ms "
-              f"| {row['p50_s'] * 1000:.2f} ms | {row['p99_s'] * 1000:.2f} ms | {row['gcs_listings']} |")
+              f"| {row['p50_s'] * 1000:.2f} ms | {row['p99_s'] * 1000:.2f} ms "
+              f"| {row['client_cpu_ms_per_event']:.2f} ms | {row['gcs_listings']} |")
     ratios = {}
     for naive in ("naive_by_name", "naive_full_list"):
         ratios[f"time_cached_over_{naive}"] = round(locate["cached"]["mean_s"] / locate[naive]["mean_s"], 4)
@@ -727,7 +761,7 @@ def print_report(*, args: argparse.Namespace, world: World, bursts: list[Burst],
         "bench": "burst", "mode": "kubernetes", "nodes": n, "clusters": world.clusters,
         "concurrency": args.concurrency, "events": n,
         "drains": min(b.drains for b in bursts),  # every claims store's run drained this many
-        "runs": runs, "locate": locate, "locate_ratios": ratios, "machine": m,
+        "runs": runs, "bare_sqs": transport, "locate": locate, "locate_ratios": ratios, "machine": m,
     }
     print(json.dumps(summary, sort_keys=False))
     return summary
@@ -739,6 +773,9 @@ async def measure(args: argparse.Namespace, world: World, endpoint: str, log_dir
     locate: dict[str, Any] = {}
     session = get_session()
     async with session.create_client("sqs", region_name=REGION, endpoint_url=endpoint) as sqs:
+        now = datetime.now(timezone.utc)
+        transport = await sqs_baseline(sqs=sqs, endpoint=endpoint, concurrency=args.concurrency,
+                                       bodies=[notice(w.instance_id, now) for w in world.in_notice_order()])
         for kind in args.claims:
             result, stack = await run_burst(world=world, sqs=sqs, endpoint=endpoint, claims_kind=kind,
                                             concurrency=args.concurrency, log_dir=log_dir)
@@ -748,7 +785,7 @@ async def measure(args: argparse.Namespace, world: World, endpoint: str, log_dir
                     locate = await compare_locate(world=world, stack=stack)
             finally:
                 await stack.close()
-    print_report(args=args, world=world, bursts=bursts, locate=locate)
+    print_report(args=args, world=world, bursts=bursts, locate=locate, transport=transport)
 
 
 def main() -> int:

@@ -102,6 +102,15 @@ class DrillOptions:
             raise ConfigError("--preemption-poll", f"must be between 0.05 and 60 s, got {self.preemption_poll}")
         if self.step_seconds < 0:
             raise ConfigError("--step-seconds", f"must be >= 0, got {self.step_seconds}")
+        if (self.scenario == "spot" and self.step_seconds > 0
+                and (self.steps - self.interrupt_at_step) * self.step_seconds <= self.notice_seconds):
+            raise ConfigError("--steps", (
+                f"the run would finish before the deadline ({self.steps - self.interrupt_at_step} steps "
+                f"of at least {self.step_seconds:g}s after the notice <= {self.notice_seconds:g}s): "
+                "raise --steps or --step-seconds, or lower --notice-seconds"))
+        if self.workdir is not None and len(str(Path(self.workdir).absolute() / "ray")) > 45:
+            raise ConfigError("--workdir", f"{self.workdir!r} is too long: Ray keeps unix sockets under "
+                                           "it (at most 41 characters, e.g. /tmp/drill)")
         return self
 
 
@@ -689,10 +698,14 @@ def main(args: argparse.Namespace) -> int:
     drill = Drill(options)
     try:
         report = asyncio.run(drill.run())
-    except DrillError as e:
-        print(f"resilienced drill: failed: {e}"
+    except (DrillError, ResilienceError, OSError, ValueError, RuntimeError) as e:
+        message = f"{type(e).__name__}: {e}" if not isinstance(e, DrillError) else str(e)
+        print(f"resilienced drill: failed: {message}"
               + ("" if options.keep else " (run again with --keep to keep the logs)"), file=sys.stderr)
         drill.cleanup()
+        if options.json_report:
+            Path(options.json_report).write_text(json.dumps(
+                {"ok": False, "scenario": options.scenario, "error": message}, indent=2) + "\n")
         return 1
     except BaseException:
         drill.cleanup()

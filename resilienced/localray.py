@@ -292,7 +292,9 @@ class LocalRayCluster:
                 f"--dashboard-port={self._ports.take()}",
             ]
         else:
-            cmd += [f"--address={self.address}"]
+            # One log monitor per machine: every node here shares the head's session directory,
+            # and a monitor per node would send every worker log line to drivers once per node.
+            cmd += [f"--address={self.address}", "--include-log-monitor=false"]
         if labels:
             cmd.append("--labels=" + ",".join(f"{k}={v}" for k, v in labels.items()))
         if resources:

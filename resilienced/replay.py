@@ -90,15 +90,23 @@ class LookupSettings:
 
     @classmethod
     def from_args(cls, args: argparse.Namespace, environ: Mapping[str, str]) -> LookupSettings | None:
-        """The settings, validated; None when neither --kubeconfig nor --ray-address is given."""
-        mode = ModeSettings.from_args(args, environ)
-        if mode.kubeconfig and mode.ray_address:
+        """The settings, validated; None when neither --kubeconfig nor --ray-address is given.
+
+        Only those flags turn the lookup on (a daemon's RESILIENCED_KUBECONFIG or
+        RESILIENCED_RAY_ADDRESS in the environment does not change what plain ``replay`` does);
+        the other settings take their environment defaults as for ``run``.
+        """
+        kubeconfig, ray_address = getattr(args, "kubeconfig", None), getattr(args, "ray_address", None)
+        if kubeconfig and ray_address:
             raise ConfigError("--ray-address", "give --kubeconfig (kubernetes mode) or --ray-address "
                                                "(ray mode), not both")
-        if not mode.kubeconfig and not mode.ray_address:
+        if not kubeconfig and not ray_address:
             return None
-        kind = Mode.KUBERNETES if mode.kubeconfig else Mode.RAY
-        mode = dataclasses.replace(mode, mode=kind.value)
+        mode = ModeSettings.from_args(args, environ)
+        if kubeconfig:
+            mode = dataclasses.replace(mode, mode=Mode.KUBERNETES.value, ray_address=None)
+        else:
+            mode = dataclasses.replace(mode, mode=Mode.RAY.value, kubeconfig=None)
         mode.validate()
         aws = QueueSettings.from_args(args, environ)
         aws.validate(require_queue=False)
@@ -329,8 +337,7 @@ class Finder:
             entry.update(decisions[target.run_key])
             gcs_error = self.gcs_errors.get(target.ray_address or "") or target.attributes.get("gcs_error")
             if gcs_error:
-                entry["gcs_error"] = (f"the GCS at {target.ray_address} did not answer ({gcs_error}): "
-                                      "the Ray node ids are unknown")
+                entry["gcs_error"] = f"the GCS did not answer ({gcs_error}): the Ray node ids are unknown"
             targets.append(entry)
         return Found(targets=targets, unresolved=unresolved)
 

@@ -405,9 +405,11 @@ class Checkpointer:
         root: the checkpoint root (shared by every rank: FSx in production).
         rank, world_size: this process's place in the job.
         group: a gloo process group over every rank, used only for checkpoints.
-        hook: called as ``hook(phase, step)`` on every rank at each phase of a save (tests
-            inject crashes there): ``files-written``, ``manifest-torn``, ``manifest-written``,
-            ``committed``.
+        hook: called as ``hook(phase, step)`` at each phase of a commit (tests inject crashes
+            there): ``files-written`` (every rank: data and RNG files durable, no manifest),
+            ``manifest-torn`` (rank 0: ``manifest.json.tmp`` written, not yet renamed),
+            ``manifest-written`` (rank 0: ``manifest.json`` in place, directory not renamed),
+            ``committed`` (every rank: renamed to ``step-<N>``).
     """
 
     def __init__(

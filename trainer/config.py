@@ -107,6 +107,9 @@ class TrainConfig:
     """Ray Train ``FailureConfig.max_failures`` (real failures; preemptions are not counted)."""
     max_preemptions: int = -1
     """Ray Train ``FailureConfig.max_preemption_failures`` (-1: unlimited)."""
+    ship_code: bool = True
+    """Ship this package to the Ray workers (``runtime_env.py_modules``); off when the training
+    image has it installed on every node already."""
     use_gpu: bool = False
     """Ray workers on GPUs: NCCL for training, a gloo group for checkpoints."""
     min_step_seconds: float = 0.0
@@ -228,6 +231,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--max-preemptions", type=int, default=-1,
                      help="Ray Train max_preemption_failures (default -1: unlimited)")
     run.add_argument("--use-gpu", action="store_true", help="Ray workers on GPUs (NCCL + gloo)")
+    run.add_argument("--no-ship-code", dest="ship_code", action="store_false",
+                     help="do not ship the trainer package to Ray workers (it is installed there)")
     run.add_argument("--min-step-seconds", type=float, default=0.0,
                      help="pad each step to at least this long (drills)")
     ck = p.add_argument_group("checkpoints")
@@ -285,6 +290,7 @@ def parse_args(argv: list[str] | None = None) -> TrainConfig:
         max_failures=ns.max_failures,
         max_preemptions=ns.max_preemptions,
         use_gpu=ns.use_gpu,
+        ship_code=ns.ship_code,
         min_step_seconds=ns.min_step_seconds,
         model=ModelConfig(
             vocab_size=ns.vocab_size, d_model=ns.d_model, n_layers=ns.n_layers,

@@ -57,12 +57,10 @@ def run_with_ray(cfg: TrainConfig) -> int:
     from trainer.loop import ray_train_fn
 
     for key, value in RAY_ENV_DEFAULTS.items():
-        os.environ.setdefault(key, value)
-    env_vars = {k: os.environ[k] for k in RAY_ENV_DEFAULTS}
-    runtime_env = {
-        "py_modules": [str(Path(trainer.__file__).parent)],
-        "env_vars": env_vars,
-    }
+        os.environ.setdefault(key, value)  # Ray Train propagates them to its controller
+    runtime_env: dict[str, Any] = {}
+    if cfg.ship_code:
+        runtime_env["py_modules"] = [str(Path(trainer.__file__).parent)]
     init_kwargs: dict[str, Any] = {"runtime_env": runtime_env, "log_to_driver": True}
     if address:
         init_kwargs["address"] = address

@@ -1,0 +1,1 @@
+"""Benchmarks under bench/: smoke runs that check they work (never how fast)."""
