@@ -13,7 +13,7 @@ its own IP.  moto (server mode, a child process) holds an SQS queue with a DLQ.
 
 The burst: one EventBridge-shaped "EC2 Spot Instance Interruption Warning" per worker Node
 (distinct ids, ``time`` now, so the deadline is 120 s ahead) is put on the queue with
-SendMessageBatch, then the real ``Consumer.run()`` starts (``--concurrency`` handlers, receives
+SendMessageBatch, one run's notices after another (a Spot pool is reclaimed at once), then the real ``Consumer.run()`` starts (``--concurrency`` handlers, receives
 of 10) with the real ``Recovery`` responder on a real ``KubeCluster`` (watch caches, a real
 kubernetes_asyncio client over HTTP).  Per message: receive, decode, validate, parse, plan,
 claim the event, locate (caches only, one GCS listing per RayCluster shared for 5 s), claim the
@@ -32,12 +32,16 @@ through the watch caches, claims, cordon, drain dispatch, Events), not Ray's GCS
 
 Printed, per claims store: receive -> drain sent per instance (receive: the ReceiveMessage
 call that delivered the notice returned; drain: the stand-in's ``drain`` was called), p50 / p99
-/ max, the time from the consumer's start to the last drain, events/s; the Kubernetes API calls
+/ max, the time from the consumer's start to the last drain, events/s, this process's CPU time
+per event (moto and the emulator are other processes); the Kubernetes API calls
 made during the burst by (verb, resource) from the emulator's request log, apart from the
 constant cost of starting the caches (one list and one watch per cache); GCS node listings
-against the floor of one per RayCluster.
+against the floor of one per RayCluster.  The floor for the API is one call per drain (the
+Node taint) and no read per event.
 
-Baseline, measured in the same run on the same emulator through the same client: a naive
+Baselines, measured in the same run.  The transport: the same notices drained from another queue
+by a bare receive + delete loop of the consumer's shape; printed: the burst's wall time over
+it.  Locate, on the same emulator through the same client: a naive
 locate that asks the API server for every event -- ``list_node`` + ``list_pod_for_all_namespaces
 (fieldSelector spec.nodeName=<node>)`` -- against ``KubeCluster.locate`` from the caches, both
 sequential, one instance at a time.  Two naive variants: the Node by name (``fieldSelector
@@ -125,7 +129,7 @@ class World:
             workers.append(Worker(
                 instance_id=f"i-{0x0b00000000000000 + i:017x}", node=f"ip-10-20-{i // 250}-{i % 250}.ec2.internal",
                 zone=ZONES[c % len(ZONES)], instance_type=INSTANCE_TYPES[c % len(INSTANCE_TYPES)], cluster=c,
-                pod=f"{cluster_name(c)}-workers-{w:03d}", ip=f"10.{100 + c // 250}.{c % 250}.{w + 10}",
+                pod=f"{cluster_name(c)}-workers-{w:03d}", ip=f"10.{20 + i // 62500}.{i // 250 % 250}.{i % 250 + 3}",
                 ray_node_id=f"{i + 1:056x}",
             ))
         return World(workers=tuple(workers), clusters=clusters)
@@ -136,7 +140,7 @@ class World:
         return sorted(self.workers, key=lambda w: (w.cluster, w.instance_id))
 
     def head_ip(self, c: int) -> str:
-        return f"10.{100 + c // 250}.{c % 250}.2"
+        return f"10.250.{c // 250}.{c % 250 + 3}"
 
     def address(self, c: int) -> str:
         return f"{self.head_ip(c)}:{GCS_PORT}"

@@ -84,10 +84,11 @@ RBAC_RULES: tuple[Rule, ...] = (
 
 NAMESPACED_RBAC_RULES: Mapping[str, tuple[Rule, ...]] = {
     "daemon": (
-        Rule("coordination.k8s.io", "leases", ("get", "create", "update", "delete"),
+        Rule("coordination.k8s.io", "leases", ("get", "create", "update", "delete", "list"),
              "resilienced.kube.leases",
              "claims: one Lease per (event id, run) in the daemon's namespace so that only one "
-             "replica acts on it (ClaimStore acquire/get/complete/release)"),
+             "replica acts on it (ClaimStore acquire/get/complete/release); list: the sweep of "
+             "done claims older than the dedupe window"),
     ),
     "run": (
         Rule("", "secrets", ("get",), "resilienced.kube.tokens",

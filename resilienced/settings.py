@@ -66,12 +66,13 @@ class QueueSettings(Group):
         help="URL of the SQS queue EventBridge delivers interruption events to. Required by `run`.")
     region: str | None = option(
         None, parse=text, fallback_env=("AWS_REGION", "AWS_DEFAULT_REGION"), metavar="REGION",
-        help="AWS region of the queue. When unset, taken from an AWS queue URL "
-             "(https://sqs.<region>.amazonaws.com/...).")
+        help="AWS region of the queue, and of every other AWS call (S3, EC2, FSx, Auto Scaling). "
+             "When unset, taken from an AWS queue URL (https://sqs.<region>.amazonaws.com/...).")
     endpoint_url: str | None = option(
         None, parse=text, fallback_env=("AWS_ENDPOINT_URL_SQS", "AWS_ENDPOINT_URL"), metavar="URL",
-        help="SQS endpoint override, for moto or LocalStack, such as http://127.0.0.1:5000. "
-             "Unset in production: botocore picks the regional endpoint.")
+        help="AWS endpoint override for every client (SQS, S3, EC2, FSx, Auto Scaling), for moto "
+             "or LocalStack, such as http://127.0.0.1:5000. Unset in production: botocore picks "
+             "each service's regional endpoint.")
     wait_seconds: int = option(
         20, parse=integer, metavar="S",
         help="Long-poll wait of one ReceiveMessage, in seconds (0-20). 20 is SQS's maximum: "

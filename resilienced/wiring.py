@@ -22,17 +22,21 @@ all of them (moto and LocalStack serve every service on one endpoint).
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 from aiobotocore.config import AioConfig
 from aiobotocore.session import get_session
 
+from resilienced import log, tasks
 from resilienced.claims import MemoryClaims
-from resilienced.errors import ConfigError
+from resilienced.errors import ConfigError, ResilienceError
 from resilienced.metrics import Metrics
 from resilienced.model import Target
 from resilienced.ports import CapacitySource, ClaimStore, Cluster, RayControl
@@ -67,6 +71,29 @@ def read_token(path: str | None) -> str | None:
     if not token:
         raise ConfigError("--ray-token-file", f"{path} is empty")
     return token
+
+
+#: How often done claims older than the dedupe window are swept (kubernetes mode).
+SWEEP_INTERVAL_S = 3600.0
+
+
+async def _sweep_leases(claims: Any, *, older_than: float) -> None:
+    """Delete done claim Leases past the dedupe window, now and then every hour."""
+    logger = log.get("resilienced.claims")
+    while True:
+        try:
+            removed = await claims.sweep(older_than=timedelta(seconds=older_than))
+            if removed:
+                logger.info("swept done claims", removed=removed)
+        except ResilienceError as e:  # next time; a sweep is housekeeping
+            logger.warning("claim sweep failed", error=str(e))
+        await asyncio.sleep(SWEEP_INTERVAL_S)
+
+
+async def _cancel(task: asyncio.Task[Any]) -> None:
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
 
 
 @asynccontextmanager
@@ -137,6 +164,9 @@ async def open_runtime(
             await cluster.start()
             stack.push_async_callback(cluster.stop)
             claims: ClaimStore = KubeLeaseClaims(api, namespace=settings.mode.claims_namespace)
+            sweeper = tasks.spawn(_sweep_leases(claims, older_than=settings.intake.dedupe_seconds),
+                                  name="resilienced.lease-sweep")
+            stack.push_async_callback(_cancel, sweeper)
             requeuer: Any = KubernetesRequeuer(api)
             ray_control = cluster.ray_control
         else:

@@ -18,9 +18,12 @@ One Lease per claim key, in one namespace, named ``resilienced-<first 20 hex of 
               holds it and it is not done (a done claim must outlive its holder)
     get       read it back as a Claim
 
-Verbs: create, get, update, delete on leases in that namespace.  Done Leases stay (that is what
-makes a redelivered event a duplicate); delete them with the label
-``app.kubernetes.io/managed-by=resilienced`` once the queue's retention period has passed.
+    sweep     list the Leases labelled ``app.kubernetes.io/managed-by=resilienced`` and delete
+              the done ones last renewed before a cutoff (the dedupe window), with uid and
+              resourceVersion preconditions; held ones are never swept
+
+Verbs: create, get, update, delete, list on leases in that namespace.  Done Leases stay for the
+dedupe window (that is what makes a redelivered event a duplicate); the daemon sweeps older ones.
 """
 
 from __future__ import annotations
@@ -227,3 +230,29 @@ class KubeLeaseClaims:
         except KubeStatusError as err:
             if err.status not in (404, 409):
                 raise
+
+    async def sweep(self, *, older_than: timedelta) -> int:
+        """Delete done claims last renewed more than ``older_than`` ago; return how many."""
+        cutoff = self._clock() - older_than
+        selector = ",".join(f"{k}={v}" for k, v in MANAGED_BY.items())
+        listed = await call(verb="list", resource="leases", request=self._api.list_namespaced_lease(
+            self.namespace, label_selector=selector, _preload_content=False, _request_timeout=self._timeout))
+        removed = 0
+        for lease in listed.get("items") or []:
+            meta = lease.get("metadata") or {}
+            if (meta.get("annotations") or {}).get(STATE_ANNOTATION) != STATE_DONE:
+                continue
+            renewed = _parse_time((lease.get("spec") or {}).get("renewTime"))
+            if renewed is None or renewed >= cutoff:
+                continue
+            options = {"preconditions": {"uid": meta.get("uid"), "resourceVersion": meta.get("resourceVersion")}}
+            try:
+                await call(verb="delete", resource="leases", request=self._api.delete_namespaced_lease(
+                    meta["name"], self.namespace, body=options, _preload_content=False,
+                    _request_timeout=self._timeout))
+                removed += 1
+            except KubeStatusError as err:
+                if err.status not in (404, 409):  # gone already, or changed since the list
+                    raise
+        return removed
+

@@ -166,3 +166,24 @@ async def test_keys_map_to_distinct_valid_names(api: k8s.ApiClient) -> None:
     for key in keys:
         claim = await store.acquire(key, holder="r", ttl_seconds=1)
         assert claim is not None and claim.key == key
+
+
+async def test_the_sweep_deletes_done_claims_past_the_window_and_keeps_the_rest(api, kubeapi) -> None:
+    from datetime import datetime, timedelta, timezone
+
+    from resilienced.kube.leases import KubeLeaseClaims
+
+    now = [datetime(2026, 11, 30, 12, 0, tzinfo=timezone.utc)]
+    claims = KubeLeaseClaims(api, namespace="resilienced", clock=lambda: now[0])
+    assert await claims.acquire("old-done", holder="a", ttl_seconds=60)
+    await claims.complete("old-done", holder="a", details={})
+    assert await claims.acquire("old-held", holder="a", ttl_seconds=60)
+    now[0] += timedelta(hours=30)
+    assert await claims.acquire("new-done", holder="b", ttl_seconds=60)
+    await claims.complete("new-done", holder="b", details={})
+
+    assert await claims.sweep(older_than=timedelta(hours=24)) == 1
+
+    assert await claims.get("old-done") is None
+    assert (await claims.get("old-held")).state == "held"  # a held claim is never swept
+    assert (await claims.get("new-done")).state == "done"

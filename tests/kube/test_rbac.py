@@ -73,6 +73,7 @@ async def test_every_call_of_kubernetes_mode_is_allowed_and_every_rule_is_used(g
         clock.now += timedelta(seconds=6)
         await b.acquire("k", holder="b", ttl_seconds=5)  # create 409, get, update
         await b.release("k", holder="b")  # get, delete
+        await a.sweep(older_than=timedelta(hours=24))  # list
     finally:
         await client.close()
         await server.stop()
