@@ -165,8 +165,7 @@ IAM_ACTIONS: Mapping[str, Call] = {
     "fsx:DescribeDataRepositoryTasks": Call("fsx", ("DescribeDataRepositoryTasks",),
                                             "resilienced.fsx",
                                             "durable, export mode 'task': wait for SUCCEEDED"),
-    # Not called yet: the responder's Step.COMPLETE_LIFECYCLE (handlers.asg_lifecycle plans it).
     "autoscaling:CompleteLifecycleAction": Call("autoscaling", ("CompleteLifecycleAction",),
-                                                "resilienced.respond",
+                                                "resilienced.recovery",
                                                 "asg_lifecycle: CONTINUE once the checkpoint is durable"),
 }

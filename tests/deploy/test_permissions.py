@@ -216,3 +216,58 @@ def test_the_package_imports_permissions_without_importing_adapters() -> None:
     source = (REPO / "resilienced" / "permissions.py").read_text()
     imported = {n.module for n in ast.walk(ast.parse(source)) if isinstance(n, ast.ImportFrom)}
     assert imported <= {"__future__", "collections.abc", "dataclasses"}
+
+
+# ---------------------------------------------------------------- the code's AWS calls
+#: Modules that talk only to the local stand-in (moto) or are operator tools, not the daemon:
+#: the drill and its FSx stand-in, the intake demo, the game-day injector, moto's wiring.
+NOT_THE_DAEMON = {"localaws", "demo", "drill", "inject", "fsxlocal"}
+#: Operations in the daemon's modules that only an operator tool calls (with the operator's own
+#: credentials): SqsQueue.send serves `resilienced inject`.
+TOOL_ONLY = {"sqs": {"SendMessage"}}
+
+
+def _aws_calls() -> dict[str, set[str]]:
+    """service -> botocore operations the daemon's code calls (``client.<operation>(...)`` or a
+    paginator of it), found by reading every module of resilienced/ against the service models."""
+    import botocore.session
+    from botocore import xform_name
+
+    models = botocore.session.get_session()
+    services = {call.service for call in IAM_ACTIONS.values()}
+    by_method = {}
+    for service in services:
+        for op in models.get_service_model(service).operation_names:
+            by_method.setdefault(xform_name(op), set()).add((service, op))
+    found: dict[str, set[str]] = {}
+    for path in sorted((REPO / "resilienced").rglob("*.py")):
+        if path.stem in NOT_THE_DAEMON:
+            continue
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
+                continue
+            # client.receive_message(...), and helpers named by string: self._call("delete_message"),
+            # client.get_paginator("list_objects_v2"), self._pages("describe_instances", ...)
+            names = [node.func.attr]
+            if node.args and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str):
+                names.append(node.args[0].value)
+            for name in names:
+                for service, op in by_method.get(name, ()):
+                    found.setdefault(service, set()).add(op)
+    return found
+
+
+def test_every_aws_operation_the_daemon_calls_is_granted_and_every_grant_is_called() -> None:
+    called = _aws_calls()
+    declared: dict[str, set[str]] = {}
+    for call in IAM_ACTIONS.values():
+        declared.setdefault(call.service, set()).update(call.operations)
+    # names shared between services (e.g. describe_instances on ec2 only) are resolved by the
+    # declared service; an operation found under a service it does not belong to is ignored
+    assert {s: ops & declared.get(s, set()) for s, ops in called.items() if ops & declared.get(s, set())} \
+        == declared, "declared IAM operations that no module calls"
+    ungranted = {s: sorted(ops - declared.get(s, set()) - TOOL_ONLY.get(s, set())) for s, ops in called.items()}
+    # other services' operations that happen to share a Python method name are not AWS calls
+    ungranted = {s: ops for s, ops in ungranted.items() if ops}
+    assert not ungranted, f"AWS operations the daemon calls without an IAM grant: {ungranted}"
