@@ -317,9 +317,11 @@ class Recovery:
     async def _signal(self, plan: Plan, target: Target, report: RunReport) -> None:
         event = plan.event
         deadline = plan.deadline or (self.clock() + timedelta(seconds=self.options.checkpoint_ahead_seconds))
-        await self.cluster.cordon(target, reason=event.kind.value, deadline=deadline)
         drained: dict[str, str] = {}
-        if target.ray_node_ids:
+
+        async def drain_all() -> None:
+            if not target.ray_node_ids:
+                return
             ray = await self.ray_control(target)
             message = f"resilienced: {event.kind.value} {event.event_id}"
             for node_id in target.ray_node_ids:
@@ -327,9 +329,17 @@ class Recovery:
                 drained[node_id] = outcome
                 if self.metrics is not None:
                     self.metrics.drains.labels(outcome=outcome).inc()
-            rejected = [n for n, o in drained.items() if o == "rejected"]
-            if rejected:
-                raise TemporaryError(f"GCS did not accept the drain of {', '.join(rejected)}", delay=5)
+
+        # the drain is what saves the run: it does not wait for the taint (both are idempotent)
+        results = await asyncio.gather(
+            drain_all(), self.cluster.cordon(target, reason=event.kind.value, deadline=deadline),
+            return_exceptions=True)
+        for failed in results:
+            if isinstance(failed, BaseException):
+                raise failed
+        rejected = [n for n, o in drained.items() if o == "rejected"]
+        if rejected:
+            raise TemporaryError(f"GCS did not accept the drain of {', '.join(rejected)}", delay=5)
         await self._record(target, reason=REASON_DRAINING, warning=True, message=(
             f"{event.kind.value} (event {event.event_id}): drained Ray node(s) "
             f"{', '.join(drained) or 'none on these instances'} of run {target.run_key} "

@@ -17,6 +17,7 @@ Events of cluster-scoped Nodes go to the ``default`` namespace, as the kubelet's
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import logging
 from collections import OrderedDict
@@ -75,6 +76,10 @@ class EventRecorder:
         self._clock = clock
         self._remember = remember
         self._counts: OrderedDict[tuple[str, str], int] = OrderedDict()
+        # one writer per Event name in this replica: concurrent emits of the same Event (a burst
+        # of notices for one run) queue here instead of racing create/409/get/patch and losing
+        # count increments
+        self._locks: dict[tuple[str, str], asyncio.Lock] = {}
 
     def event_name(self, ref: ObjectRef, *, reason: str, message: str, kind: str) -> str:
         digest = hashlib.sha256(
@@ -88,6 +93,15 @@ class EventRecorder:
         message = message[:MESSAGE_LIMIT]
         namespace = ref.namespace or NODE_EVENT_NAMESPACE
         name = self.event_name(ref, reason=reason, message=message, kind=kind)
+        if len(self._locks) > self._remember:  # forget the locks nobody holds
+            self._locks = {k: v for k, v in self._locks.items() if v.locked()}
+        lock = self._locks.setdefault((namespace, name), asyncio.Lock())
+        async with lock:
+            return await self._emit(ref, namespace=namespace, name=name, reason=reason,
+                                    message=message, kind=kind)
+
+    async def _emit(self, ref: ObjectRef, *, namespace: str, name: str, reason: str, message: str,
+                    kind: str) -> str:
         now = _timestamp(self._clock())
         known = self._counts.get((namespace, name))
         if known is not None:

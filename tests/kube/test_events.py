@@ -96,3 +96,17 @@ async def test_long_messages_are_cut(kubeapi: KubeApiServer, api) -> None:
     await EventRecorder(api, replica="r").emit(ref, reason="R", message="x" * 5000)
     (event,) = kubeapi.list("events")
     assert len(event["message"]) == 1024
+
+
+async def test_a_burst_of_the_same_event_is_counted_once_each_and_never_lost(kubeapi: KubeApiServer, api) -> None:
+    import asyncio
+
+    job = kubeapi.create(rayjob("train"))
+    recorder = EventRecorder(api, replica="replica-a")
+    ref = ObjectRef(api_version="ray.io/v1", kind="RayJob", name="train", uid=job["metadata"]["uid"], namespace="ml")
+
+    await asyncio.gather(*(recorder.emit(ref, reason="Draining", message="same") for _ in range(10)))
+
+    (event,) = [e for e in kubeapi.list("events", namespace="ml") if e["reason"] == "Draining"]
+    assert event["count"] == 10
+    assert kubeapi.counts().get(("create", "events"), 0) == 1  # one create, then patches: no 409 race
