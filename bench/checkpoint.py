@@ -5,13 +5,14 @@
 
 1. **Emergency-save throughput.**  Two ranks (local processes, FSDP2 on gloo) hold a model whose
    parameters plus AdamW state are >= 500 MB (default: d_model 1024, 4 layers: 50.9 M parameters,
-   611 MB) after one training step.  Each repeat is the trainer's preemption save, timed on rank 0
-   from the first barrier to the commit: ``Checkpointer.save`` (partial dir, RNG files, DCP files
-   with fsync, every rank hashing its own files, manifest written last with fsync, rename, fsync
-   of the root).  The **baseline** writes the same bytes, file for file with the same sizes, with
+   612 MB) after one training step.  Each repeat is the trainer's preemption save, timed on rank 0
+   from the first barrier to the commit: ``Checkpointer.save`` (partial dir, RNG files, DCP files,
+   every rank fsyncing and hashing its own files at once, manifest written last with fsync,
+   rename, fsync of the root).  The **baseline** writes the same bytes, file for file with the same sizes, with
    plain sequential ``write`` calls of 8 MiB and an ``fsync`` per file, from one process, into the
-   same directory, in the same run (before and after the saves; medians of each).  Printed: MB/s
-   of both and their ratio (target >= 0.8).
+   same directory, in the same run, alternating with the saves; every measurement starts after
+   ``os.sync()``, and a first unmeasured save learns the file sizes.  Printed: MB/s of both
+   (medians) and their ratio (target >= 0.8).
 2. **Drain -> manifest committed.**  A local Ray cluster (head without CPUs, two 1-CPU nodes)
    runs ``python -m trainer`` with 2 workers.  ``--drains`` times: drain the node of one rank
    through the GCS (reason PREEMPTION, deadline in ``--drain-window`` s, as the daemon does),
@@ -189,15 +190,26 @@ def _nearest_rank(values: list[float], q: float) -> float:
     return ordered[max(0, math.ceil(q * len(ordered)) - 1)]
 
 
+def _labels(n: int) -> dict[str, str]:
+    from resilienced.localray import CAPACITY_TYPE_LABEL, INSTANCE_ID_LABEL
+
+    return {INSTANCE_ID_LABEL: f"i-{n:017x}", CAPACITY_TYPE_LABEL: "spot"}
+
+
 def bench_drains(args: argparse.Namespace, workdir: Path) -> dict:
-    from resilienced.localray import CAPACITY_TYPE_LABEL, INSTANCE_ID_LABEL, LocalRayCluster
-
-    def labels(n: int) -> dict[str, str]:
-        return {INSTANCE_ID_LABEL: f"i-{n:017x}", CAPACITY_TYPE_LABEL: "spot"}
-
-    cluster_dir = Path(tempfile.mkdtemp(prefix="bc", dir="/tmp"))
+    cluster_dir = Path(tempfile.mkdtemp(prefix="bc", dir="/tmp"))  # short: Ray's socket paths
     out = workdir / "drains"
     out.mkdir(parents=True, exist_ok=True)
+    try:
+        return _drain_loop(args, cluster_dir=cluster_dir, out=out)
+    finally:
+        shutil.rmtree(cluster_dir, ignore_errors=True)
+
+
+def _drain_loop(args: argparse.Namespace, *, cluster_dir: Path, out: Path) -> dict:
+    from resilienced.localray import LocalRayCluster
+
+    labels = _labels
     metrics, events = out / "metrics.jsonl", out / "events.jsonl"
     latencies, manifest_latencies, notice_latencies = [], [], []
     proc = None
@@ -257,7 +269,6 @@ def bench_drains(args: argparse.Namespace, workdir: Path) -> dict:
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
-    shutil.rmtree(cluster_dir, ignore_errors=True)
     counts: dict[int, int] = {}
     for m in _jsonl(metrics):
         counts[m["step"]] = counts.get(m["step"], 0) + 1

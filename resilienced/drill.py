@@ -220,9 +220,13 @@ def report_from(
     checkpoint_step = resumed.get("resumed_from_step") if resumed else None
     after = ([m for m in metrics if m.get("attempt") == resumed.get("attempt")] if resumed else [])
     resumed_at = min((m["step"] for m in after), default=None)
-    # the checkpoint the notice caused (spot); an abrupt loss has no notice, so none
-    committed = [e for e in events if e.get("event") == "checkpoint_committed"
-                 and e.get("reason") == "preemption" and notice is not None and e["time"] >= notice]
+    # the checkpoint that holds the step the notice reached the trainer at (spot): the first one
+    # committed after the notice at or beyond that step (a periodic save of that very step counts;
+    # the trainer does not save twice); an abrupt loss has no notice, so none
+    heard = next((e for e in sorted(events, key=lambda e: e["time"]) if e.get("event") == "preemption_notice"
+                  and notice is not None and e["time"] >= notice), None)
+    committed = [e for e in events if e.get("event") == "checkpoint_committed" and heard is not None
+                 and e["time"] >= notice and e.get("step", -1) >= heard.get("step", 0)]
     final: dict[int, list[float]] = {}
     for m in metrics:
         final.setdefault(int(m["step"]), []).append(float(m["loss"]))
@@ -262,6 +266,7 @@ def report_from(
         "resumed_at_step": resumed_at,
         "steps_lost": steps_lost,
         "steps_trained_twice": trained_twice,
+        "notice_to_trainer_s": since(heard["time"] if heard else None),
         "notice_to_checkpoint_s": since(min((e["time"] for e in committed), default=None)),
         "notice_to_durable_s": since(durable_at),
         "notice_to_resumed_s": since(min((m["time"] for m in after), default=None)),
@@ -273,7 +278,8 @@ def report_from(
 
 def table(report: dict[str, Any]) -> str:
     keys = ("ok", "scenario", "interrupted_at_step", "checkpoint_step", "resumed_at_step",
-            "steps_lost", "steps_trained_twice", "notice_to_checkpoint_s", "notice_to_durable_s",
+            "steps_lost", "steps_trained_twice", "notice_to_trainer_s", "notice_to_checkpoint_s",
+            "notice_to_durable_s",
             "notice_to_resumed_s", "capacity", "losses_match_uninterrupted")
     width = max(len(k) for k in keys)
     lines = [f"  {k:<{width}}  {report.get(k)}" for k in keys]
