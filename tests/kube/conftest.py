@@ -10,40 +10,11 @@ An autouse fixture fails any test that leaves an asyncio task running.
 from __future__ import annotations
 
 import asyncio
-import importlib
-import sys
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from datetime import datetime
-from pathlib import Path
 from typing import Any
 
 import pytest
-
-
-def _import_installed_ray() -> None:
-    """Import the installed ``ray``, not the ``tests/ray`` test package.
-
-    pytest's default (prepend) import mode puts ``tests/`` on sys.path (it has no __init__.py),
-    where the ``tests/ray`` package would shadow the real ``ray`` for anything importing it later
-    (RayGcs imports it lazily).  Reported to the lead: a ``tests/__init__.py`` (or another name
-    for that directory) removes the need for this.
-    """
-    loaded = sys.modules.get("ray")
-    if loaded is not None and hasattr(loaded, "__version__"):
-        return
-    tests_dir = Path(__file__).resolve().parents[1]
-    saved = list(sys.path)
-    sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != tests_dir]
-    for name in [m for m in sys.modules if m == "ray" or m.startswith("ray.")]:
-        del sys.modules[name]
-    try:
-        importlib.import_module("ray")
-        importlib.import_module("ray.exceptions")
-    finally:
-        sys.path[:] = saved
-
-
-_import_installed_ray()
 from kubernetes_asyncio import client as k8s
 
 from resilienced.errors import BackendUnavailable, RayAuthError

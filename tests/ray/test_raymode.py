@@ -15,13 +15,15 @@ from aiobotocore.session import AioSession
 
 from resilienced.errors import BackendUnavailable
 from resilienced.localaws import MotoServer, free_port
-from resilienced.localray import LocalRayCluster
+from resilienced.localray import LocalRayCluster, LocalRayNode
 from resilienced.model import Target
 from resilienced.ports import ClaimStore, Cluster
 from resilienced.raygcs import RayGcs
 from resilienced.raymode import RayKvClaims, RayModeCluster
 
-from .conftest import WORKER_INSTANCE, LoopbackNode
+from .conftest import WORKER_INSTANCE
+
+LOOPBACK_IP = "127.0.0.2"  # the loopback_node fixture's address
 
 pytestmark = pytest.mark.e2e
 
@@ -71,9 +73,9 @@ async def test_locate_by_instance_label(ray_cluster: LocalRayCluster) -> None:
     assert target.run_key == ray_cluster.address
 
 
-async def test_locate_by_private_ip_from_ec2(ray_cluster: LocalRayCluster, loopback_node: LoopbackNode,
+async def test_locate_by_private_ip_from_ec2(ray_cluster: LocalRayCluster, loopback_node: LocalRayNode,
                                              ec2: Any) -> None:
-    instance_id = await run_instance(ec2, loopback_node.ip)
+    instance_id = await run_instance(ec2, LOOPBACK_IP)
     cluster = RayModeCluster(ray=gcs(ray_cluster), checkpoint_uri=URI, ec2=ec2)
 
     location = await cluster.locate(instance_ids=[instance_id, WORKER_INSTANCE])
@@ -81,9 +83,9 @@ async def test_locate_by_private_ip_from_ec2(ray_cluster: LocalRayCluster, loopb
     assert location.unresolved == {}
     by_instance = {t.instance_id: t for t in location.targets}
     on_ip = by_instance[instance_id]
-    truth = [n for n in await gcs(ray_cluster).nodes() if n.alive and n.address == loopback_node.ip]
+    truth = [n for n in await gcs(ray_cluster).nodes() if n.alive and n.address == LOOPBACK_IP]
     assert on_ip.ray_node_ids == tuple(n.node_id for n in truth) and len(truth) == 1
-    assert on_ip.node == loopback_node.ip
+    assert on_ip.node == LOOPBACK_IP
     assert on_ip.attributes["matched_by"] == "private-ip"
     assert by_instance[WORKER_INSTANCE].attributes["matched_by"] == "label"
 
