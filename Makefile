@@ -32,6 +32,7 @@ bench: $(STAMP)
 	$(PY) bench/intake.py
 	$(PY) bench/burst.py
 	$(PY) bench/checkpoint.py
+	$(PY) bench/drill.py
 
 clean: deploy-tools-clean
 	rm -rf $(VENV) .pytest_cache .hypothesis
