@@ -7,9 +7,12 @@ One Lease per claim key, in one namespace, named ``resilienced-<first 20 hex of 
               annotation resilienced.io/state: held)                      -> the Claim
               409 AlreadyExists: read it:
                 state done                                                  -> None
-                held and renewTime + leaseDurationSeconds still ahead       -> None (even when the
-                  holder is the caller: two deliveries of one event in one replica must not both
-                  run; the first one's release or expiry frees it)
+                held by the caller (same holder: one delivery keeping its claim alive while it
+                  works)                                                    -> renewed (update
+                  with the read resourceVersion: renewTime, leaseDurationSeconds); 409 -> None
+                held by another and renewTime + leaseDurationSeconds ahead  -> None (a holder is
+                  one delivery, ``<replica>/<message id>``: two deliveries of one event never
+                  share a holder)
                 held but expired                                            -> take it over by an
                   update carrying the read resourceVersion (leaseTransitions + 1); 409 -> None
     complete  mark done (state done, details as JSON in resilienced.io/details), by update with
@@ -171,9 +174,16 @@ class KubeLeaseClaims:
             created = await self._create(body)
             return self._claim(key, created) if created is not None else None
         notes = (current.get("metadata") or {}).get("annotations") or {}
-        if notes.get(STATE_ANNOTATION) == STATE_DONE or not self._expired(current):
+        if notes.get(STATE_ANNOTATION) == STATE_DONE:
             return None
         spec = current.get("spec") or {}
+        if spec.get("holderIdentity") == holder:  # the holder renews its own claim
+            renewed = await self._replace({**current, "spec": {
+                **spec, "renewTime": body["spec"]["renewTime"],
+                "leaseDurationSeconds": body["spec"]["leaseDurationSeconds"]}})
+            return self._claim(key, renewed) if renewed is not None else None
+        if not self._expired(current):
+            return None
         takeover = {
             **current,
             "metadata": {**current["metadata"],

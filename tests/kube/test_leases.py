@@ -54,11 +54,25 @@ async def test_a_held_claim_is_refused_to_the_other_replica(
     claim = await a.acquire(KEY, holder="replica-a", ttl_seconds=90)
     assert claim is not None and (claim.key, claim.holder, claim.state) == (KEY, "replica-a", "held")
     assert await b.acquire(KEY, holder="replica-b", ttl_seconds=90) is None
-    assert await a.acquire(KEY, holder="replica-a", ttl_seconds=90) is None  # a second delivery to the same replica
+    assert await a.acquire(KEY, holder="replica-a/other-message", ttl_seconds=90) is None  # another delivery
     lease = kubeapi.get("leases", lease_name(KEY), namespace=NS)
     assert lease["spec"]["holderIdentity"] == "replica-a" and lease["spec"]["leaseDurationSeconds"] == 90
     assert lease["metadata"]["annotations"]["resilienced.io/claim-key"] == KEY
     assert lease["metadata"]["name"].startswith("resilienced-") and len(lease["metadata"]["name"]) == 32
+
+
+async def test_the_holder_renews_its_claim_so_it_outlives_its_first_ttl(
+    replicas: tuple[KubeLeaseClaims, KubeLeaseClaims], clock: Clock, kubeapi: KubeApiServer
+) -> None:
+    a, b = replicas
+    assert await a.acquire(KEY, holder="replica-a/m1", ttl_seconds=60) is not None
+    clock.now += timedelta(seconds=50)
+    renewed = await a.acquire(KEY, holder="replica-a/m1", ttl_seconds=60)  # the consumer's keeper
+    assert renewed is not None and renewed.holder == "replica-a/m1"
+    clock.now += timedelta(seconds=50)  # 100 s after the first acquire, 50 s after the renewal
+    assert await b.acquire(KEY, holder="replica-b/m2", ttl_seconds=60) is None
+    lease = kubeapi.get("leases", lease_name(KEY), namespace=NS)
+    assert lease["spec"]["holderIdentity"] == "replica-a/m1" and lease["spec"].get("leaseTransitions", 0) == 0
 
 
 async def test_a_done_claim_stays_done(replicas: tuple[KubeLeaseClaims, KubeLeaseClaims], clock: Clock) -> None:
