@@ -1,9 +1,10 @@
-"""Fixtures shared by every topic: the local AWS stand-in (moto server over HTTP)."""
+"""Fixtures shared by every topic: the local AWS stand-in (moto server over HTTP), and a
+kubernetes_asyncio client to whichever emulated API server (``kubeapi``) a topic's conftest serves."""
 
 from __future__ import annotations
 
-import os
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
 
 import pytest
 
@@ -28,3 +29,13 @@ def aws(moto_server: MotoServer, monkeypatch: pytest.MonkeyPatch) -> Iterator[Mo
     monkeypatch.setenv("AWS_DEFAULT_REGION", REGION)
     moto_server.reset()
     yield moto_server
+
+
+@pytest.fixture
+async def api(kubeapi: Any) -> AsyncIterator[Any]:
+    """A real kubernetes_asyncio ApiClient to the topic's emulated API server, closed afterwards."""
+    client = kubeapi.api_client()
+    try:
+        yield client
+    finally:
+        await client.close()

@@ -52,21 +52,9 @@ async def eventually(predicate: Callable[[], bool], *, timeout: float = 5.0, wha
 # --------------------------------------------------------------------------- server and client
 @pytest.fixture
 async def kubeapi() -> AsyncIterator[KubeApiServer]:
-    server = KubeApiServer()
-    await server.start()
-    try:
+    async with KubeApiServer() as server:
         yield server
-    finally:
-        await server.stop()
 
-
-@pytest.fixture
-async def api(kubeapi: KubeApiServer) -> AsyncIterator[k8s.ApiClient]:
-    client = kubeapi.api_client()
-    try:
-        yield client
-    finally:
-        await client.close()
 
 
 # --------------------------------------------------------------------------- GCS stand-in

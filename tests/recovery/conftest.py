@@ -19,7 +19,6 @@ from typing import Any
 
 import pytest
 from aiobotocore.session import get_session
-from kubernetes_asyncio import client as k8s
 
 from resilienced import permissions
 from resilienced.ports import RayNode
@@ -162,18 +161,6 @@ async def s3(aws: Any) -> AsyncIterator[Any]:
 
 @pytest.fixture
 async def kubeapi() -> AsyncIterator[KubeApiServer]:
-    server = KubeApiServer(rbac=rbac())
-    await server.start()
-    try:
+    async with KubeApiServer(rbac=rbac()) as server:
         yield server
-    finally:
-        await server.stop()
 
-
-@pytest.fixture
-async def api(kubeapi: KubeApiServer) -> AsyncIterator[k8s.ApiClient]:
-    client = kubeapi.api_client()
-    try:
-        yield client
-    finally:
-        await client.close()

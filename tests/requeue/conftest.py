@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 
 import pytest
-from kubernetes_asyncio import client as k8s
 
 from resilienced.requeue.rbac import RBAC_RULES
 from tests.support.kubeapi import KubeApiServer, RbacRule
@@ -19,18 +18,6 @@ def rbac_of_requeue() -> list[RbacRule]:
 @pytest.fixture
 async def kubeapi() -> AsyncIterator[KubeApiServer]:
     """The server; only the requests RBAC_RULES allows succeed (403 otherwise)."""
-    server = KubeApiServer(token="requeue-test", rbac=rbac_of_requeue())
-    await server.start()
-    try:
+    async with KubeApiServer(token="requeue-test", rbac=rbac_of_requeue()) as server:
         yield server
-    finally:
-        await server.stop()
 
-
-@pytest.fixture
-async def api(kubeapi: KubeApiServer) -> AsyncIterator[k8s.ApiClient]:
-    client = kubeapi.api_client()
-    try:
-        yield client
-    finally:
-        await client.close()
