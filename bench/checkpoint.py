@@ -46,6 +46,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from trainer.journal import read_jsonl  # noqa: E402
 from trainer.config import ModelConfig  # noqa: E402
 from trainer.model import parameter_count  # noqa: E402
 
@@ -163,18 +164,6 @@ def bench_save(args: argparse.Namespace, workdir: Path) -> dict:
 
 
 # ---------------------------------------------------------------------- 2. drains on Ray
-def _jsonl(path: Path) -> list[dict]:
-    if not path.exists():
-        return []
-    out = []
-    for line in path.read_text().splitlines():
-        try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError:
-            pass
-    return out
-
-
 def _wait(predicate, *, timeout: float, what: str, proc: subprocess.Popen | None = None) -> None:
     deadline = time.monotonic() + timeout
     while not predicate():
@@ -229,17 +218,17 @@ def _drain_loop(args: argparse.Namespace, *, cluster_dir: Path, out: Path) -> di
         try:
             for i in range(args.drains):
                 attempt = i + 1  # every drain costs one restart
-                _wait(lambda attempt=attempt: len([m for m in _jsonl(metrics) if m["attempt"] == attempt]) >= 3,
+                _wait(lambda attempt=attempt: len([m for m in read_jsonl(metrics) if m["attempt"] == attempt]) >= 3,
                       timeout=300, what=f"attempt {attempt} to train", proc=proc)
                 alive = {n.node_id for n in cluster.nodes() if n.alive and not n.draining}
                 victim = next(n for n in cluster.workers if n.running() and n.node_id in alive)
-                seen = len(_jsonl(events))
+                seen = len(read_jsonl(events))
                 sent = time.time()
                 deadline = sent + args.drain_window
                 cluster.drain_node(victim, deadline_ms=int(deadline * 1000))
 
                 def committed(seen: int = seen) -> dict | None:
-                    for e in _jsonl(events)[seen:]:
+                    for e in read_jsonl(events)[seen:]:
                         if e["event"] == "checkpoint_committed" and e["reason"] == "preemption":
                             return e
                     return None
@@ -247,14 +236,14 @@ def _drain_loop(args: argparse.Namespace, *, cluster_dir: Path, out: Path) -> di
                 _wait(lambda: committed() is not None, timeout=args.drain_window + 30,
                       what="the preemption checkpoint", proc=proc)
                 event = committed()
-                notice = next(e for e in _jsonl(events)[seen:] if e["event"] == "preemption_notice")
+                notice = next(e for e in read_jsonl(events)[seen:] if e["event"] == "preemption_notice")
                 manifest = json.loads((Path(event["path"]) / "manifest.json").read_text())
                 latencies.append(event["time"] - sent)
                 manifest_latencies.append(manifest["saved_at_unix"] - sent)
                 notice_latencies.append(notice["time"] - sent)
                 print(f"drain {i + 1}: notice {notice_latencies[-1]:.2f}s, manifest committed "
                       f"{latencies[-1]:.2f}s after the drain (step {event['step']})", flush=True)
-                _wait(lambda seen=seen: any(e["event"] == "waiting_for_teardown" for e in _jsonl(events)[seen:]),
+                _wait(lambda seen=seen: any(e["event"] == "waiting_for_teardown" for e in read_jsonl(events)[seen:]),
                       timeout=args.drain_window + 30, what="waiting_for_teardown", proc=proc)
                 while time.time() < deadline:
                     time.sleep(0.05)
@@ -263,14 +252,14 @@ def _drain_loop(args: argparse.Namespace, *, cluster_dir: Path, out: Path) -> di
                 serial += 1
             # let the last restart train, so its duplicates (if any) are counted
             attempts = args.drains + 1
-            _wait(lambda: len([m for m in _jsonl(metrics) if m["attempt"] == attempts]) >= 3,
+            _wait(lambda: len([m for m in read_jsonl(metrics) if m["attempt"] == attempts]) >= 3,
                   timeout=300, what="the last restart to train", proc=proc)
         finally:
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
     counts: dict[int, int] = {}
-    for m in _jsonl(metrics):
+    for m in read_jsonl(metrics):
         counts[m["step"]] = counts.get(m["step"], 0) + 1
     twice = sum(c - 1 for c in counts.values())
     return {

@@ -29,18 +29,18 @@ nothing), so a retry after a partial failure redoes nothing twice.
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
+from botocore.exceptions import BotoCoreError, ClientError
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from resilienced import log
 from resilienced.capacity.decision import Capacity
 from resilienced.durable import DurableResult, newest_durable, wait_durable
-from resilienced.errors import PermanentError, ResilienceError, TemporaryError
+from resilienced.errors import BackendUnavailable, PermanentError, ResilienceError, TemporaryError
 from resilienced.model import Kind, Outcome, Plan, Result, Step, Target
 from resilienced.ports import CapacitySource, ClaimStore, Cluster, ExportTasks, ObjectStore, RayControl
 
@@ -104,10 +104,6 @@ class Lifecycle:
         self._client = client  # an aiobotocore ``autoscaling`` client owned by the caller
 
     async def complete(self, *, event_attributes: dict[str, Any], instance_id: str | None) -> str:
-        from botocore.exceptions import BotoCoreError, ClientError
-
-        from resilienced.errors import BackendUnavailable
-
         params = {
             "LifecycleHookName": event_attributes["lifecycle_hook_name"],
             "AutoScalingGroupName": event_attributes["auto_scaling_group_name"],
@@ -447,7 +443,3 @@ class Recovery:
         except ResilienceError as e:  # an Event is a courtesy; the step itself is done
             self._log.warning("recording an event failed", run=target.run_key, reason=reason,
                               error=str(e))
-
-
-def monotonic() -> float:
-    return time.monotonic()

@@ -39,7 +39,7 @@ from resilienced.claims import MemoryClaims
 from resilienced.errors import ConfigError, ResilienceError
 from resilienced.metrics import Metrics
 from resilienced.model import Target
-from resilienced.ports import CapacitySource, ClaimStore, Cluster, RayControl
+from resilienced.ports import CapacitySource, ClaimStore, RayControl
 from resilienced.recovery import Lifecycle, Recovery, RecoveryMetrics, RecoveryOptions
 from resilienced.respond import PlanLogger, Responder
 from resilienced.settings import Mode, Settings
@@ -47,12 +47,10 @@ from resilienced.settings import Mode, Settings
 
 @dataclass
 class Runtime:
-    """What the daemon (and the drill, and ``replay``) runs with."""
+    """What the daemon (and the drill) runs with."""
 
     responder: Responder
     claims: ClaimStore
-    cluster: Cluster | None = None
-    planner: Any | None = None  # CapacityPlanner (for replay's dry-run capacity column)
 
 
 def _aws_config() -> AioConfig:
@@ -192,4 +190,4 @@ async def open_runtime(
             planner=planner, requeue=requeue, capacity=capacity, export=export,
             lifecycle=lifecycle, options=options, metrics=RecoveryMetrics(metrics.registry),
         )
-        yield Runtime(responder=recovery, claims=claims, cluster=cluster, planner=planner)
+        yield Runtime(responder=recovery, claims=claims)
