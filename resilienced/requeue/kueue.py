@@ -15,20 +15,28 @@ Spot flavor again.  The mechanism (sources: kubernetes-sigs/kueue at tag v0.19.2
    ``Requeued=False`` reason ``Deactivated`` (``pkg/controller/core/workload_controller.go``,
    ``pkg/controller/jobframework/reconciler.go`` step 6).  resilienced marks the Workload with
    ``resilienced.io/deactivated-for`` so it only ever re-activates what it deactivated.
-2. **Steer** while the job is suspended and holds no quota: patch every worker group's node
-   selector to the decided capacity (``karpenter.sh/capacity-type``: ``spot`` | ``reserved`` |
-   ``on-demand``, plus ``karpenter.k8s.aws/capacity-reservation-id`` for a block).  The job no
-   longer matches its Workload; because it is suspended and the Workload has no reservation,
-   Kueue updates the Workload's PodSets in place, keeping ``spec.active``
-   (``ensureOneWorkload`` -> ``updateWorkloadToMatchJob``).  resilienced waits (bounded) until
-   the Workload's PodSets carry the new selector.
+2. **Steer** once the job is suspended and the Workload holds no quota: patch every worker
+   group's node selector to the decided capacity (``karpenter.sh/capacity-type``: ``spot`` |
+   ``reserved`` | ``on-demand``, plus ``karpenter.k8s.aws/capacity-reservation-id`` for a
+   block), and the same selector into the Workload's worker PodSets.  resilienced does not wait
+   for Kueue to copy the job into the Workload: Kueue re-reads a suspended job only when it no
+   longer "matches" (``EquivalentToWorkload`` -> ``pkg/util/equality/podset.go``
+   ``comparePodTemplate``, v0.14 to v0.19: counts, tolerations, init containers and containers,
+   never nodeSelector or affinity), so a block -> block move (only the reservation id changes)
+   or identical per-capacity tolerations would never be seen, and the flavor assigner reads the
+   Workload's PodSets.  The webhook lets PodSets change while there is no quota reservation
+   (``pkg/webhooks/workload_webhook.go`` ``ValidateWorkloadUpdate``); the job still matches the
+   Workload after the write (same tolerations and containers on both sides).
 3. **Requeue through Kueue**: set ``spec.active: true``.  Kueue sets ``Requeued=True`` (reason
    ``Reactivated``) and queues it; the flavor assigner skips every flavor whose ``nodeLabels``
    contradict the selector on that flavor's own keys (``flavorassigner.go``
    ``checkFlavorForPodSets`` / ``flavorSelector``), so with ClusterQueue flavors
    spot -> capacity-block -> on-demand labelled by ``karpenter.sh/capacity-type``, the run is
-   admitted on the decided flavor; Kueue then unsuspends the job and adds that flavor's labels
-   and tolerations to the pods.
+   admitted on the decided flavor; Kueue then unsuspends the job and merges that flavor's
+   ``nodeLabels`` and tolerations into the job's templates (``reconciler.go`` ``startJob`` ->
+   ``pkg/podset/podset.go`` ``Merge``), which keep the reservation id resilienced set: the pods
+   land on the decided block.  (A flavor label that contradicts the job's selector would fail
+   the merge and finish the Workload with ``FailedToStart``; steering the PodSets prevents it.)
 
 What does not work, and why it is not used: flipping ``spec.suspend`` (Kueue owns it and
 reverts it); patching the templates of a *running* job (Kueue sees a job that no longer matches
@@ -177,15 +185,6 @@ class KueueRequeuer:
             return None
         return max(candidates, key=lambda w: int(w["metadata"].get("resourceVersion") or 0))
 
-    def _workload_placed(self, wl: Mapping[str, Any], groups: Sequence[Mapping[str, Any]],
-                         placement: Placement) -> bool:
-        podsets = {str(ps.get("name", "")).lower(): ps for ps in (wl.get("spec") or {}).get("podSets") or []}
-        for group in groups:
-            ps = podsets.get(str(group.get("groupName", "")).lower())
-            if ps is None or not placement.selector_matches(((ps.get("template") or {}).get("spec")) or {}):
-                return False
-        return True
-
     async def _wait(self, read: Callable[[], Any], done: Callable[[Any], bool], *, what: str) -> Any:
         deadline = time.monotonic() + self._settle
         while True:
@@ -232,6 +231,7 @@ class KueueRequeuer:
             if not placed(job):
                 steps += [f"would deactivate {wl_key} (Kueue evicts and suspends the whole run)",
                           f"would set every worker group of {key} to {placement.describe()}"]
+            steps.append(f"would set the worker PodSets of {wl_key} to {placement.describe()} if Kueue has not")
             steps.append(f"would reactivate {wl_key} (Kueue requeues it on the matching flavor)")
             return self._result(target, decision, placement, steps, True, "plan only")
 
@@ -274,12 +274,15 @@ class KueueRequeuer:
             if written:
                 changes.append(f"set every worker group of {key} to {placement.describe()}")
 
-        # 3. wait until Kueue's Workload carries the new PodSets, then requeue it
-        job, wl = await self._wait(
-            state, lambda s: s[1] is not None and self._workload_placed(s[1], _worker_groups(s[0], path), placement),
-            what=f"Kueue to update the Workload of {key} to the new worker templates")
-        assert wl is not None
-        if not is_active(wl) and annotations_of(wl).get(DEACTIVATED_FOR):
+        # 3. make the Workload's PodSets ask for the decided capacity, then requeue it
+        job, wl = await state()
+        if wl is not None and not is_active(wl) and annotations_of(wl).get(DEACTIVATED_FOR):
+            job, wl = await self._wait(
+                state, lambda s: _suspended(s[0]) and s[1] is not None and not has_quota(s[1]),
+                what=f"Kueue to suspend {key} and release its quota")
+            assert wl is not None
+            changes += await self._steer_workload(namespace, wl["metadata"]["name"], _worker_groups(job, path),
+                                                  placement)
             await self.objects.patch(self.workload, namespace, wl["metadata"]["name"], {
                 "metadata": {"annotations": {DEACTIVATED_FOR: None}},
                 "spec": {"active": True},
@@ -289,6 +292,47 @@ class KueueRequeuer:
         reason = (f"requeued through Kueue onto {decision.capacity.value}" if changes
                   else f"already on {decision.capacity.value}")
         return self._result(target, decision, placement, changes, False, reason)
+
+    async def _steer_workload(self, namespace: str, name: str, groups: Sequence[Mapping[str, Any]],
+                              placement: Placement) -> list[str]:
+        """Put ``placement`` into the Workload's worker PodSets (only while it holds no quota).
+
+        Kueue re-reads a suspended job into its Workload only when ``EquivalentToWorkload``
+        fails, and that compares counts, tolerations and containers, never nodeSelector or
+        affinity (``pkg/util/equality/podset.go`` ``comparePodTemplate``, v0.14-v0.19).  A move
+        that changes only the node selector (block -> block: only the reservation id; or
+        per-capacity tolerations that are identical) leaves the old selector in the Workload,
+        and the flavor assigner reads the Workload's PodSets: it would admit on the old flavor
+        and ``startJob``'s merge of that flavor's labels would conflict with the job's selector
+        (``FailedToStart``).  So resilienced writes the selector into the PodSets itself; the
+        webhook allows PodSet changes while the Workload has no quota reservation
+        (``pkg/webhooks/workload_webhook.go`` ``ValidateWorkloadUpdate``).
+        """
+        names = {str(g.get("groupName", "")).lower() for g in groups}
+        wl_key = f"Workload {namespace}/{name}"
+
+        def change(wl: JsonObj) -> dict[str, Any] | None:
+            if has_quota(wl):
+                raise TemporaryError(f"requeue: {wl_key} holds quota again; not steering it", delay=self._poll * 10)
+            podsets, changed = [], False
+            for ps in (wl.get("spec") or {}).get("podSets") or []:
+                template = dict(ps.get("template") or {})
+                spec = template.get("spec") or {}
+                if str(ps.get("name", "")).lower() in names and not placement.selector_matches(spec):
+                    template["spec"], changed = placement.applied(spec), True
+                podsets.append({**ps, "template": template})
+            return {"spec": {"podSets": podsets}} if changed else None
+
+        async def read() -> JsonObj:  # by list: RBAC grants workloads list and patch, not get
+            found = [w for w in await self.objects.list(self.workload, namespace) if w["metadata"]["name"] == name]
+            if not found:
+                raise TemporaryError(f"requeue: {wl_key} is gone", delay=self._poll * 10)
+            return found[0]
+
+        _, written = await modify(read, change,
+                                  lambda patch: self.objects.patch(self.workload, namespace, name, patch),
+                                  what=f"patch {wl_key}")
+        return [f"set the worker PodSets of {wl_key} to {placement.describe()}"] if written else []
 
     def _result(self, target: Target, decision: CapacityDecision, placement: Placement,
                 changes: list[str], dry_run: bool, reason: str) -> RequeueResult:
