@@ -54,6 +54,7 @@ bounded (``settle_timeout_s``); when it runs out a TemporaryError leaves the mes
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timezone
@@ -64,6 +65,7 @@ from kubernetes_asyncio import client as k8s
 from resilienced.capacity.decision import Capacity, CapacityDecision
 from resilienced.errors import PermanentError, TemporaryError
 from resilienced.kube.api import JsonObj
+from resilienced.kube.discovery import served_version
 from resilienced.model import Event, Target
 from resilienced.requeue.kuberay import bookkeeping, placed_groups
 from resilienced.requeue.objects import (
@@ -80,13 +82,30 @@ from resilienced.requeue.objects import (
 from resilienced.requeue.placement import DEFAULT_TOLERATIONS, Placement
 from resilienced.requeue.result import RequeueResult, waiting
 
+log = logging.getLogger(__name__)
+
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+#: Workload versions in order of preference: v1beta2 from Kueue v0.15, v1beta1 only up to v0.14
+#: (and still served, deprecated, by v0.15-v0.19).  Both have spec.active and spec.podSets.
+WORKLOAD_VERSIONS = ("v1beta2", "v1beta1")
 JOB_UID_LABEL = "kueue.x-k8s.io/job-uid"
 DEACTIVATED_FOR = "resilienced.io/deactivated-for"
 
 
 def utcnow() -> datetime:
     return datetime.now(timezone.utc)
+
+
+async def discover_workload_version(api_client: k8s.ApiClient, *, request_timeout_s: float = 10.0) -> str | None:
+    """The Workload version the API server serves (``v1beta2`` preferred), None without Kueue."""
+    version = await served_version(api_client, group="kueue.x-k8s.io", plural="workloads",
+                                   versions=WORKLOAD_VERSIONS, request_timeout_s=request_timeout_s)
+    if version is None:
+        log.warning("kueue: the API server serves no Workload version (%s): Kueue-managed runs cannot be "
+                    "requeued", ", ".join(WORKLOAD_VERSIONS))
+    else:
+        log.info("kueue: Workloads are served as kueue.x-k8s.io/%s", version)
+    return version
 
 
 def is_kueue_managed(obj: Mapping[str, Any]) -> bool:
@@ -123,7 +142,9 @@ class KueueRequeuer:
 
     Args:
         api_client: a kubernetes_asyncio ApiClient (the caller's).
-        workload_version: ``v1beta2`` (Kueue >= 0.15) or ``v1beta1``.
+        workload_version: ``v1beta2`` (Kueue >= 0.15) or ``v1beta1`` (Kueue 0.14), as
+            :func:`discover_workload_version` finds it; None: the server serves no Workloads
+            (Kueue not installed), and every Kueue requeue is refused saying so.
         tolerations: per-capacity tolerations for the worker templates.
         settle_timeout_s: how long to wait for Kueue at each step before a TemporaryError.
         poll_interval_s: how often Kueue's progress is read while waiting.
@@ -137,7 +158,7 @@ class KueueRequeuer:
         self,
         api_client: k8s.ApiClient,
         *,
-        workload_version: str = "v1beta2",
+        workload_version: str | None = "v1beta2",
         tolerations: Mapping[Capacity, Sequence[Mapping[str, str]]] = DEFAULT_TOLERATIONS,
         settle_timeout_s: float = 60.0,
         poll_interval_s: float = 0.5,
@@ -147,11 +168,18 @@ class KueueRequeuer:
         if settle_timeout_s <= 0 or poll_interval_s <= 0:
             raise ValueError("settle_timeout_s and poll_interval_s must be positive")
         self.objects = Objects(api_client, request_timeout_s=request_timeout_s)
-        self.workload = workload_kind(workload_version)
+        self._workload = workload_kind(workload_version) if workload_version else None
         self._tolerations = tolerations
         self._settle = settle_timeout_s
         self._poll = poll_interval_s
         self._clock = clock
+
+    @property
+    def workload(self) -> Kind:
+        """The Workload kind in the served version."""
+        if self._workload is None:
+            raise PermanentError("requeue: the API server serves no Kueue Workload version")
+        return self._workload
 
     # ------------------------------------------------------------------ finding things
     def _job_ref(self, target: Target) -> tuple[Kind, str, str, tuple[str, ...]]:
@@ -209,6 +237,9 @@ class KueueRequeuer:
             raise PermanentError(f"requeue: {key} has no {QUEUE_LABEL} label: Kueue does not manage it")
         if not decision.places:
             return waiting(target, kind=self.kind, decision=decision, dry_run=dry_run)
+        if self._workload is None:
+            raise PermanentError(f"requeue: {key} is Kueue-managed but the API server serves no Kueue "
+                                 f"Workload version ({', '.join(WORKLOAD_VERSIONS)}): is Kueue installed?")
         placement = Placement.for_decision(decision, tolerations=self._tolerations)
         wl = await self.find_workload(job, kind)
 

@@ -17,9 +17,10 @@ from resilienced.capacity import Capacity, CapacityDecision
 from resilienced.errors import PermanentError, TemporaryError
 from resilienced.model import Event, Kind, Target
 from resilienced.requeue import KueueRequeuer
-from resilienced.requeue.kueue import DEACTIVATED_FOR
+from resilienced.requeue.kueue import DEACTIVATED_FOR, discover_workload_version
 from resilienced.requeue.rbac import requested_verbs
-from tests.requeue.kueue_sim import KueueSim, workload_for
+from tests.requeue.conftest import kueue_serving
+from tests.requeue.kueue_sim import KueueSim, equivalent, workload_for
 from tests.requeue.objects import NS, SPOT_AFFINITY, rayjob
 from tests.support.kubeapi import KubeApiServer
 
@@ -195,7 +196,6 @@ async def test_a_move_with_identical_tolerations_lands_on_the_decided_flavor(
 
 def test_the_simulator_compares_what_kueue_compares() -> None:
     """comparePodTemplate (pkg/util/equality/podset.go, v0.14-v0.19): selector and affinity are not compared."""
-    from tests.requeue.kueue_sim import equivalent
 
     job = rayjob(labels={"kueue.x-k8s.io/queue-name": "training"})
     job["metadata"]["uid"] = "u-1"
@@ -209,3 +209,38 @@ def test_the_simulator_compares_what_kueue_compares() -> None:
     resized = rayjob()
     resized["spec"]["rayClusterSpec"]["workerGroupSpecs"][0]["replicas"] = 3
     assert not equivalent(resized, wl_admitted)
+
+
+@pytest.mark.parametrize(("served", "found"), [(("v1beta1",), "v1beta1"), (("v1beta1", "v1beta2"), "v1beta2"),
+                                               (("v1beta2",), "v1beta2"), ((), None)])
+async def test_the_workload_version_is_found_through_discovery(served: tuple[str, ...], found: str | None) -> None:
+    async with kueue_serving(*served) as server:
+        api = server.api_client(token="requeue-test")
+        try:
+            assert await discover_workload_version(api) == found
+        finally:
+            await api.close()
+
+
+@pytest.mark.parametrize("served", [("v1beta1",), ("v1beta1", "v1beta2")])
+async def test_a_requeue_works_on_the_workload_version_the_server_serves(served: tuple[str, ...]) -> None:
+    """Kueue v0.14 serves only v1beta1: a hard-coded v1beta2 was a 404 and a PermanentError."""
+    async with kueue_serving(*served) as server:
+        api = server.api_client(token="requeue-test")
+        try:
+            seed_admitted_on_spot(server)
+            requeuer = KueueRequeuer(api, workload_version=await discover_workload_version(api),
+                                     poll_interval_s=0.02, settle_timeout_s=10)
+            async with KueueSim(server, namespace=NS) as kueue:
+                result = await requeuer.requeue(TARGET, decision=BLOCK, event=EVENT)
+                assert any(c.startswith("reactivated") for c in result.changes)
+                await eventually(lambda: kueue.admitted == ["capacity-block"])
+            assert {r.status for r in server.requests if r.resource.startswith("workloads")} <= {200, 201}
+        finally:
+            await api.close()
+
+
+async def test_without_kueue_a_kueue_managed_run_is_refused_saying_why(api: k8s.ApiClient, kubeapi: KubeApiServer) -> None:
+    seed_admitted_on_spot(kubeapi)
+    with pytest.raises(PermanentError, match="serves no Kueue Workload version"):
+        await KueueRequeuer(api, workload_version=None).requeue(TARGET, decision=BLOCK, event=EVENT)
