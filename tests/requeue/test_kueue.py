@@ -235,7 +235,8 @@ async def test_a_requeue_works_on_the_workload_version_the_server_serves(served:
                 result = await requeuer.requeue(TARGET, decision=BLOCK, event=EVENT)
                 assert any(c.startswith("reactivated") for c in result.changes)
                 await eventually(lambda: kueue.admitted == ["capacity-block"])
-            assert {r.status for r in server.requests if r.resource.startswith("workloads")} <= {200, 201}
+            statuses = {r.status for r in server.requests if r.resource.startswith("workloads")}
+            assert statuses <= {200, 409}  # 409: a conditional patch raced Kueue and was read again
         finally:
             await api.close()
 
