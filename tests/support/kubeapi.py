@@ -25,7 +25,9 @@ Verbs and semantics kept
     ``json-patch+json`` and ``strategic-merge-patch+json`` (built-in kinds only: custom resources
     answer 415, as the real server does), a ``metadata.resourceVersion`` in a patch is a
     precondition (409); delete with ``preconditions`` and finalizers (``deletionTimestamp``);
-    the ``status`` subresource (the main resource ignores status changes and vice versa). One
+    the ``status`` subresource (the main resource ignores status changes and vice versa); a
+    custom resource written over HTTP is pruned and validated against its vendored CRD schema
+    (422 Invalid; :mod:`tests.support.crdschema` says which schema, from which release). One
     monotonic resourceVersion across all objects; ``uid``, ``creationTimestamp``, ``generation``
     (bumped on a change outside metadata and status); ownerReferences stored as given; Secret
     ``stringData`` folded into base64 ``data``. Optional bearer-token authentication (401) and RBAC
@@ -37,8 +39,8 @@ Approximated (documented in docs/kubernetes.md)
     is replaced whole, which is also what the real server does for ``spec.taints`` and
     ``tolerations`` (no patch strategy). ``$patch: delete|replace`` and
     ``$deleteFromPrimitiveList`` are honoured, ``$setElementOrder`` and ``$retainKeys`` ignored.
-    No server-side apply (415), no dryRun, no garbage collection of dependents, no admission or
-    schema validation beyond names, namespaces need not exist, lists are always served from the
+    No server-side apply (415), no dryRun, no garbage collection of dependents, no admission
+    webhooks, no schema validation of built-in kinds beyond names, namespaces need not exist, lists are always served from the
     newest state (``resourceVersion``/``resourceVersionMatch`` on a list are ignored), and
     events.k8s.io/v1 events are stored apart from core/v1 events (the real server shares storage).
 
