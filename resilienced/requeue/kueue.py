@@ -279,31 +279,11 @@ class KueueRequeuer:
             j = await self.objects.get(kind, namespace, name)
             return j, await self.find_workload(j, kind)
 
-        # 2. wait until Kueue stopped the job and released its quota, then steer
+        # 2. wait until Kueue stopped the job and released its quota, then steer the job
         if not placed(job):
-            job, wl = await self._wait(
-                state, lambda s: _suspended(s[0]) and (s[1] is None or not has_quota(s[1])),
-                what=f"Kueue to suspend {key} and release its quota")
-            now = self._clock()
-
-            def change(j: JsonObj) -> dict[str, Any] | None:
-                if not _suspended(j):
-                    raise TemporaryError(f"requeue: {key} was unsuspended before its templates were set",
-                                         delay=self._poll * 10)
-                new_groups, changed = placed_groups(_worker_groups(j, path), placement)
-                if not changed:
-                    return None
-                patch: dict[str, Any] = {"workerGroupSpecs": new_groups}
-                for k in reversed(path):
-                    patch = {k: patch}
-                patch["metadata"] = {"annotations": bookkeeping(j, decision=decision, event=event, now=now)}
-                return patch
-
-            _, written = await modify(
-                lambda: self.objects.get(kind, namespace, name), change,
-                lambda patch: self.objects.patch(kind, namespace, name, patch), what=f"patch {key}")
-            if written:
-                changes.append(f"set every worker group of {key} to {placement.describe()}")
+            await self._wait(state, lambda s: _suspended(s[0]) and (s[1] is None or not has_quota(s[1])),
+                             what=f"Kueue to suspend {key} and release its quota")
+            changes += await self._steer_job(kind, namespace, name, path, placement, decision=decision, event=event)
 
         # 3. make the Workload's PodSets ask for the decided capacity, then requeue it
         job, wl = await state()
@@ -323,6 +303,30 @@ class KueueRequeuer:
         reason = (f"requeued through Kueue onto {decision.capacity.value}" if changes
                   else f"already on {decision.capacity.value}")
         return self._result(target, decision, placement, changes, False, reason)
+
+    async def _steer_job(self, kind: Kind, namespace: str, name: str, path: tuple[str, ...], placement: Placement,
+                         *, decision: CapacityDecision, event: Event) -> list[str]:
+        """Set every worker group of the suspended job to ``placement`` (conditional merge patch)."""
+        key = f"{kind.kind} {namespace}/{name}"
+        now = self._clock()
+
+        def change(j: JsonObj) -> dict[str, Any] | None:
+            if not _suspended(j):
+                raise TemporaryError(f"requeue: {key} was unsuspended before its templates were set",
+                                     delay=self._poll * 10)
+            new_groups, changed = placed_groups(_worker_groups(j, path), placement)
+            if not changed:
+                return None
+            patch: dict[str, Any] = {"workerGroupSpecs": new_groups}
+            for k in reversed(path):
+                patch = {k: patch}
+            patch["metadata"] = {"annotations": bookkeeping(j, decision=decision, event=event, now=now)}
+            return patch
+
+        _, written = await modify(
+            lambda: self.objects.get(kind, namespace, name), change,
+            lambda patch: self.objects.patch(kind, namespace, name, patch), what=f"patch {key}")
+        return [f"set every worker group of {key} to {placement.describe()}"] if written else []
 
     async def _steer_workload(self, namespace: str, name: str, groups: Sequence[Mapping[str, Any]],
                               placement: Placement) -> list[str]:
