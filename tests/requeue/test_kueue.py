@@ -245,3 +245,19 @@ async def test_without_kueue_a_kueue_managed_run_is_refused_saying_why(api: k8s.
     seed_admitted_on_spot(kubeapi)
     with pytest.raises(PermanentError, match="serves no Kueue Workload version"):
         await KueueRequeuer(api, workload_version=None).requeue(TARGET, decision=BLOCK, event=EVENT)
+
+
+async def test_the_simulator_fails_a_start_whose_flavor_contradicts_the_job(kubeapi: KubeApiServer) -> None:
+    """startJob's merge (pkg/podset/podset.go Merge): a conflicting flavor label is FailedToStart, not an overwrite."""
+    job = kubeapi.create(rayjob(labels={"kueue.x-k8s.io/queue-name": "training"}, suspend=True))
+    kubeapi.create(workload_for(job))  # PodSets without a capacity selector: the spot flavor fits first
+    for group in job["spec"]["rayClusterSpec"]["workerGroupSpecs"]:  # the job alone asks for the block
+        group["template"]["spec"]["nodeSelector"] = {"karpenter.sh/capacity-type": "reserved"}
+    kubeapi.put(job)
+    async with KueueSim(kubeapi, namespace=NS) as kueue:
+        await eventually(lambda: bool(kueue.failed_to_start))
+    assert kueue.admitted == ["spot"] and kueue.workload_updates == 0
+    assert kubeapi.get("rayjobs", "job", namespace=NS)["spec"]["suspend"] is True
+    wl = kubeapi.list("workloads", namespace=NS)[0]
+    assert any(c["type"] == "Finished" and c["reason"] == "FailedToStart" for c in wl["status"]["conditions"])
+    assert worker_selectors(kubeapi) == [{"karpenter.sh/capacity-type": "reserved"}] * 2
