@@ -261,3 +261,27 @@ async def test_the_simulator_fails_a_start_whose_flavor_contradicts_the_job(kube
     wl = kubeapi.list("workloads", namespace=NS)[0]
     assert any(c["type"] == "Finished" and c["reason"] == "FailedToStart" for c in wl["status"]["conditions"])
     assert worker_selectors(kubeapi) == [{"karpenter.sh/capacity-type": "reserved"}] * 2
+
+
+@pytest.mark.parametrize(("served", "setting", "used"), [
+    (("v1beta1",), "auto", "v1beta1"), (("v1beta1", "v1beta2"), "auto", "v1beta2"),
+    (("v1beta1", "v1beta2"), "v1beta1", "v1beta1")])
+async def test_the_daemon_takes_the_served_workload_version_at_start_up(
+        tmp_path, monkeypatch: pytest.MonkeyPatch, served: tuple[str, ...], setting: str, used: str) -> None:
+    """open_runtime in kubernetes mode: discovery unless --kueue-api-version forces a version."""
+    from dataclasses import replace
+
+    from resilienced.metrics import Metrics
+    from resilienced.settings import Settings
+    from resilienced.wiring import open_runtime
+    from tests.support.kubeapi import RESOURCES
+
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")  # clients are made, never called here
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    resources = [replace(t, versions=served) if t.key == "workloads.kueue.x-k8s.io" else t for t in RESOURCES]
+    async with KubeApiServer(resources=resources) as server:
+        kubeconfig = server.write_kubeconfig(tmp_path / "kubeconfig")
+        settings = Settings.from_args(["--mode", "kubernetes", "--kubeconfig", str(kubeconfig), "--region", "us-east-1",
+                                       "--endpoint-url", "http://127.0.0.1:9", "--kueue-api-version", setting], {})
+        async with open_runtime(settings, metrics=Metrics(), replica="r1") as runtime:
+            assert runtime.responder.requeue.requeuer.kueue.workload.version == used
