@@ -84,6 +84,16 @@ def placed_groups(groups: Sequence[Mapping[str, Any]], placement: Placement) -> 
     return new_groups, changed
 
 
+def groups_patch(obj: Mapping[str, Any], path: Sequence[str], new_groups: list[dict], *,
+                 decision: CapacityDecision, event: Event, now: datetime) -> dict[str, Any]:
+    """The merge patch that sets ``workerGroupSpecs`` under ``path`` and the bookkeeping annotations."""
+    patch: dict[str, Any] = {"workerGroupSpecs": new_groups}
+    for key in reversed(path):
+        patch = {key: patch}
+    patch["metadata"] = {"annotations": bookkeeping(obj, decision=decision, event=event, now=now)}
+    return patch
+
+
 def bookkeeping(obj: Mapping[str, Any], *, decision: CapacityDecision, event: Event, now: datetime) -> dict[str, Any]:
     """The annotations a requeue leaves (null deletes a stale reservation id in a merge patch)."""
     before = annotations_of(obj)
@@ -204,11 +214,7 @@ class KubeRayRequeuer:
             changed_names[:] = changed
             if not changed:
                 return None
-            patch: dict[str, Any] = {"workerGroupSpecs": new_groups}
-            for key in reversed(path):
-                patch = {key: patch}
-            patch["metadata"] = {"annotations": bookkeeping(obj, decision=decision, event=event, now=now)}
-            return patch
+            return groups_patch(obj, path, new_groups, decision=decision, event=event, now=now)
 
         where = f"{kind.kind} {namespace}/{name}" + (" spec.rayClusterSpec" if kind is RAYJOB else "")
         if dry_run:

@@ -67,7 +67,7 @@ from resilienced.errors import PermanentError, TemporaryError
 from resilienced.kube.api import JsonObj
 from resilienced.kube.discovery import served_version
 from resilienced.model import Event, Target
-from resilienced.requeue.kuberay import bookkeeping, placed_groups
+from resilienced.requeue.kuberay import groups_patch, placed_groups
 from resilienced.requeue.objects import (
     RAYCLUSTER,
     RAYJOB,
@@ -317,11 +317,7 @@ class KueueRequeuer:
             new_groups, changed = placed_groups(_worker_groups(j, path), placement)
             if not changed:
                 return None
-            patch: dict[str, Any] = {"workerGroupSpecs": new_groups}
-            for k in reversed(path):
-                patch = {k: patch}
-            patch["metadata"] = {"annotations": bookkeeping(j, decision=decision, event=event, now=now)}
-            return patch
+            return groups_patch(j, path, new_groups, decision=decision, event=event, now=now)
 
         _, written = await modify(
             lambda: self.objects.get(kind, namespace, name), change,
