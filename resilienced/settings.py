@@ -274,6 +274,11 @@ class ModeSettings(Group):
         metavar="NS",
         help="Namespace of the Leases that make replicas act once per event and run "
              "(kubernetes mode); the daemon's own namespace.")
+    kueue_api_version: str = option(
+        "auto", parse=choice("auto", "v1beta2", "v1beta1"), metavar="VERSION",
+        help="Kueue Workload API version (kubernetes mode): auto asks the API server's discovery at "
+             "start-up and takes v1beta2 (Kueue >= 0.15) where served, else v1beta1 (Kueue 0.14); "
+             "v1beta2 or v1beta1 forces it (a cluster whose discovery the daemon may not read).")
     ray_address: str | None = option(
         None, parse=text, metavar="HOST:PORT",
         help="GCS address of the Ray cluster (ray mode), such as 10.0.0.5:6379.")

@@ -153,6 +153,7 @@ async def open_runtime(
             from resilienced.kube.api import connect
             from resilienced.kube.cluster import KubeCluster
             from resilienced.kube.leases import KubeLeaseClaims
+            from resilienced.requeue.kueue import KueueRequeuer, discover_workload_version
             from resilienced.requeue.router import KubernetesRequeuer
 
             api = await connect(kubeconfig=settings.mode.kubeconfig, context=settings.mode.kube_context)
@@ -165,7 +166,10 @@ async def open_runtime(
             sweeper = tasks.spawn(_sweep_leases(claims, older_than=settings.intake.dedupe_seconds),
                                   name="resilienced.lease-sweep")
             stack.push_async_callback(_cancel, sweeper)
-            requeuer: Any = KubernetesRequeuer(api)
+            workload_version: str | None = settings.mode.kueue_api_version
+            if workload_version == "auto":
+                workload_version = await discover_workload_version(api)
+            requeuer: Any = KubernetesRequeuer(api, kueue=KueueRequeuer(api, workload_version=workload_version))
             ray_control = cluster.ray_control
         else:
             from resilienced.raymode import RayKvClaims, RayModeCluster

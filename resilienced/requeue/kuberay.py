@@ -9,9 +9,16 @@ Mechanism (KubeRay, ray-project/kuberay at feeaf72):
    ``backoffLimit``, gets it too) and the RayCluster it owns (``status.rayClusterName``) are
    patched (a RayJob in ``clusterSelector`` mode has no ``rayClusterSpec``: only the cluster).
 2. KubeRay does **not** roll existing pods when a template changes: ``reconcilePods`` only
-   recreates pods for a spec change when ``spec.upgradeStrategy.type: Recreate`` is set, and then
-   it deletes *all* pods, head included (``raycluster_controller.go``
-   ``shouldRecreatePodsForUpgrade``), which would end the Ray cluster and its job.  So the
+   recreates pods for a spec change when ``spec.upgradeStrategy.type: Recreate`` is set (KubeRay
+   >= 1.6), and then it deletes *all* pods, head included (ray-project/kuberay v1.6.0
+   ``ray-operator/controllers/ray/raycluster_controller.go`` ``shouldRecreatePodsForUpgrade``:
+   the head pod's ``ray.io/upgrade-strategy-recreate-hash`` against
+   ``utils.GenerateHashWithoutReplicasAndWorkersToDelete`` of the spec, which mutes replicas and
+   tolerations but not nodeSelector), which would end the Ray cluster and its job.  So for a
+   RayCluster with ``Recreate`` the requeuer changes nothing and returns a *refused* result
+   (reason in it; ``Requeue`` records a Warning Event ``RequeueRefused``): such a run is moved
+   only through Kueue (a Kueue-managed RayJob goes to the Kueue requeuer, which changes the
+   templates only while the RayJob is suspended and its RayCluster deleted).  Otherwise the
    requeuer deletes the run's worker pods itself (labels ``ray.io/cluster=<name>``,
    ``ray.io/node-type=worker``), all of them together, and KubeRay recreates the missing
    replicas from the new template.  A worker pod is kept when it already asks for the decided
@@ -50,6 +57,14 @@ from resilienced.requeue.result import RequeueResult, waiting
 CLUSTER_LABEL = "ray.io/cluster"
 NODE_TYPE_LABEL = "ray.io/node-type"
 GROUP_LABEL = "ray.io/group"
+#: ``spec.upgradeStrategy.type`` (KubeRay >= 1.6): ``Recreate`` | ``None`` (absent: None).
+RECREATE = "Recreate"
+
+
+def upgrade_strategy(cluster_spec: Mapping[str, Any]) -> str | None:
+    """A RayClusterSpec's ``upgradeStrategy.type`` (ray-project/kuberay v1.6.0
+    ``ray-operator/apis/ray/v1/raycluster_types.go`` ``RayClusterUpgradeStrategy``)."""
+    return ((cluster_spec.get("upgradeStrategy") or {}).get("type")) or None
 
 
 def utcnow() -> datetime:
@@ -67,6 +82,16 @@ def placed_groups(groups: Sequence[Mapping[str, Any]], placement: Placement) -> 
         template["spec"] = placement.applied(spec)
         new_groups.append({**group, "template": template})
     return new_groups, changed
+
+
+def groups_patch(obj: Mapping[str, Any], path: Sequence[str], new_groups: list[dict], *,
+                 decision: CapacityDecision, event: Event, now: datetime) -> dict[str, Any]:
+    """The merge patch that sets ``workerGroupSpecs`` under ``path`` and the bookkeeping annotations."""
+    patch: dict[str, Any] = {"workerGroupSpecs": new_groups}
+    for key in reversed(path):
+        patch = {key: patch}
+    patch["metadata"] = {"annotations": bookkeeping(obj, decision=decision, event=event, now=now)}
+    return patch
 
 
 def bookkeeping(obj: Mapping[str, Any], *, decision: CapacityDecision, event: Event, now: datetime) -> dict[str, Any]:
@@ -116,33 +141,39 @@ class KubeRayRequeuer:
         now = self._clock()
         changes: list[str] = []
 
-        job_key = target.ray_job
-        cluster_key = target.ray_cluster
+        job_key, cluster_key = target.ray_job, target.ray_cluster
+        job: JsonObj | None = None
         if job_key:
             namespace, name = split_key(job_key, what="target.ray_job")
             job = await self.objects.find(RAYJOB, namespace, name)
             if job is None:
                 raise PermanentError(f"requeue: RayJob {job_key} no longer exists")
-            if (job.get("spec") or {}).get("rayClusterSpec"):  # none in clusterSelector mode
-                changes += await self._place(
-                    RAYJOB, namespace, name, path=("spec", "rayClusterSpec"), placement=placement,
-                    decision=decision, event=event, now=now, dry_run=dry_run)
             owned = (job.get("status") or {}).get("rayClusterName")
             if owned:
                 cluster_key = f"{namespace}/{owned}"
+        cluster: JsonObj | None = None
         if cluster_key:
             namespace, name = split_key(cluster_key, what="target.ray_cluster")
-            if await self.objects.find(RAYCLUSTER, namespace, name) is None:
-                if not job_key:
-                    raise PermanentError(f"requeue: RayCluster {cluster_key} no longer exists")
-                cluster_key = None  # the RayJob's cluster is gone (suspended / retrying): spec is enough
-            else:
-                changes += await self._place(
-                    RAYCLUSTER, namespace, name, path=("spec",), placement=placement,
-                    decision=decision, event=event, now=now, dry_run=dry_run)
-                changes += await self._replace_workers(namespace, name, placement, dry_run=dry_run)
+            cluster = await self.objects.find(RAYCLUSTER, namespace, name)
+            if cluster is None and not job_key:
+                raise PermanentError(f"requeue: RayCluster {cluster_key} no longer exists")
+            # else the RayJob's cluster is gone (suspended / retrying): its spec is enough
         if not job_key and not cluster_key:
             raise PermanentError(f"requeue: target {target.run_key} names no RayJob or RayCluster")
+        if cluster is not None and upgrade_strategy(cluster.get("spec") or {}) == RECREATE:
+            return self._refused(target, decision, cluster, dry_run=dry_run)
+
+        if job is not None and (job.get("spec") or {}).get("rayClusterSpec"):  # none in clusterSelector mode
+            namespace, name = split_key(job_key or "", what="target.ray_job")
+            changes += await self._place(
+                RAYJOB, namespace, name, path=("spec", "rayClusterSpec"), placement=placement,
+                decision=decision, event=event, now=now, dry_run=dry_run)
+        if cluster is not None:
+            namespace, name = cluster["metadata"]["namespace"], cluster["metadata"]["name"]
+            changes += await self._place(
+                RAYCLUSTER, namespace, name, path=("spec",), placement=placement,
+                decision=decision, event=event, now=now, dry_run=dry_run)
+            changes += await self._replace_workers(namespace, name, placement, dry_run=dry_run)
 
         if changes:
             reason = f"worker groups moved to {decision.capacity.value} ({placement.describe()})"
@@ -152,6 +183,18 @@ class KubeRayRequeuer:
             run_key=target.run_key, kind=self.kind, capacity=decision.capacity, reason=reason,
             reservation_id=decision.reservation_id, changes=tuple(changes), dry_run=dry_run,
             decision=decision)
+
+    def _refused(self, target: Target, decision: CapacityDecision, cluster: JsonObj, *,
+                 dry_run: bool) -> RequeueResult:
+        key = f"{cluster['metadata']['namespace']}/{cluster['metadata']['name']}"
+        reason = (f"RayCluster {key} has spec.upgradeStrategy.type: Recreate: KubeRay deletes every pod, "
+                  "head included, when a worker template's nodeSelector changes, which would end the run; "
+                  "not moved in place. Put the run under Kueue (it is then requeued through its Workload) "
+                  "or use upgradeStrategy None")
+        return RequeueResult(
+            run_key=target.run_key, kind=self.kind, capacity=decision.capacity, reason=reason,
+            reservation_id=decision.reservation_id, dry_run=dry_run, decision=decision, refused=True,
+            details={"upgrade_strategy": RECREATE})
 
     async def _place(
         self, kind: Kind, namespace: str, name: str, *, path: tuple[str, ...], placement: Placement,
@@ -171,11 +214,7 @@ class KubeRayRequeuer:
             changed_names[:] = changed
             if not changed:
                 return None
-            patch: dict[str, Any] = {"workerGroupSpecs": new_groups}
-            for key in reversed(path):
-                patch = {key: patch}
-            patch["metadata"] = {"annotations": bookkeeping(obj, decision=decision, event=event, now=now)}
-            return patch
+            return groups_patch(obj, path, new_groups, decision=decision, event=event, now=now)
 
         where = f"{kind.kind} {namespace}/{name}" + (" spec.rayClusterSpec" if kind is RAYJOB else "")
         if dry_run:

@@ -15,20 +15,28 @@ Spot flavor again.  The mechanism (sources: kubernetes-sigs/kueue at tag v0.19.2
    ``Requeued=False`` reason ``Deactivated`` (``pkg/controller/core/workload_controller.go``,
    ``pkg/controller/jobframework/reconciler.go`` step 6).  resilienced marks the Workload with
    ``resilienced.io/deactivated-for`` so it only ever re-activates what it deactivated.
-2. **Steer** while the job is suspended and holds no quota: patch every worker group's node
-   selector to the decided capacity (``karpenter.sh/capacity-type``: ``spot`` | ``reserved`` |
-   ``on-demand``, plus ``karpenter.k8s.aws/capacity-reservation-id`` for a block).  The job no
-   longer matches its Workload; because it is suspended and the Workload has no reservation,
-   Kueue updates the Workload's PodSets in place, keeping ``spec.active``
-   (``ensureOneWorkload`` -> ``updateWorkloadToMatchJob``).  resilienced waits (bounded) until
-   the Workload's PodSets carry the new selector.
+2. **Steer** once the job is suspended and the Workload holds no quota: patch every worker
+   group's node selector to the decided capacity (``karpenter.sh/capacity-type``: ``spot`` |
+   ``reserved`` | ``on-demand``, plus ``karpenter.k8s.aws/capacity-reservation-id`` for a
+   block), and the same selector into the Workload's worker PodSets.  resilienced does not wait
+   for Kueue to copy the job into the Workload: Kueue re-reads a suspended job only when it no
+   longer "matches" (``EquivalentToWorkload`` -> ``pkg/util/equality/podset.go``
+   ``comparePodTemplate``, v0.14 to v0.19: counts, tolerations, init containers and containers,
+   never nodeSelector or affinity), so a block -> block move (only the reservation id changes)
+   or identical per-capacity tolerations would never be seen, and the flavor assigner reads the
+   Workload's PodSets.  The webhook lets PodSets change while there is no quota reservation
+   (``pkg/webhooks/workload_webhook.go`` ``ValidateWorkloadUpdate``); the job still matches the
+   Workload after the write (same tolerations and containers on both sides).
 3. **Requeue through Kueue**: set ``spec.active: true``.  Kueue sets ``Requeued=True`` (reason
    ``Reactivated``) and queues it; the flavor assigner skips every flavor whose ``nodeLabels``
    contradict the selector on that flavor's own keys (``flavorassigner.go``
    ``checkFlavorForPodSets`` / ``flavorSelector``), so with ClusterQueue flavors
    spot -> capacity-block -> on-demand labelled by ``karpenter.sh/capacity-type``, the run is
-   admitted on the decided flavor; Kueue then unsuspends the job and adds that flavor's labels
-   and tolerations to the pods.
+   admitted on the decided flavor; Kueue then unsuspends the job and merges that flavor's
+   ``nodeLabels`` and tolerations into the job's templates (``reconciler.go`` ``startJob`` ->
+   ``pkg/podset/podset.go`` ``Merge``), which keep the reservation id resilienced set: the pods
+   land on the decided block.  (A flavor label that contradicts the job's selector would fail
+   the merge and finish the Workload with ``FailedToStart``; steering the PodSets prevents it.)
 
 What does not work, and why it is not used: flipping ``spec.suspend`` (Kueue owns it and
 reverts it); patching the templates of a *running* job (Kueue sees a job that no longer matches
@@ -46,6 +54,7 @@ bounded (``settle_timeout_s``); when it runs out a TemporaryError leaves the mes
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timezone
@@ -56,8 +65,9 @@ from kubernetes_asyncio import client as k8s
 from resilienced.capacity.decision import Capacity, CapacityDecision
 from resilienced.errors import PermanentError, TemporaryError
 from resilienced.kube.api import JsonObj
+from resilienced.kube.discovery import served_version
 from resilienced.model import Event, Target
-from resilienced.requeue.kuberay import bookkeeping, placed_groups
+from resilienced.requeue.kuberay import groups_patch, placed_groups
 from resilienced.requeue.objects import (
     RAYCLUSTER,
     RAYJOB,
@@ -72,13 +82,30 @@ from resilienced.requeue.objects import (
 from resilienced.requeue.placement import DEFAULT_TOLERATIONS, Placement
 from resilienced.requeue.result import RequeueResult, waiting
 
+log = logging.getLogger(__name__)
+
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+#: Workload versions in order of preference: v1beta2 from Kueue v0.15, v1beta1 only up to v0.14
+#: (and still served, deprecated, by v0.15-v0.19).  Both have spec.active and spec.podSets.
+WORKLOAD_VERSIONS = ("v1beta2", "v1beta1")
 JOB_UID_LABEL = "kueue.x-k8s.io/job-uid"
 DEACTIVATED_FOR = "resilienced.io/deactivated-for"
 
 
 def utcnow() -> datetime:
     return datetime.now(timezone.utc)
+
+
+async def discover_workload_version(api_client: k8s.ApiClient, *, request_timeout_s: float = 10.0) -> str | None:
+    """The Workload version the API server serves (``v1beta2`` preferred), None without Kueue."""
+    version = await served_version(api_client, group="kueue.x-k8s.io", plural="workloads",
+                                   versions=WORKLOAD_VERSIONS, request_timeout_s=request_timeout_s)
+    if version is None:
+        log.warning("kueue: the API server serves no Workload version (%s): Kueue-managed runs cannot be "
+                    "requeued", ", ".join(WORKLOAD_VERSIONS))
+    else:
+        log.info("kueue: Workloads are served as kueue.x-k8s.io/%s", version)
+    return version
 
 
 def is_kueue_managed(obj: Mapping[str, Any]) -> bool:
@@ -115,7 +142,9 @@ class KueueRequeuer:
 
     Args:
         api_client: a kubernetes_asyncio ApiClient (the caller's).
-        workload_version: ``v1beta2`` (Kueue >= 0.15) or ``v1beta1``.
+        workload_version: ``v1beta2`` (Kueue >= 0.15) or ``v1beta1`` (Kueue 0.14), as
+            :func:`discover_workload_version` finds it; None: the server serves no Workloads
+            (Kueue not installed), and every Kueue requeue is refused saying so.
         tolerations: per-capacity tolerations for the worker templates.
         settle_timeout_s: how long to wait for Kueue at each step before a TemporaryError.
         poll_interval_s: how often Kueue's progress is read while waiting.
@@ -129,7 +158,7 @@ class KueueRequeuer:
         self,
         api_client: k8s.ApiClient,
         *,
-        workload_version: str = "v1beta2",
+        workload_version: str | None = "v1beta2",
         tolerations: Mapping[Capacity, Sequence[Mapping[str, str]]] = DEFAULT_TOLERATIONS,
         settle_timeout_s: float = 60.0,
         poll_interval_s: float = 0.5,
@@ -139,11 +168,18 @@ class KueueRequeuer:
         if settle_timeout_s <= 0 or poll_interval_s <= 0:
             raise ValueError("settle_timeout_s and poll_interval_s must be positive")
         self.objects = Objects(api_client, request_timeout_s=request_timeout_s)
-        self.workload = workload_kind(workload_version)
+        self._workload = workload_kind(workload_version) if workload_version else None
         self._tolerations = tolerations
         self._settle = settle_timeout_s
         self._poll = poll_interval_s
         self._clock = clock
+
+    @property
+    def workload(self) -> Kind:
+        """The Workload kind in the served version."""
+        if self._workload is None:
+            raise PermanentError("requeue: the API server serves no Kueue Workload version")
+        return self._workload
 
     # ------------------------------------------------------------------ finding things
     def _job_ref(self, target: Target) -> tuple[Kind, str, str, tuple[str, ...]]:
@@ -177,15 +213,6 @@ class KueueRequeuer:
             return None
         return max(candidates, key=lambda w: int(w["metadata"].get("resourceVersion") or 0))
 
-    def _workload_placed(self, wl: Mapping[str, Any], groups: Sequence[Mapping[str, Any]],
-                         placement: Placement) -> bool:
-        podsets = {str(ps.get("name", "")).lower(): ps for ps in (wl.get("spec") or {}).get("podSets") or []}
-        for group in groups:
-            ps = podsets.get(str(group.get("groupName", "")).lower())
-            if ps is None or not placement.selector_matches(((ps.get("template") or {}).get("spec")) or {}):
-                return False
-        return True
-
     async def _wait(self, read: Callable[[], Any], done: Callable[[Any], bool], *, what: str) -> Any:
         deadline = time.monotonic() + self._settle
         while True:
@@ -210,6 +237,9 @@ class KueueRequeuer:
             raise PermanentError(f"requeue: {key} has no {QUEUE_LABEL} label: Kueue does not manage it")
         if not decision.places:
             return waiting(target, kind=self.kind, decision=decision, dry_run=dry_run)
+        if self._workload is None:
+            raise PermanentError(f"requeue: {key} is Kueue-managed but the API server serves no Kueue "
+                                 f"Workload version ({', '.join(WORKLOAD_VERSIONS)}): is Kueue installed?")
         placement = Placement.for_decision(decision, tolerations=self._tolerations)
         wl = await self.find_workload(job, kind)
 
@@ -232,6 +262,7 @@ class KueueRequeuer:
             if not placed(job):
                 steps += [f"would deactivate {wl_key} (Kueue evicts and suspends the whole run)",
                           f"would set every worker group of {key} to {placement.describe()}"]
+            steps.append(f"would set the worker PodSets of {wl_key} to {placement.describe()} if Kueue has not")
             steps.append(f"would reactivate {wl_key} (Kueue requeues it on the matching flavor)")
             return self._result(target, decision, placement, steps, True, "plan only")
 
@@ -248,38 +279,21 @@ class KueueRequeuer:
             j = await self.objects.get(kind, namespace, name)
             return j, await self.find_workload(j, kind)
 
-        # 2. wait until Kueue stopped the job and released its quota, then steer
+        # 2. wait until Kueue stopped the job and released its quota, then steer the job
         if not placed(job):
+            await self._wait(state, lambda s: _suspended(s[0]) and (s[1] is None or not has_quota(s[1])),
+                             what=f"Kueue to suspend {key} and release its quota")
+            changes += await self._steer_job(kind, namespace, name, path, placement, decision=decision, event=event)
+
+        # 3. make the Workload's PodSets ask for the decided capacity, then requeue it
+        job, wl = await state()
+        if wl is not None and not is_active(wl) and annotations_of(wl).get(DEACTIVATED_FOR):
             job, wl = await self._wait(
-                state, lambda s: _suspended(s[0]) and (s[1] is None or not has_quota(s[1])),
+                state, lambda s: _suspended(s[0]) and s[1] is not None and not has_quota(s[1]),
                 what=f"Kueue to suspend {key} and release its quota")
-            now = self._clock()
-
-            def change(j: JsonObj) -> dict[str, Any] | None:
-                if not _suspended(j):
-                    raise TemporaryError(f"requeue: {key} was unsuspended before its templates were set",
-                                         delay=self._poll * 10)
-                new_groups, changed = placed_groups(_worker_groups(j, path), placement)
-                if not changed:
-                    return None
-                patch: dict[str, Any] = {"workerGroupSpecs": new_groups}
-                for k in reversed(path):
-                    patch = {k: patch}
-                patch["metadata"] = {"annotations": bookkeeping(j, decision=decision, event=event, now=now)}
-                return patch
-
-            _, written = await modify(
-                lambda: self.objects.get(kind, namespace, name), change,
-                lambda patch: self.objects.patch(kind, namespace, name, patch), what=f"patch {key}")
-            if written:
-                changes.append(f"set every worker group of {key} to {placement.describe()}")
-
-        # 3. wait until Kueue's Workload carries the new PodSets, then requeue it
-        job, wl = await self._wait(
-            state, lambda s: s[1] is not None and self._workload_placed(s[1], _worker_groups(s[0], path), placement),
-            what=f"Kueue to update the Workload of {key} to the new worker templates")
-        assert wl is not None
-        if not is_active(wl) and annotations_of(wl).get(DEACTIVATED_FOR):
+            assert wl is not None
+            changes += await self._steer_workload(namespace, wl["metadata"]["name"], _worker_groups(job, path),
+                                                  placement)
             await self.objects.patch(self.workload, namespace, wl["metadata"]["name"], {
                 "metadata": {"annotations": {DEACTIVATED_FOR: None}},
                 "spec": {"active": True},
@@ -289,6 +303,67 @@ class KueueRequeuer:
         reason = (f"requeued through Kueue onto {decision.capacity.value}" if changes
                   else f"already on {decision.capacity.value}")
         return self._result(target, decision, placement, changes, False, reason)
+
+    async def _steer_job(self, kind: Kind, namespace: str, name: str, path: tuple[str, ...], placement: Placement,
+                         *, decision: CapacityDecision, event: Event) -> list[str]:
+        """Set every worker group of the suspended job to ``placement`` (conditional merge patch)."""
+        key = f"{kind.kind} {namespace}/{name}"
+        now = self._clock()
+
+        def change(j: JsonObj) -> dict[str, Any] | None:
+            if not _suspended(j):
+                raise TemporaryError(f"requeue: {key} was unsuspended before its templates were set",
+                                     delay=self._poll * 10)
+            new_groups, changed = placed_groups(_worker_groups(j, path), placement)
+            if not changed:
+                return None
+            return groups_patch(j, path, new_groups, decision=decision, event=event, now=now)
+
+        _, written = await modify(
+            lambda: self.objects.get(kind, namespace, name), change,
+            lambda patch: self.objects.patch(kind, namespace, name, patch), what=f"patch {key}")
+        return [f"set every worker group of {key} to {placement.describe()}"] if written else []
+
+    async def _steer_workload(self, namespace: str, name: str, groups: Sequence[Mapping[str, Any]],
+                              placement: Placement) -> list[str]:
+        """Put ``placement`` into the Workload's worker PodSets (only while it holds no quota).
+
+        Kueue re-reads a suspended job into its Workload only when ``EquivalentToWorkload``
+        fails, and that compares counts, tolerations and containers, never nodeSelector or
+        affinity (``pkg/util/equality/podset.go`` ``comparePodTemplate``, v0.14-v0.19).  A move
+        that changes only the node selector (block -> block: only the reservation id; or
+        per-capacity tolerations that are identical) leaves the old selector in the Workload,
+        and the flavor assigner reads the Workload's PodSets: it would admit on the old flavor
+        and ``startJob``'s merge of that flavor's labels would conflict with the job's selector
+        (``FailedToStart``).  So resilienced writes the selector into the PodSets itself; the
+        webhook allows PodSet changes while the Workload has no quota reservation
+        (``pkg/webhooks/workload_webhook.go`` ``ValidateWorkloadUpdate``).
+        """
+        names = {str(g.get("groupName", "")).lower() for g in groups}
+        wl_key = f"Workload {namespace}/{name}"
+
+        def change(wl: JsonObj) -> dict[str, Any] | None:
+            if has_quota(wl):
+                raise TemporaryError(f"requeue: {wl_key} holds quota again; not steering it", delay=self._poll * 10)
+            podsets, changed = [], False
+            for ps in (wl.get("spec") or {}).get("podSets") or []:
+                template = dict(ps.get("template") or {})
+                spec = template.get("spec") or {}
+                if str(ps.get("name", "")).lower() in names and not placement.selector_matches(spec):
+                    template["spec"], changed = placement.applied(spec), True
+                podsets.append({**ps, "template": template})
+            return {"spec": {"podSets": podsets}} if changed else None
+
+        async def read() -> JsonObj:  # by list: RBAC grants workloads list and patch, not get
+            found = [w for w in await self.objects.list(self.workload, namespace) if w["metadata"]["name"] == name]
+            if not found:
+                raise TemporaryError(f"requeue: {wl_key} is gone", delay=self._poll * 10)
+            return found[0]
+
+        _, written = await modify(read, change,
+                                  lambda patch: self.objects.patch(self.workload, namespace, name, patch),
+                                  what=f"patch {wl_key}")
+        return [f"set the worker PodSets of {wl_key} to {placement.describe()}"] if written else []
 
     def _result(self, target: Target, decision: CapacityDecision, placement: Placement,
                 changes: list[str], dry_run: bool, reason: str) -> RequeueResult:

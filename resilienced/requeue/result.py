@@ -26,6 +26,9 @@ class RequeueResult:
     the decision passed in (a pool turned out full and the decision was made again).
     ``changes`` lists each change in words; empty means the run already was where the decision
     puts it, or the decision was ``wait``.  ``retry_after`` is set when nothing could be done yet.
+    ``refused`` is set when the requeuer will not move this run at all (``reason`` says why; a
+    Warning Event ``RequeueRefused`` is recorded on it), e.g. a KubeRay ``upgradeStrategy:
+    Recreate`` cluster outside Kueue, where any template change restarts every pod.
     """
 
     run_key: str
@@ -38,6 +41,7 @@ class RequeueResult:
     retry_after: timedelta | None = None
     decision: CapacityDecision | None = None
     details: Mapping[str, Any] = field(default_factory=dict)
+    refused: bool = False
 
     @property
     def changed(self) -> bool:
@@ -55,6 +59,8 @@ class RequeueResult:
             out["retry_after_seconds"] = self.retry_after.total_seconds()
         if self.details:
             out["details"] = dict(self.details)
+        if self.refused:
+            out["refused"] = True
         return out
 
 

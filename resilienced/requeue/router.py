@@ -38,6 +38,7 @@ log = logging.getLogger(__name__)
 
 REASON_REQUEUED = "Requeued"
 REASON_WAITING = "RequeueWaiting"
+REASON_REFUSED = "RequeueRefused"
 
 
 class RequeueMetrics:
@@ -131,6 +132,10 @@ class Requeue:
         result = await self.requeuer.requeue(target, decision=decision, event=event, dry_run=dry_run)
         if dry_run:
             return result
+        if result.refused:
+            await self._record(target, REASON_REFUSED, f"requeue of run {result.run_key} refused: {result.reason}",
+                               warning=True)
+            return result
         waiting = result.capacity is Capacity.WAIT
         if not result.changed and not waiting:
             return result
@@ -142,9 +147,13 @@ class Requeue:
             else:
                 where = result.capacity.value + (f" {result.reservation_id}" if result.reservation_id else "")
                 message = f"requeued run {result.run_key} on {where} after event {event.event_id}: {result.reason}"
-            try:
-                await self.cluster.record(target, reason=REASON_WAITING if waiting else REASON_REQUEUED,
-                                          message=message, warning=waiting)
-            except ResilienceError as e:  # an Event is a courtesy: the requeue itself is done
-                log.warning("requeue: recording the Event for %s failed: %s", result.run_key, e)
+            await self._record(target, REASON_WAITING if waiting else REASON_REQUEUED, message, warning=waiting)
         return result
+
+    async def _record(self, target: Target, reason: str, message: str, *, warning: bool) -> None:
+        if self.cluster is None:
+            return
+        try:
+            await self.cluster.record(target, reason=reason, message=message, warning=warning)
+        except ResilienceError as e:  # an Event is a courtesy: the requeue itself is done
+            log.warning("requeue: recording the Event for %s failed: %s", target.run_key, e)

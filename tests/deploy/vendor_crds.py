@@ -22,11 +22,17 @@ HERE = Path(__file__).parent / "schemas"
 #: (owner/repo, tag, path of the CRD in the repo, versions to keep)
 SOURCES = [
     ("ray-project/kuberay", "v1.7.0", "ray-operator/config/crd/bases/ray.io_rayjobs.yaml", ["v1"]),
+    ("ray-project/kuberay", "v1.7.0", "ray-operator/config/crd/bases/ray.io_rayclusters.yaml", ["v1"]),
+    ("kubernetes-sigs/kueue", "v0.19.2", "config/components/crd/bases/kueue.x-k8s.io_workloads.yaml", ["v1beta2"]),
+    # v1beta1 as Kueue v0.14 serves it (its last release serving only v1beta1)
+    ("kubernetes-sigs/kueue", "v0.14.8", "config/components/crd/bases/kueue.x-k8s.io_workloads.yaml", ["v1beta1"]),
     ("kubernetes-sigs/kueue", "v0.19.2", "config/components/crd/bases/kueue.x-k8s.io_clusterqueues.yaml", ["v1beta2"]),
     ("kubernetes-sigs/kueue", "v0.19.2", "config/components/crd/bases/kueue.x-k8s.io_localqueues.yaml", ["v1beta2"]),
     ("kubernetes-sigs/kueue", "v0.19.2", "config/components/crd/bases/kueue.x-k8s.io_resourceflavors.yaml", ["v1beta2"]),
     ("aws/karpenter-provider-aws", "v1.14.1", "pkg/apis/crds/karpenter.sh_nodepools.yaml", ["v1"]),
     ("aws/karpenter-provider-aws", "v1.14.1", "pkg/apis/crds/karpenter.k8s.aws_ec2nodeclasses.yaml", ["v1"]),
+    ("volcano-sh/volcano", "v1.15.1", "config/crd/volcano/bases/batch.volcano.sh_jobs.yaml", ["v1alpha1"]),
+    ("volcano-sh/volcano", "v1.15.1", "config/crd/volcano/bases/bus.volcano.sh_commands.yaml", ["v1alpha1"]),
     ("prometheus-operator/prometheus-operator", "v0.93.0",
      "example/prometheus-operator-crd/monitoring.coreos.com_servicemonitors.yaml", ["v1"]),
 ]

@@ -95,3 +95,11 @@ def test_every_setting_is_documented_with_a_flag_and_an_environment_variable():
     assert len(rows) == sum(len(g.options()) for g in Settings.GROUPS.values())
     for group, flag, env, default, help_text in rows:
         assert flag.startswith("--") and "RESILIENCED_" in env and len(help_text) > 20, flag
+
+
+def test_kueue_api_version_is_discovered_by_default_or_forced():
+    assert settings().mode.kueue_api_version == "auto"
+    assert settings([], {"RESILIENCED_KUEUE_API_VERSION": "v1beta1"}).mode.kueue_api_version == "v1beta1"
+    assert settings(["--kueue-api-version", "V1BETA2"]).mode.kueue_api_version == "v1beta2"
+    with pytest.raises(ConfigError, match="--kueue-api-version.*expected one of auto, v1beta2, v1beta1"):
+        settings(["--kueue-api-version", "v1alpha1"])

@@ -166,6 +166,16 @@ def ray_pod(name: str, *, cluster: str, node_name: str, ip: str | None, namespac
     }
 
 
+def pod_template(container: str = "ray-worker") -> JsonObj:
+    """The smallest pod template KubeRay's CRD schema accepts (containers need a name)."""
+    return {"spec": {"containers": [{"name": container, "image": "rayproject/ray:2.60.0"}]}}
+
+
+def worker_group(name: str, *, replicas: int = 1) -> JsonObj:
+    """A worker group as the RayCluster v1 schema requires it (groupName, min/maxReplicas, template)."""
+    return {"groupName": name, "replicas": replicas, "minReplicas": 0, "maxReplicas": 10, "template": pod_template()}
+
+
 def raycluster(name: str, *, namespace: str = "ml", annotations: Mapping[str, str] | None = None,
                owner_job: JsonObj | None = None, head_ip: str | None = None, service_ip: str | None = None,
                gcs_port: int | None = None, auth: Mapping[str, Any] | None = None) -> JsonObj:
@@ -174,7 +184,8 @@ def raycluster(name: str, *, namespace: str = "ml", annotations: Mapping[str, st
         meta["ownerReferences"] = [{
             "apiVersion": "ray.io/v1", "kind": "RayJob", "name": owner_job["metadata"]["name"],
             "uid": owner_job["metadata"]["uid"], "controller": True, "blockOwnerDeletion": True}]
-    spec: JsonObj = {"rayVersion": "2.60.0", "headGroupSpec": {"rayStartParams": {}}, "workerGroupSpecs": []}
+    spec: JsonObj = {"rayVersion": "2.60.0", "headGroupSpec": {"rayStartParams": {}, "template": pod_template("ray-head")},
+                     "workerGroupSpecs": []}
     if auth is not None:
         spec["authOptions"] = dict(auth)
     status: JsonObj = {"state": "ready", "head": {}}

@@ -9,8 +9,12 @@ import pytest
 from kubernetes_asyncio import client as k8s
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from .conftest import node, raycluster
+from .conftest import node, pod_template, raycluster
 from tests.support.kubeapi import KubeApiServer, RbacRule
+
+PODSETS = [{"name": "main", "count": 1, "template": pod_template()}]
+EVICTED = {"type": "Evicted", "status": "True", "reason": "Deactivated", "message": "deactivated",
+           "lastTransitionTime": "2026-08-20T12:00:00Z"}
 
 
 async def test_create_sets_metadata_and_resource_versions_increase_across_kinds(api: k8s.ApiClient) -> None:
@@ -71,13 +75,13 @@ async def test_generation_bumps_on_spec_change_only(api: k8s.ApiClient) -> None:
 async def test_status_subresource_separates_status_from_spec(api: k8s.ApiClient, kubeapi: KubeApiServer) -> None:
     custom = k8s.CustomObjectsApi(api)
     body = {"apiVersion": "kueue.x-k8s.io/v1beta1", "kind": "Workload", "metadata": {"name": "w"},
-            "spec": {"active": True}, "status": {"conditions": [{"type": "Admitted"}]}}
+            "spec": {"active": True, "podSets": PODSETS}, "status": {"conditions": [{"type": "Admitted"}]}}
     created = await custom.create_namespaced_custom_object("kueue.x-k8s.io", "v1beta1", "ml", "workloads", body)
     assert "status" not in created  # status is written through the subresource only
     merge = {"_content_type": "application/merge-patch+json"}
     await custom.patch_namespaced_custom_object_status(
         "kueue.x-k8s.io", "v1beta1", "ml", "workloads", "w",
-        {"spec": {"active": False}, "status": {"conditions": [{"type": "Evicted"}]}}, **merge)
+        {"spec": {"active": False}, "status": {"conditions": [EVICTED]}}, **merge)
     after_status = kubeapi.get("workloads.kueue.x-k8s.io", "w", namespace="ml")
     assert after_status["spec"]["active"] is True and after_status["status"]["conditions"][0]["type"] == "Evicted"
     await custom.patch_namespaced_custom_object(
@@ -90,7 +94,7 @@ async def test_status_subresource_separates_status_from_spec(api: k8s.ApiClient,
 async def test_two_versions_share_one_storage(api: k8s.ApiClient) -> None:
     custom = k8s.CustomObjectsApi(api)
     await custom.create_namespaced_custom_object("kueue.x-k8s.io", "v1beta1", "ml", "workloads",
-                                                 {"metadata": {"name": "w"}, "spec": {}})
+                                                 {"metadata": {"name": "w"}, "spec": {"podSets": PODSETS}})
     seen = await custom.get_namespaced_custom_object("kueue.x-k8s.io", "v1beta2", "ml", "workloads", "w")
     assert seen["apiVersion"] == "kueue.x-k8s.io/v1beta2"
 
@@ -117,8 +121,9 @@ async def test_delete_preconditions_and_finalizers(api: k8s.ApiClient, kubeapi: 
     assert kubeapi.get("leases", "l1", namespace="ops") is None
 
     custom = k8s.CustomObjectsApi(api)
-    await custom.create_namespaced_custom_object(
-        "ray.io", "v1", "ml", "rayclusters", {"metadata": {"name": "rc", "finalizers": ["ray.io/gcs-ft"]}, "spec": {}})
+    held_rc = raycluster("rc")
+    held_rc["metadata"]["finalizers"] = ["ray.io/gcs-ft"]
+    await custom.create_namespaced_custom_object("ray.io", "v1", "ml", "rayclusters", held_rc)
     await custom.delete_namespaced_custom_object("ray.io", "v1", "ml", "rayclusters", "rc")
     held = kubeapi.get("rayclusters.ray.io", "rc", namespace="ml")
     assert held is not None and held["metadata"]["deletionTimestamp"]

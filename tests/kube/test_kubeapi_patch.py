@@ -8,7 +8,7 @@ import pytest
 from kubernetes_asyncio import client as k8s
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from .conftest import node, raycluster
+from .conftest import node, raycluster, worker_group
 from tests.support.kubeapi import KubeApiServer
 
 MERGE = {"_content_type": "application/merge-patch+json"}
@@ -82,18 +82,18 @@ async def test_merge_patch_null_deletes_and_lists_are_replaced(api: k8s.ApiClien
     custom = k8s.CustomObjectsApi(api)
     patched = await custom.patch_namespaced_custom_object(
         "ray.io", "v1", "ml", "rayclusters", "rc",
-        {"metadata": {"annotations": {"drop": None, "new": "3"}}, "spec": {"workerGroupSpecs": [{"groupName": "g"}]}},
+        {"metadata": {"annotations": {"drop": None, "new": "3"}}, "spec": {"workerGroupSpecs": [worker_group("g")]}},
         **MERGE)
     assert patched["metadata"]["annotations"] == {"keep": "1", "new": "3"}
-    assert patched["spec"]["workerGroupSpecs"] == [{"groupName": "g"}]
+    assert patched["spec"]["workerGroupSpecs"] == [worker_group("g")]
 
 
 async def test_json_patch_operations(api: k8s.ApiClient, kubeapi: KubeApiServer) -> None:
     kubeapi.create(raycluster("rc"))
     custom = k8s.CustomObjectsApi(api)
     ops = [
-        {"op": "add", "path": "/spec/workerGroupSpecs/-", "value": {"groupName": "a", "replicas": 1}},
-        {"op": "add", "path": "/spec/workerGroupSpecs/0", "value": {"groupName": "first"}},
+        {"op": "add", "path": "/spec/workerGroupSpecs/-", "value": worker_group("a")},
+        {"op": "add", "path": "/spec/workerGroupSpecs/0", "value": worker_group("first")},
         {"op": "replace", "path": "/spec/workerGroupSpecs/1/replicas", "value": 4},
         {"op": "copy", "from": "/spec/rayVersion", "path": "/metadata/annotations/version"},
         {"op": "move", "from": "/metadata/annotations/version", "path": "/metadata/annotations/moved"},
@@ -102,7 +102,7 @@ async def test_json_patch_operations(api: k8s.ApiClient, kubeapi: KubeApiServer)
         {"op": "add", "path": "/metadata/annotations/a~1b", "value": "slash"},
     ]
     patched = await custom.patch_namespaced_custom_object("ray.io", "v1", "ml", "rayclusters", "rc", ops)
-    assert patched["spec"]["workerGroupSpecs"] == [{"groupName": "a", "replicas": 4}]
+    assert patched["spec"]["workerGroupSpecs"] == [worker_group("a", replicas=4)]
     assert patched["metadata"]["annotations"] == {"moved": "2.60.0", "a/b": "slash"}
 
 

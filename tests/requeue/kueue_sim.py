@@ -1,24 +1,36 @@
 """A stand-in for Kueue's controllers, acting on the emulated API server (test support only).
 
-Kueue cannot run here, so this plays the parts of Kueue (v0.19.2) and KubeRay that a requeue
-relies on, for RayJobs labelled ``kueue.x-k8s.io/queue-name``, each rule as the cited code does it
-(simplified to one ClusterQueue with one resource group and unlimited quota):
+Kueue cannot run here, so this plays the parts of Kueue and KubeRay that a requeue relies on, for
+RayJobs labelled ``kueue.x-k8s.io/queue-name``, each rule as the cited code does it (sources:
+kubernetes-sigs/kueue at v0.19.2; the rules below read the same from v0.14.0 to v0.19.2), simplified
+to one ClusterQueue with one resource group and unlimited quota; PodSets are the worker groups
+(Kueue also makes ``head`` and ``submitter`` PodSets, which a requeue never changes):
 
 1. Workload controller: ``spec.active: false`` -> ``Evicted=True`` reason ``Deactivated``
    (``pkg/controller/core/workload_controller.go``).
-2. Job reconciler, eviction (``reconciler.go`` step 6): suspend the job and restore the worker
-   templates' nodeSelector/tolerations from the Workload's PodSets (``stopJob`` ->
-   ``RestorePodSetsInfo``); KubeRay's part: ``jobDeploymentStatus: Suspended``; then clear the
-   quota reservation with ``Requeued=False`` reason ``Deactivated``.
-3. Job reconciler, ``ensureOneWorkload``: a suspended job whose Workload holds no quota and no
-   longer matches it -> the Workload's PodSets are updated in place (``updateWorkloadToMatchJob``,
-   ``spec.active`` kept).
+2. Job reconciler, eviction (``pkg/controller/jobframework/reconciler.go`` step 6): suspend the job
+   and restore the worker templates' nodeSelector/tolerations from the Workload's PodSets
+   (``stopJob`` -> ``RestorePodSetsInfo`` -> ``pkg/podset/podset.go`` ``RestorePodSpec``);
+   KubeRay's part: ``jobDeploymentStatus: Suspended``; then clear the quota reservation with
+   ``Requeued=False`` reason ``Deactivated``.
+3. Job reconciler, ``ensureOneWorkload``: the job "matches" its Workload when
+   ``EquivalentToWorkload`` holds, which compares PodSets with ``pkg/util/equality/podset.go``
+   ``ComparePodSets``/``comparePodTemplate``: count, minCount, tolerations (ignored once the
+   Workload is admitted), initContainers and containers, and *nothing else*: not nodeSelector,
+   not affinity (:func:`equivalent`).  A suspended job whose Workload holds no quota and does
+   not match -> the Workload's spec is rebuilt from the job (``updateWorkloadToMatchJob``,
+   ``spec.active`` kept); a running job that does not match -> ``stopJob`` (suspend, restore).
 4. Workload controller: re-activated -> ``Requeued=True`` reason ``Reactivated``.
-5. Scheduler: an active, unadmitted Workload is admitted on the first flavor whose nodeLabels
-   match every PodSet's nodeSelector on the flavor's own keys (``flavorassigner.go``
-   ``flavorSelector``); none matching leaves it pending (``NoMatchingFlavor``).
-6. Job reconciler, ``startJob``: unsuspend the job and add the flavor's nodeLabels to the worker
-   templates' nodeSelector.
+5. Scheduler: an active Workload without quota gets, per PodSet, the first flavor whose
+   nodeLabels do not contradict the PodSet's nodeSelector on the flavor's own keys
+   (``pkg/scheduler/flavorassigner/flavorassigner.go`` ``checkFlavorForPodSets`` /
+   ``flavorSelector``; it reads the *Workload's* PodSets, not the job); none -> pending
+   (``NoMatchingFlavor``).
+6. Job reconciler, ``startJob``: unsuspend the job and merge each assigned flavor's nodeLabels
+   into the job's worker templates (``RunWithPodSetsInfo`` -> ``pkg/podset/podset.go``
+   ``FromAssignment`` + ``Merge``): a key the template already sets to another value is a
+   ``BadPodSetsUpdateError``, permanent, and the Workload is finished with reason
+   ``FailedToStart`` (reconciler.go step 7, ``workloadfinish.Finish``): the run is dead.
 
 ``foreign_suspend_writes`` counts changes of a job's ``spec.suspend`` that this stand-in did not
 make: resilienced must never write it (Kueue owns it).
@@ -75,23 +87,49 @@ def workload_for(job: dict, *, name: str | None = None, flavor: str | None = Non
     return wl
 
 
-def _admit(wl: dict, flavor: str) -> None:
+def _admit(wl: dict, flavor: str | dict[str, str]) -> None:
+    """Admit every PodSet on ``flavor`` (``str``) or on its own flavor (``dict`` name -> flavor)."""
+    flavors = flavor if isinstance(flavor, dict) else {ps["name"]: flavor for ps in wl["spec"]["podSets"]}
     wl["status"]["admission"] = {"clusterQueue": "cq", "podSetAssignments": [
-        {"name": ps["name"], "flavors": {"cpu": flavor}, "count": ps["count"]} for ps in wl["spec"]["podSets"]]}
+        {"name": ps["name"], "flavors": {"cpu": flavors[ps["name"]]}, "count": ps["count"]}
+        for ps in wl["spec"]["podSets"]]}
     _set_cond(wl, "QuotaReserved", True, "QuotaReserved")
     _set_cond(wl, "Admitted", True, "Admitted")
 
 
-def _matching_flavor(wl: dict) -> str | None:
+def _flavor_for(podset: dict) -> str | None:
+    """Rule 5 for one PodSet: the first flavor whose nodeLabels its nodeSelector does not contradict."""
+    selector = (podset["template"].get("spec") or {}).get("nodeSelector") or {}
     for name, labels in FLAVORS:
-        ok = True
-        for ps in wl["spec"]["podSets"]:
-            selector = (ps["template"].get("spec") or {}).get("nodeSelector") or {}
-            if any(k in selector and selector[k] != v for k, v in labels.items()):
-                ok = False
-        if ok:
+        if not any(k in selector and selector[k] != v for k, v in labels.items()):
             return name
     return None
+
+
+def _containers_equal(a: list | None, b: list | None) -> bool:
+    return (a or []) == (b or [])  # equality.Semantic.DeepEqual: nil and empty slices are equal
+
+
+def equivalent(job: dict, wl: dict) -> bool:
+    """Rule 3: ``EquivalentToWorkload`` with ``ComparePodSets`` (podset.go, v0.14.0..v0.19.2).
+
+    Count, minCount, tolerations (unless the Workload is admitted), initContainers and
+    containers; nodeSelector and affinity are not compared.
+    """
+    podsets, groups = wl["spec"]["podSets"], _groups(job)
+    if len(podsets) != len(groups):
+        return False
+    admitted = (_cond(wl, "Admitted") or {}).get("status") == "True"
+    for ps, group in zip(podsets, groups):
+        a, b = group["template"].get("spec") or {}, ps["template"].get("spec") or {}
+        if group["replicas"] != ps["count"] or group.get("minCount") != ps.get("minCount"):
+            return False
+        if not admitted and (a.get("tolerations") or []) != (b.get("tolerations") or []):
+            return False
+        if not (_containers_equal(a.get("initContainers"), b.get("initContainers"))
+                and _containers_equal(a.get("containers"), b.get("containers"))):
+            return False
+    return True
 
 
 class KueueSim:
@@ -101,8 +139,10 @@ class KueueSim:
         self.server = server
         self.namespace = namespace
         self.interval = interval
-        self.admitted: list[str] = []  # flavors admitted on, in order
+        self.admitted: list[str] = []  # flavors admitted on, in order ("a+b" when PodSets differ)
         self.no_matching_flavor = 0
+        self.failed_to_start: list[str] = []  # rule 6 conflicts: the message Kueue finishes the Workload with
+        self.workload_updates = 0  # rule 3 rebuilds of a Workload from its job
         self.foreign_suspend_writes = 0
         self._suspend_seen: dict[str, bool] = {}
         self._task: asyncio.Task | None = None
@@ -144,6 +184,8 @@ class KueueSim:
         self._suspend_seen[job["metadata"]["name"]] = bool(job["spec"].get("suspend"))
 
     def _reconcile(self, job: dict, wl: dict) -> None:
+        if (_cond(wl, "Finished") or {}).get("status") == "True":
+            return
         active = wl["spec"].get("active", True) is not False
         evicted = (_cond(wl, "Evicted") or {}).get("status") == "True"
         has_quota = bool(wl["status"].get("admission"))
@@ -152,19 +194,8 @@ class KueueSim:
             _set_cond(wl, "Evicted", True, "Deactivated")
             self.server.put(wl)
             return
-        if evicted and not suspended:  # 2: stop the job, restore templates
-            podsets = {ps["name"]: ps for ps in wl["spec"]["podSets"]}
-            for group in _groups(job):
-                original = podsets[group["groupName"].lower()]["template"].get("spec") or {}
-                spec = group["template"]["spec"]
-                for key in ("nodeSelector", "tolerations"):
-                    if key in original:
-                        spec[key] = copy.deepcopy(original[key])
-                    else:
-                        spec.pop(key, None)
-            job["spec"]["suspend"] = True
-            job["status"]["jobDeploymentStatus"] = "Suspended"
-            self._put_job(job)
+        if (evicted or not equivalent(job, wl)) and not suspended:  # 2 (and 3, a running job that no longer matches)
+            self._stop(job, wl)
             return
         if evicted and has_quota and job["status"].get("jobDeploymentStatus") == "Suspended":
             wl["status"].pop("admission", None)
@@ -173,13 +204,12 @@ class KueueSim:
             _set_cond(wl, "Requeued", False, "Deactivated")
             self.server.put(wl)
             return
-        if suspended and not has_quota:  # 3: keep the Workload in step with the suspended job
-            wanted = [copy.deepcopy(g["template"]) for g in _groups(job)]
-            if [ps["template"] for ps in wl["spec"]["podSets"]] != wanted:
-                for ps, template in zip(wl["spec"]["podSets"], wanted):
-                    ps["template"] = template
-                self.server.put(wl)
-                return
+        if suspended and not has_quota and not equivalent(job, wl):  # 3: updateWorkloadToMatchJob
+            for ps, group in zip(wl["spec"]["podSets"], _groups(job)):
+                ps["template"], ps["count"] = copy.deepcopy(group["template"]), group["replicas"]
+            self.workload_updates += 1
+            self.server.put(wl)
+            return
         requeued = _cond(wl, "Requeued") or {}
         if active and requeued.get("status") == "False" and requeued.get("reason") == "Deactivated":  # 4
             _set_cond(wl, "Requeued", True, "Reactivated")
@@ -187,19 +217,51 @@ class KueueSim:
             self.server.put(wl)
             return
         if active and not evicted and not has_quota:  # 5
-            flavor = _matching_flavor(wl)
-            if flavor is None:
+            flavors = {ps["name"]: _flavor_for(ps) for ps in wl["spec"]["podSets"]}
+            if None in flavors.values():
                 self.no_matching_flavor += 1
                 return
-            _admit(wl, flavor)
-            self.admitted.append(flavor)
+            _admit(wl, flavors)  # type: ignore[arg-type]
+            self.admitted.append("+".join(sorted(set(flavors.values()))))  # type: ignore[arg-type]
             self.server.put(wl)
             return
         if suspended and has_quota and active and not evicted:  # 6
-            flavor = wl["status"]["admission"]["podSetAssignments"][0]["flavors"]["cpu"]
-            labels = dict(FLAVORS)[flavor]
-            for group in _groups(job):
-                group["template"]["spec"].setdefault("nodeSelector", {}).update(labels)
-            job["spec"]["suspend"] = False
-            job["status"]["jobDeploymentStatus"] = "Running"
-            self._put_job(job)
+            self._start(job, wl)
+
+    def _stop(self, job: dict, wl: dict) -> None:
+        """``stopJob``: suspend, and restore nodeSelector/tolerations from the Workload (``RestorePodSpec``)."""
+        podsets = {ps["name"]: ps for ps in wl["spec"]["podSets"]}
+        for group in _groups(job):
+            original = podsets[group["groupName"].lower()]["template"].get("spec") or {}
+            spec = group["template"]["spec"]
+            for key in ("nodeSelector", "tolerations"):
+                if key in original:
+                    spec[key] = copy.deepcopy(original[key])
+                else:
+                    spec.pop(key, None)
+        job["spec"]["suspend"] = True
+        job["status"]["jobDeploymentStatus"] = "Suspended"
+        self._put_job(job)
+
+    def _start(self, job: dict, wl: dict) -> None:
+        """``startJob``: merge each PodSet's flavor nodeLabels into the job's template, unsuspend.
+
+        A conflicting key fails the merge (``PodSetInfo.Merge`` -> ``utilmaps.HaveConflict``):
+        the Workload is finished with ``FailedToStart`` and the job stays suspended.
+        """
+        flavor_of = {a["name"]: a["flavors"]["cpu"] for a in wl["status"]["admission"]["podSetAssignments"]}
+        labels_of = dict(FLAVORS)
+        for group in _groups(job):
+            selector = group["template"]["spec"].setdefault("nodeSelector", {})
+            labels = labels_of[flavor_of[group["groupName"].lower()]]
+            conflict = {k: (selector[k], v) for k, v in labels.items() if k in selector and selector[k] != v}
+            if conflict:
+                message = f"invalid podSetUpdate nodeSelector: conflict on {conflict}"
+                self.failed_to_start.append(message)
+                _set_cond(wl, "Finished", True, "FailedToStart")
+                self.server.put(wl)
+                return
+            selector.update(labels)
+        job["spec"]["suspend"] = False
+        job["status"]["jobDeploymentStatus"] = "Running"
+        self._put_job(job)

@@ -12,6 +12,7 @@ from resilienced.errors import BackendUnavailable, PermanentError
 from resilienced.model import Event, Kind, Target
 from resilienced.requeue import KubeRayRequeuer
 from resilienced.requeue.rbac import requested_verbs
+from tests.requeue.kuberay_sim import KubeRaySim
 from tests.requeue.objects import NS, SPOT_AFFINITY, node, ray_pod, raycluster, rayjob
 from tests.support.kubeapi import KubeApiServer
 
@@ -149,3 +150,56 @@ async def test_an_api_server_failure_is_retried_later(api: k8s.ApiClient, kubeap
     result = await KubeRayRequeuer(api).requeue(target(), decision=BLOCK, event=EVENT)
     assert not any(c.startswith("RayJob") for c in result.changes)
     assert any(c.startswith("RayCluster ml/train: set worker groups gpu, cpu") for c in result.changes)
+
+
+def set_upgrade_strategy(kubeapi: KubeApiServer, strategy: str | None) -> None:
+    """``spec.upgradeStrategy.type`` on the RayCluster and on the RayJob's rayClusterSpec (KubeRay >= 1.6)."""
+    if strategy is None:
+        return
+    kubeapi.patch("rayclusters", "train", {"spec": {"upgradeStrategy": {"type": strategy}}}, namespace=NS)
+    kubeapi.patch("rayjobs", "job", {"spec": {"rayClusterSpec": {"upgradeStrategy": {"type": strategy}}}},
+                  namespace=NS)
+
+
+@pytest.mark.parametrize("strategy", [None, "None", "Recreate"])
+async def test_the_head_survives_under_every_upgrade_strategy(
+        api: k8s.ApiClient, kubeapi: KubeApiServer, strategy: str | None) -> None:
+    """With Recreate a nodeSelector change makes KubeRay delete every pod, head included: refuse."""
+    seed_spot_run(kubeapi)
+    set_upgrade_strategy(kubeapi, strategy)
+    kuberay = KubeRaySim(kubeapi, namespace=NS)
+    kuberay.stamp_head("train")
+    kubeapi.reset_log()
+    result = await KubeRayRequeuer(api, clock=lambda: NOW).requeue(target(), decision=BLOCK, event=EVENT)
+    kuberay.step()
+    left = {p["metadata"]["name"] for p in kubeapi.list("pods", namespace=NS)}
+    assert "train-head" in left and kuberay.recreated == []  # the Ray cluster, and its job, live on
+    if strategy == "Recreate":
+        assert result.refused and result.changes == () and "upgradeStrategy.type: Recreate" in result.reason
+        assert result.as_json()["refused"] is True
+        assert writes(kubeapi) == []
+        assert left == {"train-head", "train-gpu-a", "train-gpu-b", "train-cpu-a", "other-gpu-a"}
+    else:
+        assert result.changed and not result.refused
+        assert left == {"train-head", "other-gpu-a"}
+
+
+def test_the_kuberay_stand_in_recreates_every_pod_on_a_selector_change_only_under_recreate(
+        kubeapi: KubeApiServer) -> None:
+    """The stand-in's rule (raycluster_controller.go shouldRecreatePodsForUpgrade, v1.6.0)."""
+    seed_spot_run(kubeapi, job=False)
+    kuberay = KubeRaySim(kubeapi, namespace=NS)
+    kubeapi.patch("rayclusters", "train", {"spec": {"upgradeStrategy": {"type": "Recreate"}}}, namespace=NS)
+    kuberay.stamp_head("train")
+    cluster = kubeapi.get("rayclusters", "train", namespace=NS)
+    for group in cluster["spec"]["workerGroupSpecs"]:  # tolerations and replicas are muted in the hash
+        group["template"]["spec"]["tolerations"] = [{"key": "k", "operator": "Exists"}]
+        group["replicas"] = 5
+    kubeapi.put(cluster)
+    kuberay.step()
+    assert kuberay.recreated == []
+    cluster["spec"]["workerGroupSpecs"][0]["template"]["spec"]["nodeSelector"] = RESERVED
+    kubeapi.put(cluster)
+    kuberay.step()
+    assert kuberay.recreated == ["train"]
+    assert {p["metadata"]["name"] for p in kubeapi.list("pods", namespace=NS)} == {"other-gpu-a"}

@@ -17,10 +17,11 @@ from resilienced.capacity import Capacity, CapacityDecision
 from resilienced.errors import PermanentError, TemporaryError
 from resilienced.model import Event, Kind, Target
 from resilienced.requeue import KueueRequeuer
-from resilienced.requeue.kueue import DEACTIVATED_FOR
+from resilienced.requeue.kueue import DEACTIVATED_FOR, discover_workload_version
 from resilienced.requeue.rbac import requested_verbs
-from tests.requeue.kueue_sim import KueueSim, workload_for
-from tests.requeue.objects import NS, rayjob
+from tests.requeue.conftest import kueue_serving
+from tests.requeue.kueue_sim import KueueSim, equivalent, workload_for
+from tests.requeue.objects import NS, SPOT_AFFINITY, rayjob
 from tests.support.kubeapi import KubeApiServer
 
 BLOCK = CapacityDecision(Capacity.CAPACITY_BLOCK, "spot interrupted twice", reservation_id="cr-0block")
@@ -31,9 +32,9 @@ TARGET = Target(instance_id="i-0aaa", node="spot-1", ray_cluster=f"{NS}/train", 
 WRITES = {"patch", "delete", "create", "update"}
 
 
-def seed_admitted_on_spot(kubeapi: KubeApiServer) -> None:
+def seed_admitted_on_spot(kubeapi: KubeApiServer, *, tolerations: list | None = None) -> None:
     """A RayJob Kueue admitted on the spot flavor: it injected capacity-type=spot into the templates."""
-    job = kubeapi.create(rayjob(labels={"kueue.x-k8s.io/queue-name": "training"}))
+    job = kubeapi.create(rayjob(labels={"kueue.x-k8s.io/queue-name": "training"}, tolerations=tolerations))
     kubeapi.create(workload_for(job, flavor="spot"))  # PodSets: the templates as created (no selector)
     for group in job["spec"]["rayClusterSpec"]["workerGroupSpecs"]:
         group["template"]["spec"]["nodeSelector"] = {"karpenter.sh/capacity-type": "spot"}
@@ -58,7 +59,8 @@ async def test_requeue_lands_the_run_on_the_block_flavor(api: k8s.ApiClient, kub
     requeuer = KueueRequeuer(api, workload_version=version, poll_interval_s=0.02, settle_timeout_s=10)
     async with KueueSim(kubeapi, namespace=NS) as kueue:
         result = await requeuer.requeue(TARGET, decision=BLOCK, event=EVENT)
-        assert [c.split(":")[0].split(" ")[0] for c in result.changes] == ["deactivated", "set", "reactivated"]
+        verbs = [c.split(":")[0].split(" ")[0] for c in result.changes]
+        assert verbs[0] == "deactivated" and verbs[1] == "set" and verbs[-1] == "reactivated"
         await eventually(lambda: kueue.admitted == ["capacity-block"]
                          and not kubeapi.get("rayjobs", "job", namespace=NS)["spec"]["suspend"])
         assert kueue.foreign_suspend_writes == 0  # resilienced never wrote spec.suspend
@@ -97,7 +99,7 @@ async def test_a_run_already_on_the_decided_flavor_is_not_evicted(api: k8s.ApiCl
 async def test_dry_run_lists_the_steps_and_writes_nothing(api: k8s.ApiClient, kubeapi: KubeApiServer) -> None:
     seed_admitted_on_spot(kubeapi)
     result = await KueueRequeuer(api).requeue(TARGET, decision=BLOCK, event=EVENT, dry_run=True)
-    assert result.dry_run and len(result.changes) == 3 and result.changes[0].startswith("would deactivate Workload")
+    assert result.dry_run and len(result.changes) == 4 and result.changes[0].startswith("would deactivate Workload")
     assert [r for r in kubeapi.requests if r.verb in WRITES] == []
 
 
@@ -137,3 +139,149 @@ async def test_requests_stay_within_the_declared_rbac(api: k8s.ApiClient, kubeap
         await KueueRequeuer(api, poll_interval_s=0.02, settle_timeout_s=10).requeue(TARGET, decision=BLOCK, event=EVENT)
     assert all(r.status < 400 or r.status == 409 for r in kubeapi.requests)
     assert kubeapi.verbs_seen() <= requested_verbs()
+
+
+OLD_BLOCK = {"karpenter.sh/capacity-type": "reserved", "karpenter.k8s.aws/capacity-reservation-id": "cr-0old",
+             "karpenter.k8s.aws/capacity-reservation-type": "capacity-block"}
+NEW_BLOCK = CapacityDecision(Capacity.CAPACITY_BLOCK, "block cr-0old expires", reservation_id="cr-0new")
+
+
+def seed_admitted_on_block(kubeapi: KubeApiServer) -> None:
+    """A RayJob that an earlier requeue put on block cr-0old: templates and Workload PodSets ask for it."""
+    toleration = {"key": "karpenter.sh/capacity-type", "operator": "Equal", "value": "reserved", "effect": "NoSchedule"}
+    job = rayjob(labels={"kueue.x-k8s.io/queue-name": "training"}, selector=OLD_BLOCK, tolerations=[toleration])
+    job = kubeapi.create(job)
+    kubeapi.create(workload_for(job, flavor="capacity-block"))
+
+
+async def test_a_block_to_block_move_requeues_onto_the_new_block(api: k8s.ApiClient, kubeapi: KubeApiServer) -> None:
+    """Only the reservation id changes: Kueue's comparePodTemplate does not see it (v0.14-v0.19)."""
+    seed_admitted_on_block(kubeapi)
+    requeuer = KueueRequeuer(api, poll_interval_s=0.02, settle_timeout_s=3)
+    async with KueueSim(kubeapi, namespace=NS) as kueue:
+        result = await requeuer.requeue(TARGET, decision=NEW_BLOCK, event=EVENT)
+        assert any(c.startswith("reactivated") for c in result.changes)
+        await eventually(lambda: kueue.admitted == ["capacity-block"]
+                         and not kubeapi.get("rayjobs", "job", namespace=NS)["spec"]["suspend"])
+        assert kueue.workload_updates == 0  # Kueue never re-read the job: the selector is not compared
+        assert kueue.failed_to_start == []
+    for selector in worker_selectors(kubeapi):
+        assert selector == {**OLD_BLOCK, "karpenter.k8s.aws/capacity-reservation-id": "cr-0new"}
+    wl = kubeapi.list("workloads", namespace=NS)[0]
+    assert wl["spec"]["active"] is True
+    for ps in wl["spec"]["podSets"]:  # the next eviction restores the new block, not the old one
+        assert ps["template"]["spec"]["nodeSelector"]["karpenter.k8s.aws/capacity-reservation-id"] == "cr-0new"
+
+
+async def test_a_move_with_identical_tolerations_lands_on_the_decided_flavor(
+        api: k8s.ApiClient, kubeapi: KubeApiServer) -> None:
+    """Spot -> block with the same tolerations on every capacity: only the node selector differs.
+
+    Left to Kueue, the Workload keeps its old PodSets, the scheduler admits on the spot flavor
+    and merging spot's labels into the job's reserved selector fails the start (FailedToStart).
+    """
+    same = ({"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},)
+    seed_admitted_on_spot(kubeapi, tolerations=list(same))  # the one toleration every capacity gets
+    requeuer = KueueRequeuer(api, tolerations={c: same for c in Capacity if c is not Capacity.WAIT},
+                             poll_interval_s=0.02, settle_timeout_s=3)
+    async with KueueSim(kubeapi, namespace=NS) as kueue:
+        await requeuer.requeue(TARGET, decision=BLOCK, event=EVENT)
+        await eventually(lambda: len(kueue.admitted) == 1 and not kubeapi.get("rayjobs", "job", namespace=NS)["spec"]["suspend"]
+                         or bool(kueue.failed_to_start))
+        assert kueue.failed_to_start == [] and kueue.admitted == ["capacity-block"]
+    for selector in worker_selectors(kubeapi):
+        assert selector["karpenter.sh/capacity-type"] == "reserved"
+        assert selector["karpenter.k8s.aws/capacity-reservation-id"] == "cr-0block"
+
+
+def test_the_simulator_compares_what_kueue_compares() -> None:
+    """comparePodTemplate (pkg/util/equality/podset.go, v0.14-v0.19): selector and affinity are not compared."""
+
+    job = rayjob(labels={"kueue.x-k8s.io/queue-name": "training"})
+    job["metadata"]["uid"] = "u-1"
+    wl = workload_for(job)
+    moved = rayjob(labels={"kueue.x-k8s.io/queue-name": "training"}, selector=OLD_BLOCK, affinity=SPOT_AFFINITY)
+    assert equivalent(moved, wl)
+    tolerated = rayjob(tolerations=[{"key": "k", "operator": "Exists"}])
+    assert not equivalent(tolerated, wl)
+    wl_admitted = workload_for(job, flavor="spot")  # admitted: tolerations are ignored
+    assert equivalent(tolerated, wl_admitted)
+    resized = rayjob()
+    resized["spec"]["rayClusterSpec"]["workerGroupSpecs"][0]["replicas"] = 3
+    assert not equivalent(resized, wl_admitted)
+
+
+@pytest.mark.parametrize(("served", "found"), [(("v1beta1",), "v1beta1"), (("v1beta1", "v1beta2"), "v1beta2"),
+                                               (("v1beta2",), "v1beta2"), ((), None)])
+async def test_the_workload_version_is_found_through_discovery(served: tuple[str, ...], found: str | None) -> None:
+    async with kueue_serving(*served) as server:
+        api = server.api_client(token="requeue-test")
+        try:
+            assert await discover_workload_version(api) == found
+        finally:
+            await api.close()
+
+
+@pytest.mark.parametrize("served", [("v1beta1",), ("v1beta1", "v1beta2")])
+async def test_a_requeue_works_on_the_workload_version_the_server_serves(served: tuple[str, ...]) -> None:
+    """Kueue v0.14 serves only v1beta1: a hard-coded v1beta2 was a 404 and a PermanentError."""
+    async with kueue_serving(*served) as server:
+        api = server.api_client(token="requeue-test")
+        try:
+            seed_admitted_on_spot(server)
+            requeuer = KueueRequeuer(api, workload_version=await discover_workload_version(api),
+                                     poll_interval_s=0.02, settle_timeout_s=10)
+            async with KueueSim(server, namespace=NS) as kueue:
+                result = await requeuer.requeue(TARGET, decision=BLOCK, event=EVENT)
+                assert any(c.startswith("reactivated") for c in result.changes)
+                await eventually(lambda: kueue.admitted == ["capacity-block"])
+            statuses = {r.status for r in server.requests if r.resource.startswith("workloads")}
+            assert statuses <= {200, 409}  # 409: a conditional patch raced Kueue and was read again
+        finally:
+            await api.close()
+
+
+async def test_without_kueue_a_kueue_managed_run_is_refused_saying_why(api: k8s.ApiClient, kubeapi: KubeApiServer) -> None:
+    seed_admitted_on_spot(kubeapi)
+    with pytest.raises(PermanentError, match="serves no Kueue Workload version"):
+        await KueueRequeuer(api, workload_version=None).requeue(TARGET, decision=BLOCK, event=EVENT)
+
+
+async def test_the_simulator_fails_a_start_whose_flavor_contradicts_the_job(kubeapi: KubeApiServer) -> None:
+    """startJob's merge (pkg/podset/podset.go Merge): a conflicting flavor label is FailedToStart, not an overwrite."""
+    job = kubeapi.create(rayjob(labels={"kueue.x-k8s.io/queue-name": "training"}, suspend=True))
+    kubeapi.create(workload_for(job))  # PodSets without a capacity selector: the spot flavor fits first
+    for group in job["spec"]["rayClusterSpec"]["workerGroupSpecs"]:  # the job alone asks for the block
+        group["template"]["spec"]["nodeSelector"] = {"karpenter.sh/capacity-type": "reserved"}
+    kubeapi.put(job)
+    async with KueueSim(kubeapi, namespace=NS) as kueue:
+        await eventually(lambda: bool(kueue.failed_to_start))
+    assert kueue.admitted == ["spot"] and kueue.workload_updates == 0
+    assert kubeapi.get("rayjobs", "job", namespace=NS)["spec"]["suspend"] is True
+    wl = kubeapi.list("workloads", namespace=NS)[0]
+    assert any(c["type"] == "Finished" and c["reason"] == "FailedToStart" for c in wl["status"]["conditions"])
+    assert worker_selectors(kubeapi) == [{"karpenter.sh/capacity-type": "reserved"}] * 2
+
+
+@pytest.mark.parametrize(("served", "setting", "used"), [
+    (("v1beta1",), "auto", "v1beta1"), (("v1beta1", "v1beta2"), "auto", "v1beta2"),
+    (("v1beta1", "v1beta2"), "v1beta1", "v1beta1")])
+async def test_the_daemon_takes_the_served_workload_version_at_start_up(
+        tmp_path, monkeypatch: pytest.MonkeyPatch, served: tuple[str, ...], setting: str, used: str) -> None:
+    """open_runtime in kubernetes mode: discovery unless --kueue-api-version forces a version."""
+    from dataclasses import replace
+
+    from resilienced.metrics import Metrics
+    from resilienced.settings import Settings
+    from resilienced.wiring import open_runtime
+    from tests.support.kubeapi import RESOURCES
+
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")  # clients are made, never called here
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    resources = [replace(t, versions=served) if t.key == "workloads.kueue.x-k8s.io" else t for t in RESOURCES]
+    async with KubeApiServer(resources=resources) as server:
+        kubeconfig = server.write_kubeconfig(tmp_path / "kubeconfig")
+        settings = Settings.from_args(["--mode", "kubernetes", "--kubeconfig", str(kubeconfig), "--region", "us-east-1",
+                                       "--endpoint-url", "http://127.0.0.1:9", "--kueue-api-version", setting], {})
+        async with open_runtime(settings, metrics=Metrics(), replica="r1") as runtime:
+            assert runtime.responder.requeue.requeuer.kueue.workload.version == used

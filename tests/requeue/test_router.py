@@ -118,3 +118,26 @@ async def test_a_dry_run_is_neither_counted_nor_recorded(api: k8s.ApiClient, kub
     assert result.changes and result.dry_run
     assert metrics.value("resilienced_requeues_total", capacity="capacity-block") == 0
     assert kubeapi.list("events", namespace=NS) == []
+
+
+async def test_a_refused_requeue_is_warned_about_and_not_counted(api: k8s.ApiClient, kubeapi: KubeApiServer) -> None:
+    """A RayCluster with upgradeStrategy Recreate outside Kueue: nothing moves, a Warning Event says why."""
+    cluster = raycluster()
+    cluster["spec"]["upgradeStrategy"] = {"type": "Recreate"}
+    kubeapi.seed(rayjob(), cluster, ray_pod("train-gpu-a"))
+    metrics = Metrics()
+    requeue = Requeue(KubernetesRequeuer(api), cluster=EventsOnTheRun(api, kubeapi),
+                      metrics=RequeueMetrics(metrics.registry))
+    result = await requeue.requeue(target(), decision=BLOCK, event=EVENT)
+    assert result.refused and result.kind == "kuberay"
+    assert metrics.value("resilienced_requeues_total", capacity="capacity-block") == 0
+    [event] = kubeapi.list("events", namespace=NS)
+    assert event["reason"] == "RequeueRefused" and event["type"] == "Warning" and "Recreate" in event["message"]
+
+
+async def test_a_recreate_rayjob_under_kueue_goes_through_kueue(api: k8s.ApiClient, kubeapi: KubeApiServer) -> None:
+    job = rayjob(labels={"kueue.x-k8s.io/queue-name": "training"})
+    job["spec"]["rayClusterSpec"]["upgradeStrategy"] = {"type": "Recreate"}
+    kubeapi.seed(job, raycluster())
+    applier, _ = await KubernetesRequeuer(api).resolve(target())
+    assert applier.kind == "kueue"  # templates change only while Kueue holds the RayJob suspended

@@ -25,7 +25,9 @@ Verbs and semantics kept
     ``json-patch+json`` and ``strategic-merge-patch+json`` (built-in kinds only: custom resources
     answer 415, as the real server does), a ``metadata.resourceVersion`` in a patch is a
     precondition (409); delete with ``preconditions`` and finalizers (``deletionTimestamp``);
-    the ``status`` subresource (the main resource ignores status changes and vice versa). One
+    the ``status`` subresource (the main resource ignores status changes and vice versa); a
+    custom resource written over HTTP is pruned and validated against its vendored CRD schema
+    (422 Invalid; :mod:`tests.support.crdschema` says which schema, from which release). One
     monotonic resourceVersion across all objects; ``uid``, ``creationTimestamp``, ``generation``
     (bumped on a change outside metadata and status); ownerReferences stored as given; Secret
     ``stringData`` folded into base64 ``data``. Optional bearer-token authentication (401) and RBAC
@@ -37,8 +39,8 @@ Approximated (documented in docs/kubernetes.md)
     is replaced whole, which is also what the real server does for ``spec.taints`` and
     ``tolerations`` (no patch strategy). ``$patch: delete|replace`` and
     ``$deleteFromPrimitiveList`` are honoured, ``$setElementOrder`` and ``$retainKeys`` ignored.
-    No server-side apply (415), no dryRun, no garbage collection of dependents, no admission or
-    schema validation beyond names, namespaces need not exist, lists are always served from the
+    No server-side apply (415), no dryRun, no garbage collection of dependents, no admission
+    webhooks, no schema validation of built-in kinds beyond names, namespaces need not exist, lists are always served from the
     newest state (``resourceVersion``/``resourceVersionMatch`` on a list are ignored), and
     events.k8s.io/v1 events are stored apart from core/v1 events (the real server shares storage).
 
@@ -81,6 +83,8 @@ from typing import Any
 import yaml
 from aiohttp import web
 from kubernetes_asyncio import client as k8s
+
+from tests.support import crdschema
 
 JsonObj = dict[str, Any]
 
@@ -947,7 +951,8 @@ class KubeApiServer:
                 watcher.queue.put_nowait(change)
         return obj
 
-    def _create(self, rtype: ResourceType, obj: JsonObj, *, namespace: str | None) -> JsonObj:
+    def _create(self, rtype: ResourceType, obj: JsonObj, *, namespace: str | None,
+                schema_version: str | None = None) -> JsonObj:
         meta = obj.setdefault("metadata", {})
         if rtype.namespaced:
             body_ns = meta.get("namespace")
@@ -979,7 +984,23 @@ class KubeApiServer:
         obj.setdefault("apiVersion", rtype.api_version(rtype.versions[0]))
         obj.setdefault("kind", rtype.kind)
         self._normalise(rtype, obj)
+        if schema_version is not None:
+            obj = self._admit(rtype, obj, version=schema_version)
         return self._commit(rtype, kind="ADDED", obj=obj, old=None)
+
+    @staticmethod
+    def _admit(rtype: ResourceType, obj: JsonObj, *, version: str) -> JsonObj:
+        """A custom resource written over HTTP: pruned, then validated against its CRD schema (422)."""
+        if rtype.builtin:
+            return obj
+        api_version = rtype.api_version(version)
+        pruned, found = crdschema.admit(obj, api_version=api_version, kind=rtype.kind)
+        if found:
+            name = obj["metadata"].get("name", "")
+            raise ApiError(422, f'{rtype.kind}.{rtype.group} "{name}" is invalid: ' + "; ".join(found),
+                           details={"name": name, "group": rtype.group, "kind": rtype.kind,
+                                    "causes": [{"reason": "FieldValueInvalid", "message": m} for m in found]})
+        return pruned
 
     @staticmethod
     def _normalise(rtype: ResourceType, obj: JsonObj) -> None:
@@ -993,11 +1014,14 @@ class KubeApiServer:
     def _spec_part(obj: Mapping[str, Any]) -> dict[str, Any]:
         return {k: v for k, v in obj.items() if k not in ("metadata", "status", "apiVersion", "kind")}
 
-    def _update(self, rtype: ResourceType, current: JsonObj, *, new: JsonObj, status_only: bool | None) -> JsonObj:
+    def _update(self, rtype: ResourceType, current: JsonObj, *, new: JsonObj, status_only: bool | None,
+                schema_version: str | None = None) -> JsonObj:
         """Store ``new`` in place of ``current`` with the server's rules.
 
         ``status_only``: True for the status subresource (only ``status`` is taken), False for the
         main resource of a kind with a status subresource (``status`` is kept), None to take all.
+        ``schema_version``: the version of an HTTP request; a custom resource is then pruned and
+        validated against that version's CRD schema (``crdschema``), 422 when invalid.
         """
         meta_in = new.get("metadata") or {}
         stale = meta_in.get("resourceVersion")
@@ -1036,6 +1060,8 @@ class KubeApiServer:
             self._normalise(rtype, result)
             if self._spec_part(result) != self._spec_part(current):
                 meta["generation"] = int(current["metadata"].get("generation", 1)) + 1
+        if schema_version is not None:
+            result = self._admit(rtype, result, version=schema_version)
         if _without_rv(result) == _without_rv(current):
             return copy.deepcopy(current)  # a no-op write keeps its resourceVersion, as on the real server
         meta = result["metadata"]
@@ -1255,7 +1281,7 @@ class KubeApiServer:
             body = copy.deepcopy(body)
             if rtype.status_subresource:
                 body.pop("status", None)  # status is written through the subresource only
-            created = self._create(rtype, body, namespace=namespace)
+            created = self._create(rtype, body, namespace=namespace, schema_version=version)
             return web.json_response(self._serve(created, rtype, version=version), status=201)
         if call.verb == "update":
             body = await self._body(request)
@@ -1265,7 +1291,7 @@ class KubeApiServer:
             if (body.get("metadata") or {}).get("name") not in (None, name):
                 raise _bad("the name of the object does not match the name on the URL")
             current = self._current(rtype, namespace=namespace, name=name)
-            updated = self._update(rtype, current, new=body, status_only=status_only)
+            updated = self._update(rtype, current, new=body, status_only=status_only, schema_version=version)
             return web.json_response(self._serve(updated, rtype, version=version))
         if call.verb == "patch":
             content_type = request.headers.get("Content-Type", "").split(";")[0].strip()
@@ -1283,7 +1309,7 @@ class KubeApiServer:
             patched = self._apply_patch(rtype, current, patch=body, kind=kind)
             precondition = (body.get("metadata") or {}).get("resourceVersion") if isinstance(body, dict) else None
             patched.setdefault("metadata", {})["resourceVersion"] = precondition or current["metadata"]["resourceVersion"]
-            updated = self._update(rtype, current, new=patched, status_only=status_only)
+            updated = self._update(rtype, current, new=patched, status_only=status_only, schema_version=version)
             return web.json_response(self._serve(updated, rtype, version=version))
         if call.verb == "delete":
             body = await self._body(request) if request.can_read_body else None
