@@ -1,7 +1,8 @@
 """Settings: grouped, documented, from flags with environment defaults, validated once.
 
 Every setting is a field of a frozen dataclass *group* (``QueueSettings``, ``IntakeSettings``,
-``ModeSettings``, ``RecoverySettings``, ``CapacityPolicy``, ``HttpSettings``, ``LogSettings``).
+``ModeSettings``, ``RecoverySettings``, ``CapacityPolicy``, ``HttpSettings``, ``LogSettings``,
+``NotifySettings``).
 A field is declared with :func:`~resilienced.options.option` (the machinery lives in
 :mod:`resilienced.options`), which carries its
 flag (``--visibility-timeout``), its environment variables (``RESILIENCED_VISIBILITY_TIMEOUT``,
@@ -373,6 +374,41 @@ class RecoverySettings(Group):
         return [f"{root}/{rest}" if rest else (root or "/")]
 
 
+@dataclass(frozen=True)
+class NotifySettings(Group):
+    """Where a message goes once a run has been handled (a chat webhook)."""
+
+    TITLE: ClassVar[str] = "notify"
+
+    notify_webhook: str | None = option(
+        None, parse=text, metavar="URL",
+        help="Webhook URL that gets one POST per run per event once it is handled (Slack "
+             "incoming webhook, or any HTTP endpoint taking JSON). Unset: no notifications. "
+             "It holds a secret: in Kubernetes it comes from the Secret resilienced-notify, "
+             "never from the ConfigMap.")
+    notify_template: str | None = option(
+        None, parse=text, metavar="FILE",
+        help="JSON body template replacing the Slack-compatible default, with $placeholders "
+             "(event_id, kind, time, instances, run, drained, checkpoint_step, durable, "
+             "steps_lost, capacity, capacity_reason, outcome, reason); see docs/operations.md.")
+    notify_timeout_seconds: float = option(
+        5.0, parse=seconds, metavar="S",
+        help="Total time one POST may take, in seconds (0.1-60). Slack answers in well under a "
+             "second; 5 s bounds a hanging endpoint. The recovery never waits for it.")
+    notify_retries: int = option(
+        2, parse=integer, metavar="N",
+        help="Retries of a POST that timed out, could not connect or got 429/5xx (0-10), after "
+             "0.5 s, 1 s, 2 s ... Then the failure is counted and logged.")
+
+    def validate(self) -> None:
+        if self.notify_webhook is not None:
+            _require_url("--notify-webhook", self.notify_webhook)
+        if self.notify_template is not None and self.notify_webhook is None:
+            raise ConfigError("--notify-template", "given without --notify-webhook")
+        _require_range("--notify-timeout-seconds", self.notify_timeout_seconds, 0.1, 60, "s")
+        _require_range("--notify-retries", self.notify_retries, 0, 10)
+
+
 # --------------------------------------------------------------------------- all groups
 @dataclass(frozen=True)
 class Settings:
@@ -385,6 +421,7 @@ class Settings:
     mode: ModeSettings = field(default_factory=ModeSettings)
     recovery: RecoverySettings = field(default_factory=RecoverySettings)
     capacity: CapacityPolicy = field(default_factory=CapacityPolicy)
+    notify: NotifySettings = field(default_factory=NotifySettings)
     # -- Another group: add a field and an entry in GROUPS; `run` then takes its flags.
 
     GROUPS: ClassVar[dict[str, type[Group]]] = {
@@ -395,6 +432,7 @@ class Settings:
         "mode": ModeSettings,
         "recovery": RecoverySettings,
         "capacity": CapacityPolicy,
+        "notify": NotifySettings,
     }
 
     @classmethod

@@ -39,10 +39,31 @@ from resilienced.claims import MemoryClaims
 from resilienced.errors import ConfigError, ResilienceError
 from resilienced.metrics import Metrics
 from resilienced.model import Target
+from resilienced.notify import Notifier, NotifyMetrics, load_template
 from resilienced.ports import CapacitySource, ClaimStore, RayControl
 from resilienced.recovery import Lifecycle, Recovery, RecoveryMetrics, RecoveryOptions
 from resilienced.respond import PlanLogger, Responder
 from resilienced.settings import Mode, Settings
+
+
+@dataclass(frozen=True)
+class MetricGroups:
+    """Every metric group the daemon registers besides :class:`Metrics`' own, on its registry."""
+
+    recovery: RecoveryMetrics
+    requeue: Any  # resilienced.requeue.router.RequeueMetrics (imported lazily: kubernetes client)
+    interruptions: Any  # prometheus_client.Counter, resilienced_interruptions_total
+    notify: NotifyMetrics
+
+
+def metric_groups(metrics: Metrics) -> MetricGroups:
+    """Register every group on ``metrics.registry`` once (the daemon; docs and tests list them)."""
+    from resilienced.capacity.planner import interruption_counter
+    from resilienced.requeue.router import RequeueMetrics
+
+    r = metrics.registry
+    return MetricGroups(recovery=RecoveryMetrics(r), requeue=RequeueMetrics(r),
+                        interruptions=interruption_counter(r), notify=NotifyMetrics(r))
 
 
 @dataclass
@@ -111,7 +132,7 @@ async def open_runtime(
     from resilienced.capacity.ec2 import Ec2Capacity
     from resilienced.capacity.planner import CapacityPlanner
     from resilienced.raygcs import RayGcs
-    from resilienced.requeue.router import Requeue, RequeueMetrics
+    from resilienced.requeue.router import Requeue
     from resilienced.s3 import S3Store
 
     mode = settings.mode.kind
@@ -120,6 +141,7 @@ async def open_runtime(
                       claims=MemoryClaims(done_ttl_seconds=settings.intake.dedupe_seconds))
         return
 
+    groups = metric_groups(metrics)
     region = settings.queue.effective_region
     endpoint = settings.queue.endpoint_url
     session = get_session()
@@ -131,7 +153,8 @@ async def open_runtime(
         store = S3Store(client=await client("s3"))
         ec2 = await client("ec2")
         capacity = capacity_source if capacity_source is not None else Ec2Capacity(ec2)
-        planner = CapacityPlanner(source=capacity, policy=settings.capacity)
+        planner = CapacityPlanner(source=capacity, policy=settings.capacity,
+                                  interruptions=groups.interruptions)
         lifecycle = Lifecycle(await client("autoscaling"))
         export = None
         rs = settings.recovery
@@ -141,6 +164,13 @@ async def open_runtime(
             export = FsxExportTasks(client=await client("fsx"),
                                     report_path=rs.fsx_data_repository_path.rstrip("/") + "/.fsx-reports",
                                     mount_point=rs.fsx_file_system_path if rs.fsx_file_system_path.startswith("/") else "/")
+        notifier = None
+        if settings.notify.notify_webhook:
+            ns = settings.notify
+            notifier = Notifier(url=ns.notify_webhook, template=load_template(ns.notify_template),
+                                timeout_s=ns.notify_timeout_seconds, retries=ns.notify_retries,
+                                metrics=groups.notify)
+            stack.push_async_callback(notifier.close)
         options = RecoveryOptions(
             durable_grace_seconds=rs.durable_grace_seconds,
             durable_poll_seconds=rs.durable_poll_seconds,
@@ -183,11 +213,12 @@ async def open_runtime(
             async def ray_control(target: Target) -> RayControl:
                 return ray
 
-        requeue = (Requeue(requeuer, cluster=cluster, metrics=RequeueMetrics(metrics.registry))
+        requeue = (Requeue(requeuer, cluster=cluster, metrics=groups.requeue)
                    if requeuer is not None else None)
         recovery = Recovery(
             cluster=cluster, claims=claims, ray_control=ray_control, store=store,
             planner=planner, requeue=requeue, capacity=capacity, export=export,
-            lifecycle=lifecycle, options=options, metrics=RecoveryMetrics(metrics.registry),
+            lifecycle=lifecycle, options=options, metrics=groups.recovery,
+            notifier=notifier,
         )
         yield Runtime(responder=recovery, claims=claims)

@@ -30,7 +30,9 @@ def _container(build_name: str) -> dict[str, Any]:
 
 
 def _config(build_name: str) -> dict[str, str]:
-    return one("ConfigMap", build_name)["data"]
+    """The ConfigMap the daemon reads (envFrom), not another one (the dashboard's)."""
+    (ref,) = _container(build_name)["envFrom"]
+    return one("ConfigMap", build_name, ref["configMapRef"]["name"])["data"]
 
 
 def _selects(selector: dict[str, str], labels: dict[str, str]) -> bool:
@@ -94,6 +96,16 @@ def test_probes_and_port_are_the_daemons(build_name: str) -> None:
     assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
     assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
     assert container["args"] == ["run"]
+
+
+@pytest.mark.parametrize("build_name", ["base", "overlay"])
+def test_the_webhook_url_comes_from_a_secret_never_the_configmap(build_name: str) -> None:
+    assert "RESILIENCED_NOTIFY_WEBHOOK" not in _config(build_name)
+    env = {e["name"]: e for e in _container(build_name)["env"]}
+    ref = env["RESILIENCED_NOTIFY_WEBHOOK"]["valueFrom"]["secretKeyRef"]
+    assert ref == {"name": "resilienced-notify", "key": "webhook-url", "optional": True}
+    known = {env for _, _, envs, _, _ in documented_options() for env in envs.split(" / ")}
+    assert "RESILIENCED_NOTIFY_WEBHOOK" in known
 
 
 def test_two_replicas_spread_over_nodes_and_zones_never_on_spot() -> None:

@@ -23,7 +23,7 @@ EXPECTED_KINDS = {
              "Service", "ServiceMonitor"},
     "overlay": {"Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role",
                 "RoleBinding", "ConfigMap", "Deployment", "PodDisruptionBudget", "NetworkPolicy",
-                "Service", "ServiceMonitor"},
+                "Service", "ServiceMonitor", "PrometheusRule"},
     "examples": {"Namespace", "PersistentVolume", "PersistentVolumeClaim", "ResourceFlavor",
                  "ClusterQueue", "LocalQueue", "EC2NodeClass", "NodePool", "RayJob"},
 }

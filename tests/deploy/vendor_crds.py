@@ -29,6 +29,8 @@ SOURCES = [
     ("aws/karpenter-provider-aws", "v1.14.1", "pkg/apis/crds/karpenter.k8s.aws_ec2nodeclasses.yaml", ["v1"]),
     ("prometheus-operator/prometheus-operator", "v0.93.0",
      "example/prometheus-operator-crd/monitoring.coreos.com_servicemonitors.yaml", ["v1"]),
+    ("prometheus-operator/prometheus-operator", "v0.93.0",
+     "example/prometheus-operator-crd/monitoring.coreos.com_prometheusrules.yaml", ["v1"]),
 ]
 
 _SCHEMA_MAPS = ("properties", "patternProperties", "definitions")
