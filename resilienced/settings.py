@@ -28,6 +28,7 @@ import enum
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
+from pathlib import Path
 from typing import ClassVar
 from urllib.parse import urlsplit
 
@@ -384,8 +385,13 @@ class NotifySettings(Group):
         None, parse=text, metavar="URL",
         help="Webhook URL that gets one POST per run per event once it is handled (Slack "
              "incoming webhook, or any HTTP endpoint taking JSON). Unset: no notifications. "
-             "It holds a secret: in Kubernetes it comes from the Secret resilienced-notify, "
-             "never from the ConfigMap.")
+             "It holds a secret: in Kubernetes give --notify-webhook-file instead (the Secret "
+             "resilienced-notify mounted as a file), never the ConfigMap.")
+    notify_webhook_file: str | None = option(
+        None, parse=text, metavar="PATH",
+        help="File holding the webhook URL (a mounted Secret; read once at start). A file that "
+             "does not exist turns notifications off (the Secret is optional); an empty file or "
+             "one without an http(s) URL is an error. Not with --notify-webhook.")
     notify_template: str | None = option(
         None, parse=text, metavar="FILE",
         help="JSON body template replacing the Slack-compatible default, with $placeholders "
@@ -401,12 +407,37 @@ class NotifySettings(Group):
              "0.5 s, 1 s, 2 s ... Then the failure is counted and logged.")
 
     def validate(self) -> None:
+        if self.notify_webhook is not None and self.notify_webhook_file is not None:
+            raise ConfigError("--notify-webhook-file", "give --notify-webhook or "
+                                                       "--notify-webhook-file, not both")
         if self.notify_webhook is not None:
             _require_url("--notify-webhook", self.notify_webhook)
-        if self.notify_template is not None and self.notify_webhook is None:
+        if self.notify_template is not None and self.notify_webhook is None \
+                and self.notify_webhook_file is None:
             raise ConfigError("--notify-template", "given without --notify-webhook")
+        self.webhook_url()
         _require_range("--notify-timeout-seconds", self.notify_timeout_seconds, 0.1, 60, "s")
         _require_range("--notify-retries", self.notify_retries, 0, 10)
+
+    def webhook_url(self) -> str | None:
+        """The URL given, else the one in --notify-webhook-file (None: no notifications)."""
+        if self.notify_webhook_file is None:
+            return self.notify_webhook
+        try:
+            url = Path(self.notify_webhook_file).read_text().strip()
+        except FileNotFoundError:
+            return None
+        except OSError as e:
+            raise ConfigError("--notify-webhook-file", f"cannot read {self.notify_webhook_file}: "
+                                                       f"{e.strerror or e}") from None
+        if not url:
+            raise ConfigError("--notify-webhook-file", f"{self.notify_webhook_file} is empty")
+        try:
+            _require_url("--notify-webhook-file", url)
+        except ConfigError:  # not echoing the file: what it holds may be the secret
+            raise ConfigError("--notify-webhook-file", f"{self.notify_webhook_file} does not hold "
+                                                       "an http(s) URL") from None
+        return url
 
 
 # --------------------------------------------------------------------------- all groups

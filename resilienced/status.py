@@ -132,11 +132,11 @@ def main(args: argparse.Namespace) -> int:
     mode = mode_settings(args, os.environ)
     log.configure(level="warning", stream=sys.stderr)
     shown = rows(asyncio.run(records(mode)), after=args.since)
-    if args.json:
-        sys.stdout.writelines(json.dumps(row, default=str) + "\n" for row in shown)
-    elif shown:
-        sys.stdout.write(table(shown, COLUMNS))
-    else:
+    if not shown:
         print("no runs handled" + (" since then" if args.since else "") + " (done claims are "
               "kept for --dedupe-seconds)", file=sys.stderr)
+    elif args.json:
+        sys.stdout.writelines(json.dumps(row, default=str) + "\n" for row in shown)
+    else:
+        sys.stdout.write(table(shown, COLUMNS))
     return 0

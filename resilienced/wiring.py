@@ -165,9 +165,13 @@ async def open_runtime(
                                     report_path=rs.fsx_data_repository_path.rstrip("/") + "/.fsx-reports",
                                     mount_point=rs.fsx_file_system_path if rs.fsx_file_system_path.startswith("/") else "/")
         notifier = None
-        if settings.notify.notify_webhook:
-            ns = settings.notify
-            notifier = Notifier(url=ns.notify_webhook, template=load_template(ns.notify_template),
+        ns = settings.notify
+        webhook = ns.webhook_url()
+        if webhook is None and ns.notify_webhook_file:
+            log.get("resilienced.notify").info("no webhook file: notifications off",
+                                               path=ns.notify_webhook_file)
+        if webhook:
+            notifier = Notifier(url=webhook, template=load_template(ns.notify_template),
                                 timeout_s=ns.notify_timeout_seconds, retries=ns.notify_retries,
                                 metrics=groups.notify)
             stack.push_async_callback(notifier.close)
