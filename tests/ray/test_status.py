@@ -51,7 +51,7 @@ async def test_status_reads_what_a_recovery_recorded_in_the_gcs(ray_cluster: Loc
     out, err = capsys.readouterr()
 
     assert code == 0, err
-    rows = [json.loads(line) for line in out.splitlines()]
+    rows = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
     (row,) = [r for r in rows if r["event_id"] == event_id]
     assert (row["kind"], row["instances"], row["run"], row["outcome"]) == (
         "rebalance_recommendation", [WORKER_INSTANCE], ray_cluster.address, "done")
