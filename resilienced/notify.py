@@ -105,7 +105,7 @@ def flat(facts: Mapping[str, Any]) -> dict[str, str]:
 def slack_body(facts: Mapping[str, Any]) -> dict[str, Any]:
     """The default body: Slack's ``text`` (fallback, and what other chat webhooks show) and blocks."""
     f = flat(facts)
-    headline = (f"resilienced: {f['kind']} on {f['instances']}, run {f['run']}: {f['outcome']}; "
+    headline = (f"{f['kind']} on {f['instances']}, run {f['run']}: {f['outcome']}; "
                 f"checkpoint step {f['checkpoint_step']} durable {f['durable']}, "
                 f"steps lost {f['steps_lost']}, capacity {f['capacity']}")
     fields = [("Kind", "kind"), ("Instance(s)", "instances"), ("Run", "run"),
@@ -113,14 +113,14 @@ def slack_body(facts: Mapping[str, Any]) -> dict[str, Any]:
               ("Durable", "durable"), ("Steps lost", "steps_lost"), ("Capacity", "capacity"),
               ("Capacity reason", "capacity_reason"), ("Outcome", "outcome")]
     blocks: list[dict[str, Any]] = [
-        {"type": "section", "text": {"type": "mrkdwn", "text": f"*resilienced*: {headline[13:]}"}},
+        {"type": "section", "text": {"type": "mrkdwn", "text": f"*resilienced*: {headline}"}},
         {"type": "section", "fields": [{"type": "mrkdwn", "text": f"*{title}*\n{f[key]}"}
                                        for title, key in fields]},
         {"type": "context", "elements": [{"type": "mrkdwn",
                                           "text": f"event {f['event_id']} at {f['time']}"
                                                   + (f"; {f['reason']}" if f["reason"] != "-" else "")}]},
     ]
-    return {"text": headline, "blocks": blocks}
+    return {"text": f"resilienced: {headline}", "blocks": blocks}
 
 
 class Notifier:

@@ -192,10 +192,14 @@ async def test_status_shows_what_a_real_recovery_did(world: World, tmp_path: Pat
     assert outcome.result is Result.DONE, outcome.reason
     kubeconfig = world.kubeapi.write_kubeconfig(tmp_path / "kubeconfig")
     args = ("--kubeconfig", str(kubeconfig), "--claims-namespace", "resilienced")
+    before = world.kubeapi.counts()
 
     code, rows, err = await status(capsys, *args, "--json")
 
     assert code == 0, err
+    # read only, with the daemon's own RBAC (the emulator enforces it): one list of Leases
+    calls = {k: v - before.get(k, 0) for k, v in world.kubeapi.counts().items() if v != before.get(k, 0)}
+    assert calls == {("list", "leases.coordination.k8s.io"): 1}, calls
     (row,) = rows
     assert row["event_id"] == "7e9d2f6c-0000-4000-8000-000000000001"
     assert (row["kind"], row["instances"], row["run"], row["outcome"]) == (
@@ -226,3 +230,15 @@ async def test_status_names_a_bad_since_and_needs_a_mode(capsys: pytest.CaptureF
     monkeypatch.delenv("RESILIENCED_MODE", raising=False)
     assert cli.main(["status"]) == 2
     assert "--mode" in capsys.readouterr().err
+
+
+def test_a_record_written_before_the_event_fields_existed_is_summarised_with_what_it_has() -> None:
+    from resilienced.runs import summary
+
+    old = {"run": "ml/train", "instances": [instance(1)],
+           "durable": {"verified": False, "resume_step": 10, "steps_lost": 5, "reason": "deadline passed"},
+           "requeue": {"capacity": "on-demand", "reason": "no Spot"}}
+    row = summary(old, key="run/7e9d2f6c-0000-4000-8000-000000000001/ml/train")
+    assert row["event_id"] == "7e9d2f6c-0000-4000-8000-000000000001" and row["kind"] is None
+    assert (row["checkpoint_step"], row["durable"], row["steps_lost"]) == (10, False, 5)
+    assert (row["capacity"], row["outcome"], row["reason"]) == ("on-demand", "done", "deadline passed")
