@@ -72,12 +72,11 @@ def notice(n: int) -> Any:
     return intake.read(json.dumps(body), IntakeSettings()).plan
 
 
-async def server(mode: str) -> tuple[str, web.AppRunner | None]:
+async def server(mode: str, hold: asyncio.Event) -> tuple[str, web.AppRunner | None]:
     if mode == "refused":
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             return f"http://127.0.0.1:{s.getsockname()[1]}/hook", None
-    hold = asyncio.Event()
 
     async def handle(request: web.Request) -> web.Response:
         await request.read()
@@ -96,8 +95,9 @@ async def server(mode: str) -> tuple[str, web.AppRunner | None]:
 
 async def measure(mode: str, runs: int) -> dict[str, Any]:
     runner, notifier, metrics = None, None, NotifyMetrics(CollectorRegistry())
+    hold = asyncio.Event()
     if mode != "none":
-        url, runner = await server(mode)
+        url, runner = await server(mode, hold)
         notifier = Notifier(url=url, metrics=metrics)
     ray = StandInRay()
     recovery = Recovery(cluster=StandInCluster(), claims=MemoryClaims(),
@@ -111,6 +111,7 @@ async def measure(mode: str, runs: int) -> dict[str, Any]:
         assert outcome.result.value == "done", outcome.reason
     if notifier is not None:
         await notifier.close(timeout_s=0.5)
+    hold.set()
     if runner is not None:
         await runner.cleanup()
     counts = {o: metrics.notifications.labels(outcome=o)._value.get() for o in ("sent", "failed", "dropped")}

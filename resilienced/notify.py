@@ -178,6 +178,9 @@ class Notifier:
             facts = await self._queue.get()
             try:
                 await self._send(facts)
+            except asyncio.CancelledError:  # close() gave up on it
+                self._count("dropped")
+                raise
             except Exception as e:  # never let one notification stop the others
                 self._count("failed")
                 self._log.warning("notification failed", run=facts.get("run"), error=f"{type(e).__name__}: {e}")
