@@ -49,9 +49,9 @@ from resilienced.errors import (
 )
 from resilienced.model import Kind, Outcome, Plan, Result, Step, Target
 from resilienced.notify import Notifier
+from resilienced.ports import CapacitySource, ClaimStore, Cluster, ExportTasks, ObjectStore, RayControl
 from resilienced.runs import record as runs_record
 from resilienced.runs import summary
-from resilienced.ports import CapacitySource, ClaimStore, Cluster, ExportTasks, ObjectStore, RayControl
 
 #: Reasons of the Kubernetes Events resilienced records (kubernetes mode; logged in ray mode).
 REASON_NOTICE = "InterruptionNotice"

@@ -109,6 +109,19 @@ async def _sweep_leases(claims: Any, *, older_than: float) -> None:
         await asyncio.sleep(SWEEP_INTERVAL_S)
 
 
+def _notifier(settings: Settings, metrics: NotifyMetrics) -> Notifier | None:
+    """The webhook notifier of ``--notify-webhook`` / ``--notify-webhook-file``, or None."""
+    ns = settings.notify
+    webhook = ns.webhook_url()
+    if webhook is None:
+        if ns.notify_webhook_file:
+            log.get("resilienced.notify").info("no webhook file: notifications off",
+                                               path=ns.notify_webhook_file)
+        return None
+    return Notifier(url=webhook, template=load_template(ns.notify_template),
+                    timeout_s=ns.notify_timeout_seconds, retries=ns.notify_retries, metrics=metrics)
+
+
 async def _cancel(task: asyncio.Task[Any]) -> None:
     task.cancel()
     with contextlib.suppress(asyncio.CancelledError):
@@ -136,12 +149,12 @@ async def open_runtime(
     from resilienced.s3 import S3Store
 
     mode = settings.mode.kind
+    groups = metric_groups(metrics)  # in every mode: the same series for dashboards and alerts
     if mode is Mode.PLAN:
         yield Runtime(responder=PlanLogger(),
                       claims=MemoryClaims(done_ttl_seconds=settings.intake.dedupe_seconds))
         return
 
-    groups = metric_groups(metrics)
     region = settings.queue.effective_region
     endpoint = settings.queue.endpoint_url
     session = get_session()
@@ -164,16 +177,8 @@ async def open_runtime(
             export = FsxExportTasks(client=await client("fsx"),
                                     report_path=rs.fsx_data_repository_path.rstrip("/") + "/.fsx-reports",
                                     mount_point=rs.fsx_file_system_path if rs.fsx_file_system_path.startswith("/") else "/")
-        notifier = None
-        ns = settings.notify
-        webhook = ns.webhook_url()
-        if webhook is None and ns.notify_webhook_file:
-            log.get("resilienced.notify").info("no webhook file: notifications off",
-                                               path=ns.notify_webhook_file)
-        if webhook:
-            notifier = Notifier(url=webhook, template=load_template(ns.notify_template),
-                                timeout_s=ns.notify_timeout_seconds, retries=ns.notify_retries,
-                                metrics=groups.notify)
+        notifier = _notifier(settings, groups.notify)
+        if notifier is not None:
             stack.push_async_callback(notifier.close)
         options = RecoveryOptions(
             durable_grace_seconds=rs.durable_grace_seconds,
