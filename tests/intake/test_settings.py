@@ -95,25 +95,3 @@ def test_every_setting_is_documented_with_a_flag_and_an_environment_variable():
     assert len(rows) == sum(len(g.options()) for g in Settings.GROUPS.values())
     for group, flag, env, default, help_text in rows:
         assert flag.startswith("--") and "RESILIENCED_" in env and len(help_text) > 20, flag
-
-
-def test_the_webhook_file_is_read_and_checked_without_echoing_it(tmp_path):
-    from resilienced.settings import NotifySettings
-    path = tmp_path / "webhook-url"
-    settings = NotifySettings.from_args(None, {"RESILIENCED_NOTIFY_WEBHOOK_FILE": str(path)})
-    assert settings.webhook_url() is None  # no Secret mounted: notifications off
-    path.write_text("https://hooks.example.com/services/T0/B0/secret\n")
-    settings.validate()
-    assert settings.webhook_url() == "https://hooks.example.com/services/T0/B0/secret"
-    path.write_text("")
-    with pytest.raises(ConfigError, match="is empty"):
-        settings.validate()
-    path.write_text("hooks.example.com/services/secret")
-    with pytest.raises(ConfigError, match="does not hold an http") as caught:
-        settings.validate()
-    assert "secret" not in caught.value.message.replace(str(path), "")
-    both = NotifySettings(notify_webhook="https://a.example.com/x", notify_webhook_file=str(path))
-    with pytest.raises(ConfigError, match="not both"):
-        both.validate()
-    with pytest.raises(ConfigError, match="--notify-template"):
-        NotifySettings(notify_template="t.json").validate()
