@@ -33,6 +33,7 @@ bench: $(STAMP)
 	$(PY) bench/burst.py
 	$(PY) bench/checkpoint.py
 	$(PY) bench/drill.py
+	$(PY) bench/notify.py
 
 clean: deploy-tools-clean
 	rm -rf $(VENV) .pytest_cache .hypothesis

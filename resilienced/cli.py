@@ -23,6 +23,7 @@ from resilienced.errors import ConfigError, ResilienceError
 COMMANDS: dict[str, tuple[str, str]] = {
     "run": ("resilienced.daemon", "the daemon: consume the queue until SIGTERM"),
     "replay": ("resilienced.replay", "say what the daemon would decide for message bodies in files"),
+    "status": ("resilienced.status", "what the daemon did to which run, read back from its claims"),
     "inject": ("resilienced.inject", "put events on a queue or an event bus, as AWS would (game days)"),
     "demo": ("resilienced.demo", "EventBridge -> SQS -> daemon on an embedded moto, over the samples"),
     "drill": ("resilienced.drill", "the local drill: a Spot interruption played end to end on this machine"),

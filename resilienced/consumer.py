@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from resilienced import ack, intake, log
-from resilienced.errors import BackendUnavailable, PermanentError, TemporaryError
+from resilienced.errors import BackendUnavailable, PermanentError, TemporaryError, backends_of
 from resilienced.http import Readiness
 from resilienced.metrics import Metrics
 from resilienced.model import Kind, Outcome, Plan, Result, Verdict
@@ -67,6 +67,7 @@ class Flight:
     message: Message
     holder: str
     received_at: float
+    received_unix: float = 0.0  # wall clock, to age the event against its ``time``
     claim_key: str | None = None
     settling: bool = False
 
@@ -104,7 +105,7 @@ class Consumer:
 
     def _flight(self, message: Message) -> Flight:
         return Flight(message=message, holder=f"{self.replica}/{message.message_id}",
-                      received_at=time.monotonic())
+                      received_at=time.monotonic(), received_unix=time.time())
 
     async def _process(self, flight: Flight) -> Outcome:
         """Handle and settle one message; release it (visibility 0) if cancelled unfinished."""
@@ -211,6 +212,8 @@ class Consumer:
             self.log.warning("receive failed", error=str(e))
             raise
         self.readiness.ok()
+        if messages:
+            self.metrics.last_received.set(time.time())
         return messages
 
     async def _drain(self) -> None:
@@ -238,6 +241,8 @@ class Consumer:
                            reason=f"internal error reading the message: {type(e).__name__}: {e}")
         event, plan = reading.event, reading.plan
         self.metrics.received.labels(event.kind.value).inc()
+        if event.time is not None and reading.decoded and event.kind is not Kind.INVALID:
+            self.metrics.event_age.observe(max(0.0, flight.received_unix - event.time.timestamp()))
         if not reading.decoded:
             return Outcome(result=Result.UNDECODABLE, event=event, plan=plan, reason=event.reason)
         if event.kind is Kind.INVALID:
@@ -254,6 +259,8 @@ class Consumer:
             claim = await self.claims.acquire(key, holder=flight.holder, ttl_seconds=ttl)
             existing = None if claim is not None else await self.claims.get(key)
         except TemporaryError as e:
+            for backend in backends_of(e):
+                self.metrics.backend_errors.labels(backend=backend).inc()
             return Outcome(result=Result.RETRY, event=event, plan=plan,
                            reason=f"claim store: {e}", retry_delay=e.delay)
         if claim is None:
@@ -263,6 +270,8 @@ class Consumer:
         try:
             outcome = await self.responder.act(plan, holder=flight.holder)
         except TemporaryError as e:
+            for backend in backends_of(e):
+                self.metrics.backend_errors.labels(backend=backend).inc()
             outcome = Outcome(result=Result.RETRY, event=event, plan=plan, reason=str(e),
                               retry_delay=e.delay)
         except PermanentError as e:

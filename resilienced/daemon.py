@@ -22,7 +22,7 @@ from resilienced.claims import MemoryClaims
 from resilienced.consumer import Consumer
 from resilienced.errors import BackendUnavailable, ConfigError, ResilienceError
 from resilienced.http import HttpServer, Readiness
-from resilienced.metrics import Metrics
+from resilienced.metrics import QUEUE_STATES, Metrics
 from resilienced.ports import ClaimStore
 from resilienced.respond import PlanLogger, Responder
 from resilienced.settings import Settings
@@ -30,6 +30,8 @@ from resilienced.sqs import SqsQueue
 
 #: Seconds between readiness pings of the queue (receives also count).
 PING_INTERVAL = 15.0
+#: Seconds between reads of the queue's depth (a ping that also reads the message counts).
+DEPTH_INTERVAL = 60.0
 
 
 class StartupError(ResilienceError):
@@ -57,6 +59,7 @@ async def serve(settings: Settings, *, responder: Responder | None = None,
         except BackendUnavailable as e:
             raise StartupError(f"queue {qs.queue_url} did not answer: {e}") from e
         readiness.ok()
+        metrics.ready.set_function(lambda: 1.0 if readiness.ready() else 0.0)
         if max_receive_count is None and not qs.allow_no_dlq:
             raise ConfigError("--queue-url", (
                 f"queue {qs.queue_url} has no redrive policy (no DLQ): poison messages would have "
@@ -85,7 +88,7 @@ async def serve(settings: Settings, *, responder: Responder | None = None,
             loop.add_signal_handler(sig, _on_signal, consumer, logger, sig)
         stopper = (tasks.spawn(_stop_on(stop, consumer), name="resilienced.stop", forever=False)
                    if stop is not None else None)
-        pinger = tasks.spawn(_ping(queue, readiness, logger), name="resilienced.ping")
+        pinger = tasks.spawn(_ping(queue, readiness, logger, metrics), name="resilienced.ping")
         logger.info("started", queue_url=qs.queue_url, region=qs.effective_region,
                     endpoint_url=qs.endpoint_url, max_receive_count=max_receive_count,
                     concurrency=qs.concurrency, visibility_timeout_s=qs.visibility_timeout,
@@ -122,15 +125,25 @@ def _on_signal(consumer: Consumer, logger: Any, sig: signal.Signals) -> None:
     consumer.stop()
 
 
-async def _ping(queue: SqsQueue, readiness: Readiness, logger: Any) -> None:
+async def _ping(queue: SqsQueue, readiness: Readiness, logger: Any, metrics: Metrics) -> None:
+    """Ping the queue every PING_INTERVAL; at most once a DEPTH_INTERVAL the ping reads its depth."""
+    loop = asyncio.get_running_loop()
+    depth_due = loop.time()
     while True:
-        await asyncio.sleep(PING_INTERVAL)
         try:
-            await queue.ping()
+            if loop.time() >= depth_due:
+                depth = await queue.depth()
+                depth_due = loop.time() + DEPTH_INTERVAL
+                for state, attribute in QUEUE_STATES.items():
+                    metrics.queue_messages.labels(state=state).set(depth[attribute])
+            else:
+                await queue.ping()
             readiness.ok()
         except BackendUnavailable as e:
+            metrics.queue_errors.labels("get_queue_attributes").inc()
             readiness.failed(str(e))
             logger.warning("queue ping failed", error=str(e))
+        await asyncio.sleep(PING_INTERVAL)
 
 
 # --------------------------------------------------------------------------- the `run` command

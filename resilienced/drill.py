@@ -48,10 +48,12 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any, TextIO
+from urllib.parse import urlsplit
 
 from resilienced.errors import ConfigError, ResilienceError
 from resilienced.raymode import CAPACITY_TYPE_LABEL as CAPACITY_LABEL
 from resilienced.raymode import INSTANCE_ID_LABEL as INSTANCE_LABEL
+from resilienced.settings import NotifySettings
 
 REGION = "us-east-1"
 BUCKET = "resilienced-drill"
@@ -81,6 +83,7 @@ class DrillOptions:
     step_seconds: float = 0.5
     timeout: float = 300.0
     workdir: str | None = None
+    notify_webhook: str | None = None
 
     def validate(self) -> DrillOptions:
         if self.workers < 1:
@@ -108,6 +111,8 @@ class DrillOptions:
                 f"the run would finish before the deadline ({self.steps - self.interrupt_at_step} steps "
                 f"of at least {self.step_seconds:g}s after the notice <= {self.notice_seconds:g}s): "
                 "raise --steps or --step-seconds, or lower --notice-seconds"))
+        if self.notify_webhook is not None:
+            NotifySettings(notify_webhook=self.notify_webhook).validate()
         if self.workdir is not None and len(str(Path(self.workdir).absolute() / "ray")) > 45:
             raise ConfigError("--workdir", f"{self.workdir!r} is too long: Ray keeps unix sockets under "
                                            "it (at most 41 characters, e.g. /tmp/drill)")
@@ -526,6 +531,7 @@ class Drill:
             mode=ModeSettings(mode="ray", ray_address=cluster.address, ray_token_file=str(token_file),
                               checkpoint_uri=f"s3://{BUCKET}/{PREFIX}", instance_type=INSTANCE_TYPE),
             recovery=RecoverySettings(durable_poll_seconds=0.5, durable_grace_seconds=30),
+            notify=NotifySettings(notify_webhook=self.o.notify_webhook),
         ).validate()
         now = datetime.now(timezone.utc)
         block = CapacityReservation(
@@ -557,7 +563,9 @@ class Drill:
             raise DrillError("the daemon did not start within 60s")
         self.timeline.add("daemon", f"running in ray mode on {queue_url.rsplit('/', 1)[-1]}; "
                                     f"provider: spot {self.o.spot_capacity}, capacity-block "
-                                    f"{BLOCK_ID} {self.o.workers}")
+                                    f"{BLOCK_ID} {self.o.workers}"
+                                    + (f"; notifications to {urlsplit(self.o.notify_webhook).hostname}"
+                                       if self.o.notify_webhook else ""))
         return task
 
     async def _start_trainer(self, stack: contextlib.AsyncExitStack, cluster: Any) -> None:
@@ -690,6 +698,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--keep", action="store_true", help="keep the work directory and say where")
     parser.add_argument("--json-report", metavar="FILE", help="also write the report as JSON")
     parser.add_argument("--workdir", metavar="DIR", help="work directory (default: a new one under /tmp)")
+    parser.add_argument("--notify-webhook", metavar="URL",
+                        default=os.environ.get("RESILIENCED_NOTIFY_WEBHOOK") or None,
+                        help="also POST the run's notification to this webhook, as the daemon "
+                             "does (env RESILIENCED_NOTIFY_WEBHOOK)")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -699,7 +711,7 @@ def main(args: argparse.Namespace) -> int:
         json_report=args.json_report, notice_seconds=args.notice_seconds,
         checkpoint_every=args.checkpoint_every, preemption_poll=args.preemption_poll,
         daemon=args.daemon == "on", step_seconds=args.step_seconds, timeout=args.timeout,
-        workdir=args.workdir,
+        workdir=args.workdir, notify_webhook=args.notify_webhook,
     ).validate()
     drill = Drill(options)
     try:

@@ -60,16 +60,18 @@ class TemporaryError(ResilienceError):
     new visibility timeout); ``None`` keeps the queue's own timeout.
     """
 
-    def __init__(self, message: str, *, delay: float | None = None) -> None:
+    def __init__(self, message: str, *, delay: float | None = None,
+                 backends: tuple[str, ...] = ()) -> None:
         super().__init__(message)
         self.delay = delay
+        self.backends = backends  # the backends whose failures this one gathers (metrics)
 
 
 class BackendUnavailable(TemporaryError):
     """An outside system did not answer, timed out, throttled, or answered 5xx."""
 
     def __init__(self, backend: str, message: str, *, delay: float | None = None) -> None:
-        super().__init__(f"{backend}: {message}", delay=delay)
+        super().__init__(f"{backend}: {message}", delay=delay, backends=(backend,))
         self.backend = backend
 
 
@@ -83,3 +85,8 @@ class RayVersionMismatch(PermanentError):
 
 class RayAuthError(PermanentError):
     """The Ray cluster wants a token that is missing, or rejected the one given."""
+
+
+def backends_of(error: BaseException) -> tuple[str, ...]:
+    """The backends a temporary failure came from (``resilienced_backend_errors_total``)."""
+    return tuple(getattr(error, "backends", ()) or ())

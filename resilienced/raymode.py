@@ -318,6 +318,18 @@ class RayKvClaims:
             released = dict(record, state="released", expires=0.0)
             await self._kv.kv_put(self._gen_key(key, gen), _dump(released))
 
+    async def done(self, prefix: str = "") -> list[Claim]:
+        """Every remembered done claim whose key starts with ``prefix`` (reads only)."""
+        found = []
+        bases = {k[:k.rindex("/") + 1] for k in await self._kv.kv_keys(
+            _PREFIX + urllib.parse.quote(prefix, safe=""))}
+        for base in sorted(bases):
+            key = urllib.parse.unquote(base[len(_PREFIX):-1])
+            claim = await self.get(key)
+            if claim is not None and claim.state == "done":
+                found.append(claim)
+        return found
+
     # ------------------------------------------------------------------ storage
     @staticmethod
     def _base(key: str) -> str:

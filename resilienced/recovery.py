@@ -40,9 +40,18 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from resilienced import log
 from resilienced.capacity.decision import Capacity
 from resilienced.durable import DurableResult, newest_durable, wait_durable
-from resilienced.errors import BackendUnavailable, PermanentError, ResilienceError, TemporaryError
+from resilienced.errors import (
+    BackendUnavailable,
+    PermanentError,
+    ResilienceError,
+    TemporaryError,
+    backends_of,
+)
 from resilienced.model import Kind, Outcome, Plan, Result, Step, Target
+from resilienced.notify import Notifier
 from resilienced.ports import CapacitySource, ClaimStore, Cluster, ExportTasks, ObjectStore, RayControl
+from resilienced.runs import record as runs_record
+from resilienced.runs import summary
 
 #: Reasons of the Kubernetes Events resilienced records (kubernetes mode; logged in ray mode).
 REASON_NOTICE = "InterruptionNotice"
@@ -88,6 +97,10 @@ class RecoveryMetrics:
             "resilienced_notice_to_durable_seconds",
             "Seconds from the interruption notice to a verified checkpoint in S3.",
             buckets=DURATION_BUCKETS, registry=registry)
+        self.notice_to_checkpoint = Histogram(
+            "resilienced_notice_to_checkpoint_seconds",
+            "Seconds from the interruption notice to the save of the checkpoint that became "
+            "durable (the manifest's time).", buckets=DURATION_BUCKETS, registry=registry)
         self.steps_lost = Counter("resilienced_steps_lost", "Steps repeated because the "
                                   "newest durable checkpoint predates the notice (a lower bound).",
                                   registry=registry)
@@ -136,6 +149,7 @@ class RunReport:
     instances: list[str]
     steps: dict[str, Any] = field(default_factory=dict)
     skipped: str | None = None
+    record: dict[str, Any] | None = None  # what the done claim keeps (resilienced.runs.record)
 
     def as_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"run": self.run, "instances": self.instances, **self.steps}
@@ -158,6 +172,8 @@ class Recovery:
         capacity: the EC2 side, to find a Capacity Block's instances.
         export: FSx export tasks (``--export-mode task``); None: DRA auto-export.
         lifecycle: Auto Scaling, for terminate hooks.
+        notifier: the webhook (``--notify-webhook``), told once per run handled (done or
+            failed); it queues and returns at once, so it never delays the recovery.
     """
 
     def __init__(
@@ -174,6 +190,7 @@ class Recovery:
         lifecycle: Lifecycle | None = None,
         options: RecoveryOptions = RecoveryOptions(),
         metrics: RecoveryMetrics | None = None,
+        notifier: Notifier | None = None,
         clock: Callable[[], datetime] = lambda: datetime.now(timezone.utc),
     ) -> None:
         self.cluster = cluster
@@ -187,6 +204,7 @@ class Recovery:
         self.lifecycle = lifecycle
         self.options = options
         self.metrics = metrics
+        self.notifier = notifier
         self.clock = clock
         self._log = log.get("resilienced.recovery")
 
@@ -215,10 +233,15 @@ class Recovery:
             elif isinstance(got, PermanentError):
                 permanent.append(f"{run.run_key}: {got}")
                 reports.append({"run": run.run_key, "failed": str(got)})
+                self._tell(runs_record(event, {"run": run.run_key, "instances": list(
+                    run.attributes.get("instance_ids", []))}, outcome="failed", at=self.clock(),
+                    reason=str(got)))
             elif isinstance(got, BaseException):
                 raise got
             else:
                 reports.append(got.as_json())
+                if got.record is not None:
+                    self._tell(got.record)
         lifecycle = None
         if Step.COMPLETE_LIFECYCLE in plan.steps and not temporary:
             lifecycle = await self._complete_lifecycle(plan)
@@ -230,7 +253,8 @@ class Recovery:
         if temporary:
             delays = [t.delay for t in temporary if t.delay is not None]
             raise TemporaryError("; ".join(str(t) for t in temporary),
-                                 delay=min(delays) if delays else None)
+                                 delay=min(delays) if delays else None,
+                                 backends=tuple(b for t in temporary for b in backends_of(t)))
         if not runs:
             why = "; ".join(f"{i}: {r}" for i, r in location.unresolved.items()) or \
                 "no instances to act on"
@@ -293,8 +317,14 @@ class Recovery:
             except ResilienceError as e:
                 self._log.warning("claim release failed", key=key, error=str(e))
             raise
-        await self.claims.complete(key, holder=holder, details=report.as_json())
+        report.record = runs_record(event, report.as_json(), outcome="done", at=self.clock())
+        await self.claims.complete(key, holder=holder, details=report.record)
         return report
+
+    def _tell(self, record: dict[str, Any]) -> None:
+        """Hand one run's record to the notifier (queued; never waits, never fails the recovery)."""
+        if self.notifier is not None:
+            self.notifier.submit(summary(record))
 
     def _claim_ttl(self, plan: Plan) -> float:
         left = 0.0
@@ -379,6 +409,8 @@ class Recovery:
             if self.metrics is not None:
                 self.metrics.durable.labels(outcome="durable").inc()
                 self.metrics.notice_to_durable.observe(max(0.0, after))
+                self.metrics.notice_to_checkpoint.observe(
+                    max(0.0, (result.manifest.time - notice).total_seconds()))
             await self._record(target, reason=REASON_DURABLE, warning=False, message=(
                 f"checkpoint step {result.step} of {target.run_key} is durable in "
                 f"{target.checkpoint_uri} ({len(result.manifest.files)} files, "

@@ -8,7 +8,9 @@ recursively in name order (hidden files skipped).  Every file gives one row, bui
 ``--dry-run``: nothing outside the process is touched.  Without it, actionable plans are also
 handed to the responder -- today :class:`~resilienced.respond.PlanLogger`, which only logs them
 (stderr).  Exit status: 0 when every input was read (invalid events included), 2 on a usage
-error or an unreadable path, 1 when a cluster given does not answer at start-up.
+error or an unreadable path, 1 when a cluster given does not answer at start-up, and with
+``--strict`` (for CI) :data:`EXIT_STRICT` (3) when an input is invalid (or not an event) or a
+directory holds no file.  A directory with no file is warned about on stderr either way.
 
 Targets (``--kubeconfig`` or ``--ray-address``, only with ``--dry-run``): each actionable row
 also gets ``targets``, the runs on its instances, and ``unresolved``, why the other instances
@@ -62,6 +64,8 @@ MODE_FLAGS = ("kubeconfig", "kube_context", "ray_address", "ray_token_file", "in
               "checkpoint_uri", "instance_type")
 #: The QueueSettings flags replay takes: the AWS region and endpoint, for EC2 (as the daemon).
 AWS_FLAGS = ("region", "endpoint_url")
+#: ``--strict``: the exit status when an input is invalid or a directory holds no file.
+EXIT_STRICT = 3
 #: The contract fields of a target (``Target.as_json``); capacity fields follow them.
 TARGET_FIELDS = ("instance_id", "node", "ray_cluster", "ray_job", "ray_node_ids", "checkpoint_uri")
 
@@ -74,6 +78,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
                              "--kubeconfig or --ray-address, the cluster and EC2 are only read)")
     parser.add_argument("--json", action="store_true",
                         help="one JSON object per input file on stdout, instead of a table")
+    parser.add_argument("--strict", action="store_true",
+                        help=f"exit {EXIT_STRICT} when an input is invalid or a directory holds "
+                             "no file (for CI)")
     IntakeSettings.add_arguments(parser)
     ModeSettings.add_arguments(parser, only=MODE_FLAGS)
     QueueSettings.add_arguments(parser, only=AWS_FLAGS)
@@ -121,12 +128,26 @@ def main(args: argparse.Namespace) -> int:
         raise ConfigError("--dry-run", "replay acts only with --dry-run when a cluster is given; "
                                        "use `resilienced run` to act")
     files = collect(args.paths)
+    empty = empty_directories(args.paths)
+    for path in empty:
+        print(f"resilienced replay: warning: {path}: the directory holds no file", file=sys.stderr)
     log.configure(level="warning" if args.dry_run else "info", stream=sys.stderr)
     responder = None if args.dry_run else PlanLogger()
     rows = asyncio.run(replay(files, settings=settings, responder=responder, lookup=lookup))
     write(rows, as_json=args.json, stream=sys.stdout,
           columns=COLUMNS if lookup is None else TARGET_COLUMNS)
+    invalid = [r["source_file"] for r in rows if r["kind"] == "invalid"]
+    if args.strict and (invalid or empty):
+        print(f"resilienced replay: --strict: {len(invalid)} invalid input(s)"
+              + (f" ({', '.join(invalid)})" if invalid else "")
+              + f", {len(empty)} directory(ies) without a file", file=sys.stderr)
+        return EXIT_STRICT
     return 0
+
+
+def empty_directories(paths: Sequence[str]) -> list[str]:
+    """The given directories that hold no file replay would read (hidden files do not count)."""
+    return [text for text in paths if Path(text).is_dir() and not collect([text])]
 
 
 def collect(paths: Sequence[str]) -> list[tuple[str, bytes]]:

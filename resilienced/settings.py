@@ -1,7 +1,8 @@
 """Settings: grouped, documented, from flags with environment defaults, validated once.
 
 Every setting is a field of a frozen dataclass *group* (``QueueSettings``, ``IntakeSettings``,
-``ModeSettings``, ``RecoverySettings``, ``CapacityPolicy``, ``HttpSettings``, ``LogSettings``).
+``ModeSettings``, ``RecoverySettings``, ``CapacityPolicy``, ``HttpSettings``, ``LogSettings``,
+``NotifySettings``).
 A field is declared with :func:`~resilienced.options.option` (the machinery lives in
 :mod:`resilienced.options`), which carries its
 flag (``--visibility-timeout``), its environment variables (``RESILIENCED_VISIBILITY_TIMEOUT``,
@@ -27,6 +28,7 @@ import enum
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
+from pathlib import Path
 from typing import ClassVar
 from urllib.parse import urlsplit
 
@@ -378,6 +380,71 @@ class RecoverySettings(Group):
         return [f"{root}/{rest}" if rest else (root or "/")]
 
 
+@dataclass(frozen=True)
+class NotifySettings(Group):
+    """Where a message goes once a run has been handled (a chat webhook)."""
+
+    TITLE: ClassVar[str] = "notify"
+
+    notify_webhook: str | None = option(
+        None, parse=text, metavar="URL",
+        help="Webhook URL that gets one POST per run per event once it is handled (Slack "
+             "incoming webhook, or any HTTP endpoint taking JSON). Unset: no notifications. "
+             "It holds a secret: in Kubernetes give --notify-webhook-file instead (the Secret "
+             "resilienced-notify mounted as a file), never the ConfigMap.")
+    notify_webhook_file: str | None = option(
+        None, parse=text, metavar="PATH",
+        help="File holding the webhook URL (a mounted Secret; read once at start). A file that "
+             "does not exist turns notifications off (the Secret is optional); an empty file or "
+             "one without an http(s) URL is an error. Not with --notify-webhook.")
+    notify_template: str | None = option(
+        None, parse=text, metavar="FILE",
+        help="JSON body template replacing the Slack-compatible default, with $placeholders "
+             "(event_id, kind, time, instances, run, drained, checkpoint_step, durable, "
+             "steps_lost, capacity, capacity_reason, outcome, reason); see docs/operations.md.")
+    notify_timeout_seconds: float = option(
+        5.0, parse=seconds, metavar="S",
+        help="Total time one POST may take, in seconds (0.1-60). Slack answers in well under a "
+             "second; 5 s bounds a hanging endpoint. The recovery never waits for it.")
+    notify_retries: int = option(
+        2, parse=integer, metavar="N",
+        help="Retries of a POST that timed out, could not connect or got 429/5xx (0-10), after "
+             "0.5 s, 1 s, 2 s ... Then the failure is counted and logged.")
+
+    def validate(self) -> None:
+        if self.notify_webhook is not None and self.notify_webhook_file is not None:
+            raise ConfigError("--notify-webhook-file", "give --notify-webhook or "
+                                                       "--notify-webhook-file, not both")
+        if self.notify_webhook is not None:
+            _require_url("--notify-webhook", self.notify_webhook)
+        if self.notify_template is not None and self.notify_webhook is None \
+                and self.notify_webhook_file is None:
+            raise ConfigError("--notify-template", "given without --notify-webhook")
+        self.webhook_url()
+        _require_range("--notify-timeout-seconds", self.notify_timeout_seconds, 0.1, 60, "s")
+        _require_range("--notify-retries", self.notify_retries, 0, 10)
+
+    def webhook_url(self) -> str | None:
+        """The URL given, else the one in --notify-webhook-file (None: no notifications)."""
+        if self.notify_webhook_file is None:
+            return self.notify_webhook
+        try:
+            url = Path(self.notify_webhook_file).read_text().strip()
+        except FileNotFoundError:
+            return None
+        except OSError as e:
+            raise ConfigError("--notify-webhook-file", f"cannot read {self.notify_webhook_file}: "
+                                                       f"{e.strerror or e}") from None
+        if not url:
+            raise ConfigError("--notify-webhook-file", f"{self.notify_webhook_file} is empty")
+        try:
+            _require_url("--notify-webhook-file", url)
+        except ConfigError:  # not echoing the file: what it holds may be the secret
+            raise ConfigError("--notify-webhook-file", f"{self.notify_webhook_file} does not hold "
+                                                       "an http(s) URL") from None
+        return url
+
+
 # --------------------------------------------------------------------------- all groups
 @dataclass(frozen=True)
 class Settings:
@@ -390,6 +457,7 @@ class Settings:
     mode: ModeSettings = field(default_factory=ModeSettings)
     recovery: RecoverySettings = field(default_factory=RecoverySettings)
     capacity: CapacityPolicy = field(default_factory=CapacityPolicy)
+    notify: NotifySettings = field(default_factory=NotifySettings)
     # -- Another group: add a field and an entry in GROUPS; `run` then takes its flags.
 
     GROUPS: ClassVar[dict[str, type[Group]]] = {
@@ -400,6 +468,7 @@ class Settings:
         "mode": ModeSettings,
         "recovery": RecoverySettings,
         "capacity": CapacityPolicy,
+        "notify": NotifySettings,
     }
 
     @classmethod

@@ -121,6 +121,14 @@ class SqsQueue:
     async def ping(self) -> None:
         await self._call("get_queue_attributes", AttributeNames=["QueueArn"])
 
+    async def depth(self) -> dict[str, int]:
+        """The queue's approximate message counts, by attribute name (ApproximateNumberOf...)."""
+        names = ["ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible",
+                 "ApproximateNumberOfMessagesDelayed"]
+        response = await self._call("get_queue_attributes", AttributeNames=names)
+        attributes = response.get("Attributes") or {}
+        return {name: int(attributes.get(name) or 0) for name in names}
+
     async def send(self, body: str) -> str:
         """Send one message (used by ``inject`` and the demo); returns its MessageId."""
         response = await self._call("send_message", MessageBody=body)

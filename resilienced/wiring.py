@@ -39,10 +39,31 @@ from resilienced.claims import MemoryClaims
 from resilienced.errors import ConfigError, ResilienceError
 from resilienced.metrics import Metrics
 from resilienced.model import Target
+from resilienced.notify import Notifier, NotifyMetrics, load_template
 from resilienced.ports import CapacitySource, ClaimStore, RayControl
 from resilienced.recovery import Lifecycle, Recovery, RecoveryMetrics, RecoveryOptions
 from resilienced.respond import PlanLogger, Responder
 from resilienced.settings import Mode, Settings
+
+
+@dataclass(frozen=True)
+class MetricGroups:
+    """Every metric group the daemon registers besides :class:`Metrics`' own, on its registry."""
+
+    recovery: RecoveryMetrics
+    requeue: Any  # resilienced.requeue.router.RequeueMetrics (imported lazily: kubernetes client)
+    interruptions: Any  # prometheus_client.Counter, resilienced_interruptions_total
+    notify: NotifyMetrics
+
+
+def metric_groups(metrics: Metrics) -> MetricGroups:
+    """Register every group on ``metrics.registry`` once (the daemon; docs and tests list them)."""
+    from resilienced.capacity.planner import interruption_counter
+    from resilienced.requeue.router import RequeueMetrics
+
+    r = metrics.registry
+    return MetricGroups(recovery=RecoveryMetrics(r), requeue=RequeueMetrics(r),
+                        interruptions=interruption_counter(r), notify=NotifyMetrics(r))
 
 
 @dataclass
@@ -88,6 +109,19 @@ async def _sweep_leases(claims: Any, *, older_than: float) -> None:
         await asyncio.sleep(SWEEP_INTERVAL_S)
 
 
+def _notifier(settings: Settings, metrics: NotifyMetrics) -> Notifier | None:
+    """The webhook notifier of ``--notify-webhook`` / ``--notify-webhook-file``, or None."""
+    ns = settings.notify
+    webhook = ns.webhook_url()
+    if webhook is None:
+        if ns.notify_webhook_file:
+            log.get("resilienced.notify").info("no webhook file: notifications off",
+                                               path=ns.notify_webhook_file)
+        return None
+    return Notifier(url=webhook, template=load_template(ns.notify_template),
+                    timeout_s=ns.notify_timeout_seconds, retries=ns.notify_retries, metrics=metrics)
+
+
 async def _cancel(task: asyncio.Task[Any]) -> None:
     task.cancel()
     with contextlib.suppress(asyncio.CancelledError):
@@ -111,10 +145,11 @@ async def open_runtime(
     from resilienced.capacity.ec2 import Ec2Capacity
     from resilienced.capacity.planner import CapacityPlanner
     from resilienced.raygcs import RayGcs
-    from resilienced.requeue.router import Requeue, RequeueMetrics
+    from resilienced.requeue.router import Requeue
     from resilienced.s3 import S3Store
 
     mode = settings.mode.kind
+    groups = metric_groups(metrics)  # in every mode: the same series for dashboards and alerts
     if mode is Mode.PLAN:
         yield Runtime(responder=PlanLogger(),
                       claims=MemoryClaims(done_ttl_seconds=settings.intake.dedupe_seconds))
@@ -131,7 +166,8 @@ async def open_runtime(
         store = S3Store(client=await client("s3"))
         ec2 = await client("ec2")
         capacity = capacity_source if capacity_source is not None else Ec2Capacity(ec2)
-        planner = CapacityPlanner(source=capacity, policy=settings.capacity)
+        planner = CapacityPlanner(source=capacity, policy=settings.capacity,
+                                  interruptions=groups.interruptions)
         lifecycle = Lifecycle(await client("autoscaling"))
         export = None
         rs = settings.recovery
@@ -141,6 +177,9 @@ async def open_runtime(
             export = FsxExportTasks(client=await client("fsx"),
                                     report_path=rs.fsx_data_repository_path.rstrip("/") + "/.fsx-reports",
                                     mount_point=rs.fsx_file_system_path if rs.fsx_file_system_path.startswith("/") else "/")
+        notifier = _notifier(settings, groups.notify)
+        if notifier is not None:
+            stack.push_async_callback(notifier.close)
         options = RecoveryOptions(
             durable_grace_seconds=rs.durable_grace_seconds,
             durable_poll_seconds=rs.durable_poll_seconds,
@@ -187,11 +226,12 @@ async def open_runtime(
             async def ray_control(target: Target) -> RayControl:
                 return ray
 
-        requeue = (Requeue(requeuer, cluster=cluster, metrics=RequeueMetrics(metrics.registry))
+        requeue = (Requeue(requeuer, cluster=cluster, metrics=groups.requeue)
                    if requeuer is not None else None)
         recovery = Recovery(
             cluster=cluster, claims=claims, ray_control=ray_control, store=store,
             planner=planner, requeue=requeue, capacity=capacity, export=export,
-            lifecycle=lifecycle, options=options, metrics=RecoveryMetrics(metrics.registry),
+            lifecycle=lifecycle, options=options, metrics=groups.recovery,
+            notifier=notifier,
         )
         yield Runtime(responder=recovery, claims=claims)

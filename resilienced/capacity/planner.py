@@ -19,6 +19,8 @@ from datetime import datetime, timedelta, timezone
 from decimal import Decimal
 from typing import Any, Protocol, runtime_checkable
 
+from prometheus_client import CollectorRegistry, Counter
+
 from resilienced.capacity.decision import Capacity, CapacityDecision, CapacityOffering, Pool, decide
 from resilienced.capacity.ec2 import PurchaseResult
 from resilienced.capacity.history import InterruptionHistory, UnavailableCache
@@ -46,6 +48,13 @@ def utcnow() -> datetime:
     return datetime.now(timezone.utc)
 
 
+def interruption_counter(registry: CollectorRegistry) -> Counter:
+    """``resilienced_interruptions_total{instance_type, availability_zone}``: what the history counts."""
+    return Counter("resilienced_interruptions", "Spot interruptions counted in the capacity "
+                   "decision's history, per pool (instance type x Availability Zone).",
+                   ["instance_type", "availability_zone"], registry=registry)
+
+
 class CapacityPlanner:
     """Decides where runs go, from live inputs.
 
@@ -66,8 +75,10 @@ class CapacityPlanner:
         history: InterruptionHistory | None = None,
         unavailable: UnavailableCache | None = None,
         clock: Callable[[], datetime] = utcnow,
+        interruptions: Counter | None = None,
     ) -> None:
         self.source = source
+        self.interruptions = interruptions
         self.policy = policy
         self.history = history or InterruptionHistory(
             keep=max(policy.interruption_window, policy.spot_cooldown))
@@ -79,7 +90,11 @@ class CapacityPlanner:
         if event.kind not in INTERRUPTION_KINDS:
             return False
         at = event.time or self.clock()
-        return self.history.record(pool, at, event_id=event.event_id)
+        counted = self.history.record(pool, at, event_id=event.event_id)
+        if counted and self.interruptions is not None:
+            self.interruptions.labels(instance_type=pool.instance_type,
+                                      availability_zone=pool.availability_zone or "unknown").inc()
+        return counted
 
     def mark_unavailable(self, pool: Pool, key: Capacity | str) -> None:
         """A provider answered "no capacity" for ``key`` (a capacity type or reservation id)."""

@@ -21,6 +21,8 @@ One Lease per claim key, in one namespace, named ``resilienced-<first 20 hex of 
               holds it and it is not done (a done claim must outlive its holder)
     get       read it back as a Claim
 
+    done      list the Leases labelled ``app.kubernetes.io/managed-by=resilienced`` and return the
+              done ones whose key starts with a prefix (``resilienced status``; read only)
     sweep     list the Leases labelled ``app.kubernetes.io/managed-by=resilienced`` and delete
               the done ones last renewed before a cutoff (the dedupe window), with uid and
               resourceVersion preconditions; held ones are never swept
@@ -241,14 +243,27 @@ class KubeLeaseClaims:
             if err.status not in (404, 409):
                 raise
 
-    async def sweep(self, *, older_than: timedelta) -> int:
-        """Delete done claims last renewed more than ``older_than`` ago; return how many."""
-        cutoff = self._clock() - older_than
+    async def _list(self) -> list[dict[str, Any]]:
         selector = ",".join(f"{k}={v}" for k, v in MANAGED_BY.items())
         listed = await call(verb="list", resource="leases", request=self._api.list_namespaced_lease(
             self.namespace, label_selector=selector, _preload_content=False, _request_timeout=self._timeout))
+        return list(listed.get("items") or [])
+
+    async def done(self, prefix: str = "") -> list[Claim]:
+        """Every done claim whose key starts with ``prefix`` (one list call; changes nothing)."""
+        found = []
+        for lease in await self._list():
+            notes = (lease.get("metadata") or {}).get("annotations") or {}
+            key = notes.get(KEY_ANNOTATION) or ""
+            if notes.get(STATE_ANNOTATION) == STATE_DONE and key.startswith(prefix):
+                found.append(self._claim(key, lease))
+        return found
+
+    async def sweep(self, *, older_than: timedelta) -> int:
+        """Delete done claims last renewed more than ``older_than`` ago; return how many."""
+        cutoff = self._clock() - older_than
         removed = 0
-        for lease in listed.get("items") or []:
+        for lease in await self._list():
             meta = lease.get("metadata") or {}
             if (meta.get("annotations") or {}).get(STATE_ANNOTATION) != STATE_DONE:
                 continue

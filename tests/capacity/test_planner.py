@@ -169,3 +169,19 @@ async def test_buying_with_a_source_that_cannot_buy_says_so() -> None:
     stormy(planner)
     _, decision = await planner.plan_for(target(), event=itn("e2", 1))
     assert decision.capacity is Capacity.ON_DEMAND and "cannot buy" in decision.reason
+
+
+async def test_interruptions_are_counted_per_pool_once_per_event() -> None:
+    from prometheus_client import CollectorRegistry
+
+    from resilienced.capacity.planner import interruption_counter
+
+    registry = CollectorRegistry()
+    planner = CapacityPlanner(source=StaticCapacity([]), policy=CapacityPolicy(), clock=lambda: NOW,
+                              interruptions=interruption_counter(registry))
+    await planner.plan_for(target(), event=itn("e1", 20))
+    await planner.plan_for(target(), event=itn("e1", 20))  # redelivery: counted once
+    await planner.plan_for(target(), event=itn("e2", 1))
+    await planner.plan_for(target(), event=itn("e3", 1), dry_run=True)  # a dry run counts nothing
+    labels = {"instance_type": "p5.48xlarge", "availability_zone": "us-east-1a"}
+    assert registry.get_sample_value("resilienced_interruptions_total", labels) == 2

@@ -11,7 +11,14 @@ from typing import Any
 
 import pytest
 
-from resilienced.settings import ENV_PREFIX, HttpSettings, QueueSettings, Settings, documented_options
+from resilienced.settings import (
+    ENV_PREFIX,
+    HttpSettings,
+    NotifySettings,
+    QueueSettings,
+    Settings,
+    documented_options,
+)
 from trainer.config import parse_args
 
 from .tools import FSX_STACK, REPO, build, load_template, one
@@ -30,7 +37,9 @@ def _container(build_name: str) -> dict[str, Any]:
 
 
 def _config(build_name: str) -> dict[str, str]:
-    return one("ConfigMap", build_name)["data"]
+    """The ConfigMap the daemon reads (envFrom), not another one (the dashboard's)."""
+    (ref,) = _container(build_name)["envFrom"]
+    return one("ConfigMap", build_name, ref["configMapRef"]["name"])["data"]
 
 
 def _selects(selector: dict[str, str], labels: dict[str, str]) -> bool:
@@ -94,6 +103,25 @@ def test_probes_and_port_are_the_daemons(build_name: str) -> None:
     assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
     assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
     assert container["args"] == ["run"]
+
+
+@pytest.mark.parametrize("build_name", ["base", "overlay"])
+def test_the_webhook_url_comes_from_a_secret_file_never_the_configmap(build_name: str) -> None:
+    config = _config(build_name)
+    assert "RESILIENCED_NOTIFY_WEBHOOK" not in config
+    assert not any("hooks." in v or v.startswith("http") and "sqs." not in v for v in config.values())
+    path = config["RESILIENCED_NOTIFY_WEBHOOK_FILE"]
+    mounts = {m["name"]: m for m in _container(build_name)["volumeMounts"]}
+    volumes = {v["name"]: v for v in _pod(build_name)["spec"]["volumes"]}
+    (name,) = [n for n, m in mounts.items() if path.startswith(m["mountPath"].rstrip("/") + "/")]
+    assert mounts[name]["readOnly"] is True
+    secret = volumes[name]["secret"]
+    assert (secret["secretName"], secret["optional"]) == ("resilienced-notify", True)
+    assert [i["path"] for i in secret["items"]] == [path.rsplit("/", 1)[1]]
+    # the daemon reads it: absent (no Secret) is "no notifications", not an error
+    notify = NotifySettings.from_args(None, config)
+    notify.validate()
+    assert notify.notify_webhook_file == path and notify.webhook_url() is None
 
 
 def test_two_replicas_spread_over_nodes_and_zones_never_on_spot() -> None:

@@ -23,7 +23,7 @@ EXPECTED_KINDS = {
              "Service", "ServiceMonitor"},
     "overlay": {"Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role",
                 "RoleBinding", "ConfigMap", "Deployment", "PodDisruptionBudget", "NetworkPolicy",
-                "Service", "ServiceMonitor"},
+                "Service", "ServiceMonitor", "PrometheusRule"},
     "examples": {"Namespace", "PersistentVolume", "PersistentVolumeClaim", "ResourceFlavor",
                  "ClusterQueue", "LocalQueue", "EC2NodeClass", "NodePool", "RayJob"},
 }
@@ -59,7 +59,8 @@ def test_every_builtin_object_validates_strictly_against_the_kubernetes_schema()
 def test_every_custom_resource_validates_against_its_vendored_crd_schema() -> None:
     customs = [doc for name in sorted(BUILDS) for doc in build(name) if not _is_builtin(doc)]
     kinds = {(doc["apiVersion"], doc["kind"]) for doc in customs}
-    assert len(kinds) == 7  # RayJob, ClusterQueue, LocalQueue, ResourceFlavor, NodePool, EC2NodeClass, ServiceMonitor
+    assert len(kinds) == 8  # RayJob, ClusterQueue, LocalQueue, ResourceFlavor, NodePool, EC2NodeClass,
+    #                        ServiceMonitor, PrometheusRule
     bad = {f"{doc['kind']}/{doc['metadata']['name']}": crd.errors(doc) for doc in customs}
     assert not {k: v for k, v in bad.items() if v}, dumps(bad)
 

@@ -26,7 +26,8 @@ OVERLAY = KUBERNETES / "overlays" / "example"
 EXAMPLES = DEPLOY / "examples"
 STACK = DEPLOY / "aws" / "resilienced.yaml"
 FSX_STACK = EXAMPLES / "aws" / "fsx-checkpoints.yaml"
-TEMPLATES = (STACK, FSX_STACK)
+FIS_STACK = DEPLOY / "aws" / "fis-spot-interruption.yaml"
+TEMPLATES = (STACK, FSX_STACK, FIS_STACK)
 DOCKERFILES = (REPO / "Dockerfile", DEPLOY / "images" / "trainer.Dockerfile")
 SCHEMAS = Path(__file__).parent / "schemas"
 

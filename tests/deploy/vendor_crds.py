@@ -35,6 +35,8 @@ SOURCES = [
     ("volcano-sh/volcano", "v1.15.1", "config/crd/volcano/bases/bus.volcano.sh_commands.yaml", ["v1alpha1"]),
     ("prometheus-operator/prometheus-operator", "v0.93.0",
      "example/prometheus-operator-crd/monitoring.coreos.com_servicemonitors.yaml", ["v1"]),
+    ("prometheus-operator/prometheus-operator", "v0.93.0",
+     "example/prometheus-operator-crd/monitoring.coreos.com_prometheusrules.yaml", ["v1"]),
 ]
 
 _SCHEMA_MAPS = ("properties", "patternProperties", "definitions")

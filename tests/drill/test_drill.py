@@ -13,6 +13,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 from pathlib import Path
 
 import pytest
@@ -63,9 +64,43 @@ def _drill(tmp_path: Path, workdir: Path, *args: str) -> dict:
     return data
 
 
+class Webhook:
+    """A webhook on 127.0.0.1 (a thread) that keeps every JSON body POSTed to it."""
+
+    def __init__(self) -> None:
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        posts = self.posts = []
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+                posts.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+                self.send_response(200)
+                self.end_headers()
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hook"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def __enter__(self) -> "Webhook":
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
 def test_a_spot_notice_costs_no_step_and_the_run_lands_on_the_capacity_block(tmp_path: Path) -> None:
-    report = drill(tmp_path, "--scenario", "spot", "--spot-capacity", "0")
+    with Webhook() as hook:
+        report = drill(tmp_path, "--scenario", "spot", "--spot-capacity", "0", "--notify-webhook", hook.url)
     assert report["ok"], json.dumps(report, indent=2)
+    # the drill's daemon posted the notice's facts once (Slack-compatible text + blocks)
+    (notice,) = [p["text"] for p in hook.posts if "spot_interruption" in p["text"]]
+    assert ": done" in notice and "durable yes" in notice and "capacity-block" in notice, notice
     assert report["steps_lost"] == 0 and report["steps_trained_twice"] == 0
     assert report["resumed_at_step"] == report["checkpoint_step"] + 1
     assert report["capacity"] == "capacity-block"

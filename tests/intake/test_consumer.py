@@ -263,3 +263,35 @@ async def test_a_queue_that_does_not_answer_makes_the_consumer_unready(aws, queu
             await consumer.run_once()
     assert not consumer.readiness.ready()
     assert consumer.metrics.value("resilienced_queue_errors_total", operation="receive") == 1
+
+
+# --------------------------------------------------------------------------- operations metrics
+async def test_event_age_last_receive_and_backend_errors_are_measured(queues, make_consumer):
+    from datetime import datetime, timedelta, timezone
+
+    from resilienced.errors import BackendUnavailable
+
+    consumer = make_consumer(Failing(BackendUnavailable("ray-gcs", "GCS did not answer", delay=0)))
+    assert consumer.metrics.value("resilienced_last_message_received_timestamp_seconds") == 0
+    sent = datetime.now(timezone.utc) - timedelta(seconds=90)  # the event was emitted 90 s ago
+    queues.send(p.spot(time=sent.strftime("%Y-%m-%dT%H:%M:%SZ")))
+    before = datetime.now(timezone.utc).timestamp()
+    [outcome] = await run_until(consumer, 1)
+
+    assert outcome.result is Result.RETRY
+    m = consumer.metrics
+    assert m.value("resilienced_backend_errors_total", backend="ray-gcs") == 1
+    assert m.value("resilienced_last_message_received_timestamp_seconds") >= before - 1
+    # one observation: 90 s (whole seconds in the event's time) plus the trip through moto
+    assert m.value("resilienced_event_age_at_receive_seconds_count") == 1
+    assert 89 <= m.value("resilienced_event_age_at_receive_seconds_sum") < 120
+    assert m.value("resilienced_event_age_at_receive_seconds_bucket", le="60.0") == 0
+    assert m.value("resilienced_event_age_at_receive_seconds_bucket", le="120.0") == 1
+
+
+async def test_the_queue_depth_is_read_from_the_queue(queues, sqs_queue):
+    queues.send(p.spot())
+    queues.send(p.rebalance())
+    depth = await sqs_queue.depth()
+    assert depth["ApproximateNumberOfMessages"] == 2
+    assert depth["ApproximateNumberOfMessagesNotVisible"] == 0

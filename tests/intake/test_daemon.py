@@ -75,6 +75,11 @@ def test_run_decides_logs_serves_http_and_exits_0_on_sigterm(aws, processes):
     status, metrics = http_get(port, "/metrics")
     assert status == 200
     assert 'resilienced_events_decided_total{kind="spot_interruption",outcome="done"} 2.0' in metrics
+    # what the alerts read: ready, versions, process metrics, the queue's depth (read at start)
+    assert "\nresilienced_ready 1.0" in metrics and "\nprocess_start_time_seconds " in metrics
+    assert 'resilienced_build_info{ray_version="' in metrics and 'version="0.1.0"} 1.0' in metrics
+    assert 'resilienced_queue_messages{state="visible"}' in metrics
+    assert "resilienced_last_message_received_timestamp_seconds 0.0" not in metrics
     assert daemon.terminate() == 0
     assert daemon.events("stopped")
 

@@ -1,0 +1,142 @@
+"""``resilienced status``: what the daemon did, read back from where it records it.
+
+Every run the daemon handles for an event ends in a done claim ``run/<event id>/<run>`` whose
+details are the run's record (:mod:`resilienced.runs`): in kubernetes mode a Lease in
+``--claims-namespace`` (annotation ``resilienced.io/details``), in ray mode a record in the Ray
+cluster's GCS KV.  ``status`` lists them, one row per (event, run): time, kind, instance(s),
+run, outcome, checkpoint step, durable or not, capacity.  It only reads: one Lease list (the
+``list`` verb the daemon's Role already has), or GCS KV key listings and gets.
+
+The mode comes from ``--mode`` (env ``RESILIENCED_MODE``, as the daemon's ConfigMap sets it, so
+``kubectl exec deploy/resilienced -- resilienced status`` works in the pod), or from
+``--kubeconfig`` / ``--ray-address`` when given.  Done claims are kept for the dedupe window
+(``--dedupe-seconds``, 24 h), so that is as far back as ``status`` sees.
+
+Exit status: 0 (also when there is nothing to show), 2 on a usage error, 1 when the claim store
+does not answer.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import json
+import os
+import re
+import sys
+from collections.abc import Mapping, Sequence
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+from resilienced.errors import ConfigError
+from resilienced.runs import RUN_PREFIX, summary
+from resilienced.settings import Mode, ModeSettings
+
+MODE_FLAGS = ("mode", "kubeconfig", "kube_context", "claims_namespace", "ray_address",
+              "ray_token_file")
+#: Table columns: (title, summary field).
+COLUMNS = (("TIME", "time"), ("KIND", "kind"), ("INSTANCES", "instances"), ("RUN", "run"),
+           ("OUTCOME", "outcome"), ("STEP", "checkpoint_step"), ("DURABLE", "durable"),
+           ("LOST", "steps_lost"), ("CAPACITY", "capacity"), ("EVENT", "event_id"))
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true", help="one JSON object per row on stdout")
+    parser.add_argument("--since", metavar="AGE|TIME", type=since,
+                        help="only what was done in the last AGE (90s, 30m, 2h, 7d) or after an "
+                             "ISO-8601 TIME")
+    ModeSettings.add_arguments(parser, only=MODE_FLAGS)
+
+
+def since(value: str, *, now: datetime | None = None) -> datetime:
+    """The cutoff a ``--since`` value means (argparse type: a ValueError is a usage error)."""
+    now = now or datetime.now(timezone.utc)
+    match = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([smhd]?)\s*", value)
+    if match:
+        return now - timedelta(seconds=float(match.group(1)) * _UNITS[match.group(2) or "s"])
+    try:
+        moment = datetime.fromisoformat(value.strip().replace("Z", "+00:00"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected an age (90s, 30m, 2h, 7d) or an ISO-8601 time, got {value!r}") from None
+    if moment.tzinfo is None:
+        raise argparse.ArgumentTypeError(f"{value!r} has no time zone (add Z or +00:00)")
+    return moment
+
+
+def mode_settings(args: argparse.Namespace, environ: Mapping[str, str]) -> ModeSettings:
+    """The mode to read from: --kubeconfig or --ray-address decide, else --mode / its env."""
+    mode = ModeSettings.from_args(args, environ)
+    if getattr(args, "kubeconfig", None) and getattr(args, "ray_address", None):
+        raise ConfigError("--ray-address", "give --kubeconfig (kubernetes mode) or --ray-address "
+                                           "(ray mode), not both")
+    if getattr(args, "kubeconfig", None):
+        mode = dataclasses.replace(mode, mode=Mode.KUBERNETES.value)
+    elif getattr(args, "ray_address", None):
+        mode = dataclasses.replace(mode, mode=Mode.RAY.value)
+    if mode.kind is Mode.PLAN:
+        raise ConfigError("--mode", "status reads the claims of kubernetes or ray mode: give --mode "
+                                    "kubernetes (or --kubeconfig) or --ray-address")
+    mode.validate()
+    return mode
+
+
+async def records(mode: ModeSettings) -> list[tuple[str, dict[str, Any]]]:
+    """(claim key, details) of every done run claim in the mode's claim store."""
+    if mode.kind is Mode.KUBERNETES:
+        from resilienced.kube.api import connect
+        from resilienced.kube.leases import KubeLeaseClaims
+
+        api = await connect(kubeconfig=mode.kubeconfig, context=mode.kube_context)
+        try:
+            claims = await KubeLeaseClaims(api, namespace=mode.claims_namespace).done(RUN_PREFIX)
+        finally:
+            await api.close()
+    else:
+        from resilienced.raygcs import RayGcs
+        from resilienced.raymode import RayKvClaims
+        from resilienced.wiring import read_token
+
+        ray = RayGcs(mode.ray_address, token=read_token(mode.ray_token_file))
+        claims = await RayKvClaims(kv=ray).done(RUN_PREFIX)
+    return [(claim.key, dict(claim.details)) for claim in claims]
+
+
+def rows(found: Sequence[tuple[str, Mapping[str, Any]]], *, after: datetime | None = None) -> list[dict[str, Any]]:
+    """One summary per record, oldest first; ``after``: only those done at or after it."""
+    out = []
+    for key, details in found:
+        row = summary(details, key=key)
+        moment = _parse(row["time"])
+        if after is not None and (moment is None or moment < after):
+            continue
+        out.append(row)
+    return sorted(out, key=lambda r: (r["time"] or "", r["run"] or ""))
+
+
+def _parse(value: Any) -> datetime | None:
+    if not isinstance(value, str):
+        return None
+    try:
+        return datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+
+
+def main(args: argparse.Namespace) -> int:
+    from resilienced import log
+    from resilienced.replay import table
+
+    mode = mode_settings(args, os.environ)
+    log.configure(level="warning", stream=sys.stderr)
+    shown = rows(asyncio.run(records(mode)), after=args.since)
+    if not shown:
+        print("no runs handled" + (" since then" if args.since else "") + " (done claims are "
+              "kept for --dedupe-seconds)", file=sys.stderr)
+    elif args.json:
+        sys.stdout.writelines(json.dumps(row, default=str) + "\n" for row in shown)
+    else:
+        sys.stdout.write(table(shown, COLUMNS))
+    return 0
