@@ -14,6 +14,9 @@ resilienced_dead_lettered_total            counter    poison messages on their l
 resilienced_visibility_extensions_total    counter    visibility extensions of slow messages
 resilienced_released_total                 counter    messages released unfinished (shutdown)
 resilienced_queue_errors_total{operation}  counter    failed queue calls (receive, delete, ...)
+resilienced_stale_events_total{kind,when}  counter    notices not acted on because stale
+                                                      (when=past: deadline long gone) or from the
+                                                      future (when=future); acknowledged
 =========================================  =========  =============================================
 
 Other parts add their metrics as attributes of :class:`Metrics` (or on ``Metrics.registry``),
@@ -55,6 +58,9 @@ class Metrics:
         self.released = Counter("resilienced_released",
                                 "Messages released unfinished (visibility 0) at shutdown.",
                                 registry=r)
+        self.stale = Counter("resilienced_stale_events",
+                             "Notices acknowledged without acting: too old (past) or from the future.",
+                             ["kind", "when"], registry=r)
         self.queue_errors = Counter("resilienced_queue_errors", "Failed queue calls.",
                                     ["operation"], registry=r)
 

@@ -199,6 +199,37 @@ async def test_an_unreachable_gcs_still_gives_the_target_without_ray_node_ids_an
     await closed(kubeapi)
 
 
+async def test_an_event_whose_instances_resolve_to_no_run_is_not_actionable_and_says_why(
+    kubeapi: KubeApiServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    kube_view(kubeapi, gcs_port=free_port(), worker_labels=SPOT)
+    kubeapi.seed(node("n3", instance(3), labels=SPOT))  # a Node that runs no Ray pod
+    kubeconfig = kubeapi.write_kubeconfig(tmp_path / "kubeconfig")
+    inputs = files(tmp_path, payloads.spot(instance(7)), payloads.spot(instance(3)),
+                   payloads.health((instance(1), instance(7)), start="Mon, 01 Jan 2024 06:00:00 GMT"))
+
+    code, [absent, idle, partly], err = await replay(capsys, "--kubeconfig", str(kubeconfig), *inputs)
+
+    assert code == 0, err
+    no_node = f"no Kubernetes Node has spec.providerID aws:///<az>/{instance(7)}"
+    assert (absent["actionable"], absent["steps"], absent["targets"]) == (False, [], [])
+    assert absent["reason"] == (f"nothing to act on: no instance of the event resolves to a run "
+                                f"({instance(7)}: {no_node})")
+    assert idle["actionable"] is False and idle["steps"] == []
+    assert f"Node n3 ({instance(3)}) runs no Ray pods" in idle["reason"]
+    assert partly["actionable"] is True and partly["reason"] is None
+    assert [t["instance_id"] for t in partly["targets"]] == [instance(1)]
+    assert partly["unresolved"] == {instance(7): no_node}
+
+    text = replay_module.table([absent, partly], replay_module.TARGET_COLUMNS)
+    header, absent_line, partly_line = text.splitlines()
+    assert header.split()[-3:] == ["TARGETS", "UNRESOLVED", "REASON"]
+    assert " no " in absent_line and "signal" not in absent_line and "nothing to act on" in absent_line
+    assert " yes " in partly_line and f"{instance(1)}>ml/train:spot" in partly_line
+    assert f"{instance(7)} ({no_node})" in partly_line
+    await closed(kubeapi)
+
+
 async def test_a_capacity_block_expiry_finds_the_blocks_instances_and_decides_once_per_run_on_ec2(
     kubeapi: KubeApiServer, tmp_path: Path, capsys: pytest.CaptureFixture[str], ec2: StubbedEc2
 ) -> None:
@@ -312,7 +343,7 @@ def test_table_output_shows_each_target(tmp_path: Path) -> None:
                           "capacity": None}]}]
     text = replay_module.table(rows, replay_module.TARGET_COLUMNS)
     header, line = text.splitlines()
-    assert header.split()[-2:] == ["TARGETS", "REASON"]
+    assert header.split()[-3:] == ["TARGETS", "UNRESOLVED", "REASON"]
     assert "i-1>ml/train:spot,i-2>10.0.0.2:-" in line
 
 
