@@ -47,6 +47,7 @@ from resilienced.kube.api import BACKEND, JsonObj, KubeStatusError, call
 from resilienced.kube.cache import CacheOptions, Informer, Source
 from resilienced.kube.discovery import CustomResource, served
 from resilienced.kube.events import EventRecorder, ObjectRef, ref_for
+from resilienced.kube.karpenter import selectable_reservations
 from resilienced.kube.locate import (
     RAY_POD_SELECTOR,
     RESERVATION_LABEL,
@@ -462,11 +463,25 @@ class KubeCluster:
                    for p in self.pods.by_index("cluster", view.key) if not is_head(p)]
         attributes.update(capacity_facts(node=node, run_objects=[o for o in (job, view.raycluster) if o],
                                          worker_nodes=workers))
+        attributes.update(self._karpenter_facts(node, attributes.get("instance_type")))
         return Target(
             instance_id=instance, node=name_of(node), ray_cluster=view.key, ray_job=view.job_key,
             ray_node_ids=tuple(dict.fromkeys(ids)), checkpoint_uri=view.checkpoint_uri,
             ray_address=view.address, attributes=attributes,
         )
+
+    def _karpenter_facts(self, node: JsonObj, instance_type: str | None) -> dict[str, Any]:
+        """Where the cluster serves EC2NodeClasses: the Capacity Blocks Karpenter can launch the
+        run into (``selectable_reservations``) and the NodePool/EC2NodeClass pairs they come from.
+        Nothing where it does not: the capacity decision then takes any block of the account."""
+        nodeclasses = self.cache_of(EC2NODECLASSES)
+        if nodeclasses is None:
+            return {}
+        pools = self.cache_of(NODEPOOLS)
+        ids, sources = selectable_reservations(
+            node=node, nodepools=pools.values() if pools is not None else (),
+            nodeclass=lambda name: nodeclasses.get(None, name), instance_type=instance_type)
+        return {"selectable_reservations": ids, "selectable_from": sources}
 
     # ------------------------------------------------------------------ GCS
     async def token_for(self, raycluster: Mapping[str, Any]) -> str | None:
