@@ -281,7 +281,10 @@ class KubeCluster:
             return
         if not self._started:
             raise BackendUnavailable(BACKEND, "kubernetes caches are not running (start() not called)")
-        await self._discover()
+        try:
+            await self._discover()
+        except BackendUnavailable:
+            pass  # the caches' own wait says more; discovery is asked again below
         dead = [f"{i.source.resource}: {i.failure!r}" for i in self.informers if i.failure is not None]
         if dead:
             raise BackendUnavailable(BACKEND, f"kubernetes caches stopped: {'; '.join(dead)}")
@@ -296,6 +299,7 @@ class KubeCluster:
         finally:
             for wait in waits:
                 wait.cancel()
+        await self._discover()  # the caches answered: discovery does too, or it says why not
 
     # ------------------------------------------------------------------ locate
     async def locate(
