@@ -1,4 +1,4 @@
-"""API discovery: whether the cluster serves a resource, so optional caches start only where it does.
+"""Optional custom resources: whether the cluster serves one, so its cache starts only where it does.
 
 Custom resources of other projects (Volcano Jobs, Karpenter NodePools and EC2NodeClasses) are
 not in every cluster.  A watch cache of a resource the server does not serve would never sync, and
