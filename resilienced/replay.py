@@ -5,6 +5,10 @@ recursively in name order (hidden files skipped).  Every file gives one row, bui
 :func:`row` (the only place a row is made).  Bodies go through exactly the daemon's path
 (``intake.read``), so the two cannot disagree.
 
+Each event is judged (stale, from the future: ``intake.judge``) as of its own time, so a
+recorded notice replays as it was decided; ``--at now|ISO-TIME`` judges them all as the daemon
+would at that moment, and each row's ``stale`` says which would be ``past`` or ``future``.
+
 ``--dry-run``: nothing outside the process is touched.  Without it, actionable plans are also
 handed to the responder -- today :class:`~resilienced.respond.PlanLogger`, which only logs them
 (stderr).  Exit status: 0 when every input was read (invalid events included), 2 on a usage
