@@ -27,6 +27,7 @@ import sys
 import time
 import urllib.request
 import uuid
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 from aiobotocore.session import get_session
@@ -46,10 +47,15 @@ REGION = "us-east-1"
 
 
 def events(count: int) -> list[str]:
-    """A mix of every kind, each with its own id."""
+    """A mix of every kind, each with its own id, stamped now (the daemon acknowledges stale
+    notices without acting: a benchmark of old ones would measure only that)."""
+    now = datetime.now(timezone.utc)
+    stamp = now.strftime("%Y-%m-%dT%H:%M:%SZ")
+    window = (now + timedelta(days=1)).strftime("%a, %d %b %Y %H:%M:%S GMT")
+
     def envelope(detail_type, detail, source="aws.ec2"):
         return {"version": "0", "id": str(uuid.uuid4()), "detail-type": detail_type, "source": source,
-                "account": "123456789012", "time": "2024-01-01T00:00:00Z", "region": REGION,
+                "account": "123456789012", "time": stamp, "region": REGION,
                 "resources": [], "detail": detail}
     shapes = [
         lambda i: envelope("EC2 Spot Instance Interruption Warning",
@@ -58,7 +64,7 @@ def events(count: int) -> list[str]:
         lambda i: envelope("EC2 Instance State-change Notification", {"instance-id": f"i-{i:017x}",
                                                                       "state": "running"}),
         lambda i: envelope("AWS Health Event", {
-            "service": "EC2", "eventTypeCategory": "scheduledChange", "startTime": "Sat, 05 Jun 2016 15:10:09 GMT",
+            "service": "EC2", "eventTypeCategory": "scheduledChange", "startTime": window,
             "affectedEntities": [{"entityValue": f"i-{i:017x}"}]}, source="aws.health"),
         lambda i: envelope("EC2 Instance-terminate Lifecycle Action", {
             "LifecycleActionToken": str(uuid.uuid4()), "AutoScalingGroupName": "g", "LifecycleHookName": "h",

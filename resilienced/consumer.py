@@ -2,7 +2,10 @@
 
 Per message (``Consumer._process``):
 
-1. read the body (``intake.read``: decode, validate, parse, plan) -- never raises;
+1. read the body (``intake.read``: decode, validate, parse, plan) -- never raises -- and judge
+   it at ``clock()`` (``intake.judge``): a notice whose deadline passed more than
+   ``stale_after_seconds`` ago, or whose time is more than ``future_skew_seconds`` ahead, is not
+   actionable (deleted with a ``stale: ...`` reason, counted in ``resilienced_stale_events_total``);
 2. not decodable / invalid / not actionable: an outcome at once; actionable: claim the event
    id (idempotency), then hand the plan to the :class:`~resilienced.respond.Responder`,
    while a keeper extends the message's visibility (and renews the claim) every
@@ -34,6 +37,7 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from typing import Any
 
 from resilienced import ack, intake, log
@@ -52,6 +56,10 @@ MAX_VISIBILITY = 43200
 
 #: Called once per settled message: (message, outcome, verdict, seconds from receive to settled).
 Observer = Callable[[Message, Outcome, Verdict, float], None]
+
+
+def utcnow() -> datetime:
+    return datetime.now(timezone.utc)
 
 
 def replica_name() -> str:
@@ -79,7 +87,11 @@ class Consumer:
                  queue_settings: QueueSettings, intake_settings: IntakeSettings,
                  max_receive_count: int | None, metrics: Metrics | None = None,
                  readiness: Readiness | None = None, replica: str | None = None,
-                 observer: Observer | None = None, logger: Any | None = None) -> None:
+                 observer: Observer | None = None, logger: Any | None = None,
+                 clock: Callable[[], datetime] | None = utcnow) -> None:
+        """``clock`` gives the time events are judged at (stale or from the future); None
+        judges each event as of its own time, as ``replay`` does (the demo plays recorded
+        samples so)."""
         self.queue = queue
         self.responder = responder
         self.claims = claims
@@ -91,6 +103,7 @@ class Consumer:
         self.replica = replica or replica_name()
         self.observer = observer
         self.log = logger or log.get("resilienced.consumer")
+        self.clock = clock
         self._slots = asyncio.Semaphore(queue_settings.concurrency)
         self._flights: dict[asyncio.Task[Outcome], Flight] = {}
         self._slot_freed = asyncio.Event()
@@ -239,6 +252,7 @@ class Consumer:
             self.metrics.received.labels(Kind.INVALID.value).inc()
             return Outcome(result=Result.RETRY, event=None,
                            reason=f"internal error reading the message: {type(e).__name__}: {e}")
+        reading = intake.judge(reading, self.intake, at=self.clock() if self.clock else None)
         event, plan = reading.event, reading.plan
         self.metrics.received.labels(event.kind.value).inc()
         if event.time is not None and reading.decoded and event.kind is not Kind.INVALID:
@@ -247,6 +261,10 @@ class Consumer:
             return Outcome(result=Result.UNDECODABLE, event=event, plan=plan, reason=event.reason)
         if event.kind is Kind.INVALID:
             return Outcome(result=Result.INVALID, event=event, plan=plan, reason=event.reason)
+        if reading.stale:
+            self.metrics.stale.labels(event.kind.value, reading.stale).inc()
+            return Outcome(result=Result.NOT_ACTIONABLE, event=event, plan=plan, reason=plan.reason,
+                           details={"stale": reading.stale})
         if not plan.actionable:
             return Outcome(result=Result.NOT_ACTIONABLE, event=event, plan=plan, reason=plan.reason)
         return await self._act(flight, plan)

@@ -90,6 +90,7 @@ async def run_demo(*, endpoint_url: str) -> tuple[list[dict[str, Any]], int]:
                 queue_settings=queue_settings, intake_settings=intake_settings,
                 max_receive_count=await queue.max_receive_count(),
                 observer=lambda m, o, v, _latency: decisions.__setitem__(m.message_id, (m, o, v)),
+                clock=None,  # recorded samples: each judged as of its own time, as replay does
             )
             loop = asyncio.create_task(consumer.run(), name="resilienced.demo.consumer")
             try:

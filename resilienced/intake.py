@@ -10,9 +10,11 @@
       │                                                             -> Event (kind INVALID or
       │                                                                UNKNOWN with a reason)
       └─ handlers.plan()  pure: what must happen to which instances by when  -> Plan
+      └─ judge()       as of a time: a notice too old or from the future is not actionable
 
-:func:`read` does all three and never raises for any input: it is what the consumer and
-``resilienced replay`` both call, so the two cannot disagree.  A body that cannot be decoded
+:func:`read` does the first three and never raises for any input: it is what the consumer and
+``resilienced replay`` both call, so the two cannot disagree.  :func:`judge` then takes the
+time: the daemon's clock in the consumer, each event's own time (or ``--at``) in replay.  A body that cannot be decoded
 comes back as an ``invalid`` event with ``Reading.decoded`` false (poison for the queue).
 """
 
@@ -21,6 +23,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
+from datetime import datetime, timedelta
 from typing import Any
 
 import handlers
@@ -44,10 +47,15 @@ _ASG_DETAIL_TYPES = {
 
 @dataclass(frozen=True)
 class Reading:
-    """The plan for one body; ``decoded`` is False when the body is not an event at all."""
+    """The plan for one body; ``decoded`` is False when the body is not an event at all.
+
+    ``stale`` is set by :func:`judge` when the event is too old (``"past"``) or too far ahead
+    (``"future"``) to act on at the time it was judged; the plan is then not actionable.
+    """
 
     plan: Plan
     decoded: bool = True
+    stale: str | None = None
 
     @property
     def event(self) -> Event:
@@ -229,3 +237,59 @@ def read(body: Any, settings: IntakeSettings) -> Reading:
         return Reading(plan=Plan(event=event, actionable=False, reason=event.reason), decoded=False)
     event = interpret(envelope, settings)
     return Reading(plan=handlers.plan(event, settings))
+
+
+# --------------------------------------------------------------------------- judge
+STALE_PAST = "past"
+STALE_FUTURE = "future"
+
+
+def staleness(plan: Plan, settings: IntakeSettings, *, at: datetime) -> tuple[str, str] | None:
+    """(``"past"`` or ``"future"``, why) when ``plan``'s event is not to be acted on at ``at``.
+
+    Future: the event's time is more than ``future_skew_seconds`` after ``at``.  Past: the
+    plan's deadline (a notice without one, e.g. a state change: the event's time) is more than
+    ``stale_after_seconds`` before ``at``; an ASG lifecycle action's deadline is the hook's own
+    timeout (``asg_deadline_seconds``) and gets no grace beyond it.
+    """
+    event = plan.event
+    if event.time is not None and event.time - at > timedelta(seconds=settings.future_skew_seconds):
+        return STALE_FUTURE, (
+            f"stale: the event's time {validate.isoformat(event.time)} is "
+            f"{_span(event.time - at)} after {validate.isoformat(at)}, more than the "
+            f"{settings.future_skew_seconds:g}s allowed (--future-skew-seconds): not acted on")
+    if event.kind is Kind.ASG_LIFECYCLE:
+        grace, what, flag = timedelta(0), "the lifecycle action's timeout", "--asg-deadline-seconds"
+    else:
+        grace, what, flag = (timedelta(seconds=settings.stale_after_seconds), "its deadline",
+                             "--stale-after-seconds")
+    reference = plan.deadline or event.time
+    if reference is None or at - reference <= grace:
+        return None
+    if plan.deadline is None:
+        what = "its time"
+    return STALE_PAST, (
+        f"stale: {what} {validate.isoformat(reference)} passed {_span(at - reference)} before "
+        f"{validate.isoformat(at)} (allowed: {grace.total_seconds():g}s, {flag}): not acted on")
+
+
+def judge(reading: Reading, settings: IntakeSettings, *, at: datetime | None) -> Reading:
+    """``reading`` as decided at ``at``: not actionable, with the reason, when stale.
+
+    ``at`` None judges the event as of its own time (a recorded notice as it was decided).
+    """
+    plan = reading.plan
+    at = at if at is not None else plan.event.time
+    if not plan.actionable or at is None:
+        return reading
+    found = staleness(plan, settings, at=at)
+    if found is None:
+        return reading
+    stale, why = found
+    return replace(reading, plan=replace(plan, actionable=False, steps=(), reason=why), stale=stale)
+
+
+def _span(delta: timedelta) -> str:
+    seconds = int(delta.total_seconds())
+    days, rest = divmod(seconds, 86400)
+    return (f"{days}d " if days else "") + f"{rest // 3600:02d}:{rest % 3600 // 60:02d}:{rest % 60:02d}"

@@ -111,6 +111,8 @@ def decision(logger: Any, *, outcome: Outcome, verdict: Verdict, message_id: str
     if plan is not None and plan.actionable:
         fields["steps"] = _values(plan.steps)
         fields["deadline"] = isoformat(plan.deadline)
+    if outcome.details.get("stale"):
+        fields["stale"] = outcome.details["stale"]
     if action:
         fields["action"] = action
     if outcome.result.value in ("retry", "failed", "undecodable", "invalid"):

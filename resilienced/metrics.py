@@ -27,6 +27,9 @@ resilienced_queue_messages{state}          gauge      the queue's approximate de
 resilienced_backend_errors_total{backend}  counter    temporary failures of a backend (kubernetes,
                                                       ray-gcs, s3, ec2, fsx, autoscaling, ...)
 process_*                                  various    CPU, memory, file descriptors, start time
+resilienced_stale_events_total{kind,when}  counter    notices not acted on because stale
+                                                      (when=past: deadline long gone) or from the
+                                                      future (when=future); acknowledged
 =========================================  =========  =============================================
 
 Other parts add their metrics as attributes of :class:`Metrics` (or on ``Metrics.registry``),
@@ -93,6 +96,9 @@ class Metrics:
         self.released = Counter("resilienced_released",
                                 "Messages released unfinished (visibility 0) at shutdown.",
                                 registry=r)
+        self.stale = Counter("resilienced_stale_events",
+                             "Notices acknowledged without acting: too old (past) or from the future.",
+                             ["kind", "when"], registry=r)
         self.queue_errors = Counter("resilienced_queue_errors", "Failed queue calls.",
                                     ["operation"], registry=r)
         self._daemon_metrics(r)

@@ -76,10 +76,18 @@ RBAC_RULES: tuple[Rule, ...] = (
     Rule("kueue.x-k8s.io", "workloads", ("list", "patch"), "resilienced.requeue",
          "requeue (Kueue): find the run's Workload; evict (spec.active=false) and requeue it "
          "(spec.active=true) as a whole"),
-    Rule("batch.volcano.sh", "jobs", ("get", "patch"), "resilienced.requeue",
-         "requeue (Volcano): read the Job, set its tasks' node selectors and annotations"),
+    Rule("batch.volcano.sh", "jobs", ("get", "list", "watch", "patch"), "resilienced.kube, resilienced.requeue",
+         "locate: cache Volcano Jobs where the cluster serves them, to find the Job that created a "
+         "Ray pod and its checkpoint annotation (list/watch); requeue (Volcano): read the Job, set "
+         "its tasks' node selectors and annotations (get/patch)"),
     Rule("bus.volcano.sh", "commands", ("create",), "resilienced.requeue",
          "requeue (Volcano): a RestartJob Command restarts the Job as a whole"),
+    Rule("karpenter.sh", "nodepools", ("list", "watch"), "resilienced.kube",
+         "capacity (where Karpenter is installed): cache NodePools, to follow a lost node's "
+         "karpenter.sh/nodepool label to the NodePool's EC2NodeClass"),
+    Rule("karpenter.k8s.aws", "ec2nodeclasses", ("list", "watch"), "resilienced.kube",
+         "capacity (where Karpenter is installed): cache EC2NodeClasses; a Capacity Block is used "
+         "only when one lists it in status.capacityReservations"),
 )
 
 NAMESPACED_RBAC_RULES: Mapping[str, tuple[Rule, ...]] = {

@@ -5,6 +5,10 @@ recursively in name order (hidden files skipped).  Every file gives one row, bui
 :func:`row` (the only place a row is made).  Bodies go through exactly the daemon's path
 (``intake.read``), so the two cannot disagree.
 
+Each event is judged (stale, from the future: ``intake.judge``) as of its own time, so a
+recorded notice replays as it was decided; ``--at now|ISO-TIME`` judges them all as the daemon
+would at that moment, and each row's ``stale`` says which would be ``past`` or ``future``.
+
 ``--dry-run``: nothing outside the process is touched.  Without it, actionable plans are also
 handed to the responder -- today :class:`~resilienced.respond.PlanLogger`, which only logs them
 (stderr).  Exit status: 0 when every input was read (invalid events included), 2 on a usage
@@ -40,7 +44,7 @@ import sys
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -81,6 +85,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--strict", action="store_true",
                         help=f"exit {EXIT_STRICT} when an input is invalid or a directory holds "
                              "no file (for CI)")
+    parser.add_argument("--at", metavar="now|ISO-TIME", type=parse_at, default=None,
+                        help="judge every event as the daemon would at this time (`now`, or an "
+                             "ISO-8601 time with a zone): a notice too old or from the future is "
+                             "then not actionable, with `stale` past|future. Default: each event "
+                             "as of its own time (a recorded notice replays as it was decided)")
     IntakeSettings.add_arguments(parser)
     ModeSettings.add_arguments(parser, only=MODE_FLAGS)
     QueueSettings.add_arguments(parser, only=AWS_FLAGS)
@@ -120,6 +129,20 @@ class LookupSettings:
         return cls(mode=mode, aws=aws, capacity=CapacityPolicy.from_args(args, environ))
 
 
+def parse_at(text: str) -> datetime:
+    """``--at``: ``now`` (the current time) or an ISO-8601 time with a zone."""
+    if text.strip().lower() == "now":
+        return datetime.now(timezone.utc)
+    try:
+        moment = datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not `now` or an ISO-8601 time "
+                                         "(2024-01-01T00:10:00Z)") from None
+    if moment.tzinfo is None:
+        raise argparse.ArgumentTypeError(f"{text!r} has no time zone (end it with Z or +00:00)")
+    return moment.astimezone(timezone.utc)
+
+
 def main(args: argparse.Namespace) -> int:
     settings = IntakeSettings.from_args(args, os.environ)
     settings.validate()
@@ -133,7 +156,8 @@ def main(args: argparse.Namespace) -> int:
         print(f"resilienced replay: warning: {path}: the directory holds no file", file=sys.stderr)
     log.configure(level="warning" if args.dry_run else "info", stream=sys.stderr)
     responder = None if args.dry_run else PlanLogger()
-    rows = asyncio.run(replay(files, settings=settings, responder=responder, lookup=lookup))
+    rows = asyncio.run(replay(files, settings=settings, responder=responder, lookup=lookup,
+                              at=args.at))
     write(rows, as_json=args.json, stream=sys.stdout,
           columns=COLUMNS if lookup is None else TARGET_COLUMNS)
     invalid = [r["source_file"] for r in rows if r["kind"] == "invalid"]
@@ -177,15 +201,19 @@ def collect(paths: Sequence[str]) -> list[tuple[str, bytes]]:
 
 
 async def replay(files: Sequence[tuple[str, bytes]], *, settings: IntakeSettings,
-                 responder: Responder | None, lookup: LookupSettings | None = None) -> list[dict[str, Any]]:
-    """One row per file; with ``lookup``, actionable rows get their targets (read only)."""
+                 responder: Responder | None, lookup: LookupSettings | None = None,
+                 at: datetime | None = None) -> list[dict[str, Any]]:
+    """One row per file; with ``lookup``, actionable rows get their targets (read only).
+
+    Each event is judged (stale, from the future) at ``at``, or as of its own time when None.
+    """
     if lookup is not None and responder is not None:
         raise ValueError("replay looks up targets only in a dry run (no responder)")
     rows = []
     async with AsyncExitStack() as stack:
         finder = await stack.enter_async_context(open_lookup(lookup)) if lookup is not None else None
         for name, body in files:
-            reading = intake.read(body, settings)
+            reading = intake.judge(intake.read(body, settings), settings, at=at)
             if responder is not None and reading.plan.actionable:
                 # Where acting happens: the same responder the daemon uses.
                 await responder.act(reading.plan, holder=f"replay/{name}")
@@ -206,7 +234,9 @@ def row(source_file: str, reading: Reading, *, found: Found | None = None) -> di
     """The replay record of one input (the CLI contract; add new fields here).
 
     ``found`` (a dry run with a cluster, actionable plans only) adds ``targets`` and
-    ``unresolved``; without it the row has neither key.
+    ``unresolved``; without it the row has neither key.  When ``found`` has no target at all
+    (no instance of the event resolves to a run), the row is ``actionable: false`` with no
+    steps, and its ``reason`` says why each instance has none.
     """
     plan, event = reading.plan, reading.event
     record = {
@@ -223,10 +253,18 @@ def row(source_file: str, reading: Reading, *, found: Found | None = None) -> di
         "detail_type": event.detail_type,
         "wrapping": event.wrapping.value if reading.decoded else None,
         "time": isoformat(event.time),
+        "stale": reading.stale,
     }
     if found is not None:
         record["targets"] = found.targets
         record["unresolved"] = found.unresolved
+        if plan.actionable and not found.targets:
+            # Nothing of the event runs a run here: the daemon would find nothing to act on.
+            why = "; ".join(f"{key}: {reason}" for key, reason in found.unresolved.items())
+            record["actionable"] = False
+            record["steps"] = []
+            record["reason"] = ("nothing to act on: no instance of the event resolves to a run"
+                                + (f" ({why})" if why else ""))
     return record
 
 
@@ -455,8 +493,9 @@ async def open_lookup(settings: LookupSettings) -> AsyncIterator[Finder]:
 COLUMNS = (("FILE", "source_file"), ("KIND", "kind"), ("ACT", "actionable"),
            ("EVENT ID", "event_id"), ("INSTANCES", "instance_ids"), ("DEADLINE", "deadline"),
            ("STEPS", "steps"), ("REASON", "reason"))
-#: With a cluster: each target as ``instance>run:capacity`` before the reason.
-TARGET_COLUMNS = (*COLUMNS[:-1], ("TARGETS", "targets"), COLUMNS[-1])
+#: With a cluster: each target as ``instance>run:capacity``, then the instances with no run
+#: (``instance (why)``), before the reason.
+TARGET_COLUMNS = (*COLUMNS[:-1], ("TARGETS", "targets"), ("UNRESOLVED", "unresolved"), COLUMNS[-1])
 
 
 def write(rows: Sequence[dict[str, Any]], *, as_json: bool, stream: TextIO,
@@ -471,8 +510,10 @@ def write(rows: Sequence[dict[str, Any]], *, as_json: bool, stream: TextIO,
 def table(rows: Sequence[dict[str, Any]], columns: Sequence[tuple[str, str]] = COLUMNS) -> str:
     """A plain-text table (the last column is not padded)."""
     def cell(value: Any) -> str:
-        if value is None or value == []:
+        if value is None or value == [] or value == {}:
             return "-"
+        if isinstance(value, dict):
+            return "; ".join(f"{key} ({why})" for key, why in value.items())
         if isinstance(value, bool):
             return "yes" if value else "no"
         if isinstance(value, list):

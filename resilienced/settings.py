@@ -183,6 +183,21 @@ class IntakeSettings(Group):
              "event's time plus this (also for a capacity-reservation interruption without "
              "instance-termination-time, and a rebalance under the drain policy). EC2 gives "
              "120 s; only the local drill shortens it, to play the story in less time.")
+    stale_after_seconds: float = option(
+        300.0, parse=seconds, metavar="S",
+        help="A notice whose deadline (or, without one, whose time) passed more than this long "
+             "ago is stale: acknowledged with the reason, counted in "
+             "resilienced_stale_events_total, not acted on. In seconds (0-86400). 5 min covers "
+             "a queue backlog or a retried delivery while the run can still use the notice; "
+             "older, the instance is gone and acting would drain or requeue on old news. An "
+             "ASG lifecycle action is judged by its own timeout (--asg-deadline-seconds) "
+             "instead: once that passed, the ASG has gone on without us.")
+    future_skew_seconds: float = option(
+        300.0, parse=seconds, metavar="S",
+        help="A notice whose time is more than this ahead of the daemon's clock is from the "
+             "future: acknowledged with the reason, counted, not acted on. In seconds "
+             "(1-86400). EventBridge stamps events with AWS's clock; 5 min is far more than "
+             "NTP-synced clocks disagree by, so only a forged or corrupted time trips it.")
     dedupe_seconds: float = option(
         86400.0, parse=seconds, metavar="S",
         help="How long a handled event id is remembered, so a duplicate is acknowledged "
@@ -200,6 +215,8 @@ class IntakeSettings(Group):
         _require_range("--asg-deadline-seconds", self.asg_deadline_seconds, 1, 172800, "s")
         _require_range("--dedupe-seconds", self.dedupe_seconds, 60, 1209600, "s")
         _require_range("--notice-seconds", self.notice_seconds, 5, 120, "s")
+        _require_range("--stale-after-seconds", self.stale_after_seconds, 0, 86400, "s")
+        _require_range("--future-skew-seconds", self.future_skew_seconds, 1, 86400, "s")
 
     @property
     def rebalance(self) -> RebalancePolicy:

@@ -13,7 +13,9 @@ The order of preference::
                   moved off Spot, `spot_cooldown` passed since that move with no interruption in it
     Capacity Block  an active `capacity-block` reservation for the instance type (and AZ) with
                   enough available instances that does not end within the run's needs
-                  (never one inside its last `block_end_margin`); `prefer_blocks` puts it first
+                  (never one inside its last `block_end_margin`); `prefer_blocks` puts it first.
+                  Where Karpenter's EC2NodeClasses are known (`selectable`), only a block one
+                  of them lists in status.capacityReservations: Karpenter launches into no other
     purchase      (only with `purchase_blocks`) an offering within `price_cap` that starts within
                   `purchase_max_wait` and covers the run's needs
     On-Demand     if `allow_on_demand` and not known to be out of capacity
@@ -72,6 +74,25 @@ class Pool:
 
     def __str__(self) -> str:
         return f"{self.instance_type}/{self.availability_zone or '*'}"
+
+
+@dataclass(frozen=True)
+class Selectable:
+    """The Capacity Reservations Karpenter can launch a run into, and where that was read.
+
+    ``ids``: the ``status.capacityReservations[].id`` (state ``active``) of the EC2NodeClasses
+    that the NodePools able to serve the run reference; ``sources``: ``"nodepool/ec2nodeclass"``
+    pairs, for the reason.  (aws/karpenter-provider-aws v1.6+: Karpenter launches only into
+    reservations its EC2NodeClass resolved from ``capacityReservationSelectorTerms`` into
+    ``status.capacityReservations``, pkg/providers/capacityreservation,
+    pkg/apis/v1/ec2nodeclass_status.go.)
+    """
+
+    ids: frozenset[str]
+    sources: tuple[str, ...] = ()
+
+    def describe(self) -> str:
+        return ", ".join(self.sources) if self.sources else "no NodePool able to serve it"
 
 
 @dataclass(frozen=True)
@@ -150,6 +171,7 @@ def decide(
     policy: CapacityPolicy,
     current_reservation_id: str | None = None,
     offerings: Sequence[CapacityOffering] = (),
+    selectable: Selectable | None = None,
 ) -> CapacityDecision:
     """Decide where a run of ``instance_count`` instances of ``pool`` goes now.
 
@@ -170,6 +192,7 @@ def decide(
         policy: the knobs.
         current_reservation_id: the block the run is on now, preferred when it still fits.
         offerings: Capacity Block offerings to consider buying (only with ``purchase_blocks``).
+        selectable: the reservations Karpenter can launch the run into (None: not known, any).
     """
     _check_inputs(pool=pool, instance_count=instance_count, interruptions=interruptions,
                   now=now, run_needs=run_needs, last_move=last_move, unavailable=unavailable)
@@ -192,7 +215,8 @@ def decide(
         current=current, last_move=last_move, policy=policy)
     blocks, why_no_block = usable_blocks(
         reservations, pool=pool, instance_count=instance_count, now=now, run_needs=run_needs,
-        policy=policy, unavailable=unavailable, prefer=current_reservation_id)
+        policy=policy, unavailable=unavailable, prefer=current_reservation_id, selectable=selectable)
+    passed_over = f"; {why_no_block}" if blocks and why_no_block else ""
 
     def block_decision(prefix: str) -> CapacityDecision:
         block = blocks[0]
@@ -200,7 +224,8 @@ def decide(
         return CapacityDecision(
             Capacity.CAPACITY_BLOCK,
             f"{prefix}; Capacity Block {block.reservation_id} has {block.available_instances} of "
-            f"{block.total_instances} instances free, usable until {usable_until.isoformat()}",
+            f"{block.total_instances} instances free, usable until {usable_until.isoformat()}"
+            f"{passed_over}",
             reservation_id=block.reservation_id,
             details={**details, "reservation_available": block.available_instances,
                      "reservation_end": block.end.isoformat()},  # type: ignore[union-attr]
@@ -283,6 +308,7 @@ def usable_blocks(
     policy: CapacityPolicy,
     unavailable: Collection[str] = frozenset(),
     prefer: str | None = None,
+    selectable: Selectable | None = None,
 ) -> tuple[list[CapacityReservation], str]:
     """The Capacity Blocks the run can go to, best first, and (when none) why not.
 
@@ -290,7 +316,9 @@ def usable_blocks(
     most room, then the id (stable).  A block qualifies when it is a ``capacity-block``,
     ``active``, for the pool's instance type (and AZ, when known), not marked unavailable, has
     ``instance_count`` available instances, and is usable (before its last
-    ``block_end_margin``) for the run's needs, or for ``min_block_time`` when they are unknown.
+    ``block_end_margin``) for the run's needs, or for ``min_block_time`` when they are unknown,
+    and (``selectable`` given) an EC2NodeClass able to serve the run lists it.  The reason lists
+    every block passed over, also when another one qualifies.
     """
     if Capacity.CAPACITY_BLOCK.value in unavailable:
         return [], "Capacity Blocks have no capacity (ICE)"
@@ -303,7 +331,10 @@ def usable_blocks(
         return [], f"no active Capacity Block for {pool}"
     usable, rejected = [], []
     for r in candidates:
-        if r.reservation_id in unavailable:
+        if selectable is not None and r.reservation_id not in selectable.ids:
+            rejected.append(f"{r.reservation_id} is selected by no EC2NodeClass of the run "
+                            f"({selectable.describe()}): Karpenter cannot launch into it")
+        elif r.reservation_id in unavailable:
             rejected.append(f"{r.reservation_id} has no capacity (ICE)")
         elif r.start is not None and r.start > now:
             rejected.append(f"{r.reservation_id} starts at {r.start.isoformat()}")
@@ -323,7 +354,9 @@ def usable_blocks(
             usable.append(r)
     usable.sort(key=lambda r: (r.reservation_id != prefer, -r.end.timestamp(),  # type: ignore[union-attr]
                                -r.available_instances, r.reservation_id))
-    return usable, ("no usable Capacity Block: " + "; ".join(rejected)) if rejected else ""
+    if not rejected:
+        return usable, ""
+    return usable, ("Capacity Blocks passed over: " if usable else "no usable Capacity Block: ") + "; ".join(rejected)
 
 
 def choose_offering(

@@ -13,7 +13,9 @@ Calls (and the IAM actions in :data:`IAM_ACTIONS`):
   only required parameter; durations are whole days up to 14 days, then weeks up to 182 days)
   and ``PurchaseCapacityBlock`` (``InstancePlatform`` required), with ``DryRun``.  A purchase
   is tagged ``resilienced.io/purchase-key`` so a redelivered event finds the block it already
-  bought instead of buying another (PurchaseCapacityBlock takes no client token).
+  bought instead of buying another (PurchaseCapacityBlock takes no client token), and with
+  ``--purchase-tags`` (the tags the EC2NodeClass selects reservations on: Karpenter launches
+  only into reservations an EC2NodeClass selects).
 
 botocore and connection errors are translated here: throttling, 5xx and connection failures
 become :class:`~resilienced.errors.BackendUnavailable` (retry later); anything else the service
@@ -34,6 +36,7 @@ import aiohttp
 import botocore.exceptions
 
 from resilienced.capacity.decision import ACTIVE, CAPACITY_BLOCK_TYPE, CapacityOffering
+from resilienced.capacity.policy import PURCHASE_KEY_TAG as POLICY_PURCHASE_KEY_TAG
 from resilienced.errors import BackendUnavailable, PermanentError
 from resilienced.ports import CapacityReservation
 
@@ -50,7 +53,7 @@ IAM_ACTIONS: tuple[str, ...] = (
 IAM_ACTIONS_READ_ONLY: tuple[str, ...] = IAM_ACTIONS[:2]
 
 #: Tag put on a purchased block: the idempotency key of the purchase.
-PURCHASE_KEY_TAG = "resilienced.io/purchase-key"
+PURCHASE_KEY_TAG = POLICY_PURCHASE_KEY_TAG
 
 #: Error codes that mean "try again later" (botocore's retry handler's throttling codes, plus
 #: capacity and service-side failures).
@@ -262,8 +265,12 @@ class Ec2Capacity:
         purchase_key: str,
         dry_run: bool,
         price_cap: Decimal,
+        tags: Mapping[str, str] | None = None,
     ) -> PurchaseResult:
         """Buy ``offering`` (or, with ``dry_run``, ask EC2 whether it would be bought).
+
+        ``tags`` are put on the block besides the purchase key: what the EC2NodeClass's
+        ``capacityReservationSelectorTerms`` select on, so Karpenter launches into it.
 
         Refuses (PermanentError) an offering above ``price_cap``: the cap is checked here too,
         right at the call that spends the money.  Idempotent per ``purchase_key``: a block
@@ -283,7 +290,8 @@ class Ec2Capacity:
             "DryRun": dry_run,
             "TagSpecifications": [{
                 "ResourceType": "capacity-reservation",
-                "Tags": [{"Key": PURCHASE_KEY_TAG, "Value": purchase_key}],
+                "Tags": [{"Key": PURCHASE_KEY_TAG, "Value": purchase_key},
+                         *({"Key": k, "Value": v} for k, v in sorted((tags or {}).items()))],
             }],
         }
         try:

@@ -13,7 +13,7 @@ dry run.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 from decimal import Decimal
@@ -37,7 +37,8 @@ class BlockMarket(Protocol):
                         start_after: datetime, start_before: datetime) -> list[CapacityOffering]: ...
 
     async def purchase(self, offering: CapacityOffering, *, platform: str, purchase_key: str,
-                       dry_run: bool, price_cap: Decimal) -> PurchaseResult: ...
+                       dry_run: bool, price_cap: Decimal,
+                       tags: Mapping[str, str] | None = None) -> PurchaseResult: ...
 
 
 #: Event kinds that count as an interruption of the pool the instance ran in.
@@ -136,7 +137,8 @@ class CapacityPlanner:
                 reservations=reservations, unavailable=unavailable, now=now,
                 run_needs=request.run_needs, current_capacity=request.current_capacity,
                 last_move=request.last_move, policy=self.policy,
-                current_reservation_id=request.current_reservation_id, offerings=offerings)
+                current_reservation_id=request.current_reservation_id, offerings=offerings,
+                selectable=request.selectable)
 
         decision = run()
         if decision.capacity not in (Capacity.ON_DEMAND, Capacity.WAIT) or not self.policy.purchase_blocks:
@@ -159,7 +161,8 @@ class CapacityPlanner:
         bought = await market.purchase(
             with_offer.offering, platform=self.policy.purchase_platform,
             purchase_key=request.purchase_key or f"run/{request.run_key}",
-            dry_run=self.policy.purchase_dry_run, price_cap=self.policy.price_cap)
+            dry_run=self.policy.purchase_dry_run, price_cap=self.policy.price_cap,
+            tags=self.policy.purchase_tag_map)
         if bought.dry_run or bought.reservation is None:
             return replace(decision, reason=f"{decision.reason}; {bought.message} (purchase_dry_run "
                                             "is on: nothing bought)",

@@ -20,10 +20,13 @@ from decimal import Decimal, InvalidOperation
 from typing import ClassVar
 
 from resilienced.errors import ConfigError
-from resilienced.options import Group, boolean, choice, integer, option
+from resilienced.options import Group, boolean, choice, csv, integer, option
 
 _DURATION_RE = re.compile(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([smhd]?)\s*")
 _UNIT_SECONDS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
+
+#: Tag put on a purchased block: the idempotency key of the purchase (resilienced.capacity.ec2).
+PURCHASE_KEY_TAG = "resilienced.io/purchase-key"
 
 #: Platforms PurchaseCapacityBlock accepts that matter for training images (the model has more).
 PLATFORMS = ("Linux/UNIX", "Ubuntu Pro", "Red Hat Enterprise Linux", "SUSE Linux")
@@ -114,6 +117,13 @@ class CapacityPolicy(Group):
     purchase_platform: str = option(
         "Linux/UNIX", parse=choice(*(p.lower() for p in PLATFORMS)), metavar="PLATFORM",
         help="InstancePlatform of a purchased block (PurchaseCapacityBlock requires it).")
+    purchase_tags: tuple[str, ...] = option(
+        (), parse=csv, metavar="KEY=VALUE,...",
+        help="Tags put on a purchased block besides resilienced.io/purchase-key: the tags your "
+             "EC2NodeClass's capacityReservationSelectorTerms select on, so that Karpenter "
+             "launches into the block (it launches only into reservations an EC2NodeClass "
+             "selects). The IAM policy must allow exactly these keys (CloudFormation parameter "
+             "CapacityBlockTagKeys). Empty: only the purchase key.")
     wait_retry: timedelta = option(
         timedelta(minutes=1), parse=duration, metavar="DURATION",
         help="After a `wait` decision, when the requeue is worth trying again (1s-1h). 1 min: "
@@ -144,6 +154,24 @@ class CapacityPolicy(Group):
         if self.purchase_platform not in PLATFORMS:
             raise ConfigError("--purchase-platform", f"expected one of {', '.join(PLATFORMS)}, "
                                                      f"got {self.purchase_platform!r}")
+        self.purchase_tag_map  # noqa: B018 - validates --purchase-tags
+
+    @property
+    def purchase_tag_map(self) -> dict[str, str]:
+        """``--purchase-tags`` as a dict; ConfigError naming the flag for a malformed tag."""
+        tags: dict[str, str] = {}
+        for item in self.purchase_tags:
+            key, sep, value = item.partition("=")
+            key, value = key.strip(), value.strip()
+            if not sep or not key:
+                raise ConfigError("--purchase-tags", f"expected KEY=VALUE, got {item!r}")
+            if key.lower().startswith("aws:") or key == PURCHASE_KEY_TAG:
+                raise ConfigError("--purchase-tags", f"{key!r} is reserved (aws:*, {PURCHASE_KEY_TAG})")
+            if len(key) > 128 or len(value) > 256 or key in tags:
+                raise ConfigError("--purchase-tags", f"{key!r}: a tag key is unique, at most 128 "
+                                                     "characters, its value at most 256")
+            tags[key] = value
+        return tags
 
 
 def _range(flag: str, value: timedelta, low: timedelta, high: timedelta) -> None:

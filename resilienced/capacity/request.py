@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from resilienced.capacity.decision import Capacity, Pool
+from resilienced.capacity.decision import Capacity, Pool, Selectable
 from resilienced.model import Event, Kind, Target
 
 # ---- Target.attributes keys (all optional; str values unless said otherwise)
@@ -28,6 +28,9 @@ ATTR_INSTANCE_COUNT = "instance_count"  # int: instances the whole run (gang) us
 ATTR_LOST_INSTANCE_IDS = "lost_instance_ids"  # list of the run's instance ids this event takes away
 ATTR_RUN_NEEDS_SECONDS = "run_needs_seconds"  # float: how much longer the run needs capacity
 ATTR_VOLCANO_JOB = "volcano_job"  # "namespace/name" of a batch.volcano.sh Job running the run
+# Only where the cluster serves EC2NodeClasses (absent: any block of the account will do):
+ATTR_SELECTABLE = "selectable_reservations"  # list of cr- ids Karpenter can launch the run into
+ATTR_SELECTABLE_FROM = "selectable_from"  # list of "nodepool/ec2nodeclass" those ids were read from
 
 # ---- annotations the Kubernetes requeuers write on the RayJob / RayCluster / Volcano Job
 ANNOTATION_CAPACITY = "resilienced.io/capacity-type"
@@ -57,6 +60,7 @@ class CapacityRequest:
     exclude: frozenset[str] = frozenset()
     lost_instance_ids: tuple[str, ...] = ()
     purchase_key: str | None = None
+    selectable: Selectable | None = None
     details: Mapping[str, Any] = field(default_factory=dict)
 
     @classmethod
@@ -95,6 +99,10 @@ class CapacityRequest:
                              f"{count!r} is not a whole number") from None
         needs = attrs.get(ATTR_RUN_NEEDS_SECONDS)
         run_needs = timedelta(seconds=float(needs)) if needs is not None else None
+        selectable = None
+        if attrs.get(ATTR_SELECTABLE) is not None:
+            selectable = Selectable(ids=frozenset(map(str, attrs[ATTR_SELECTABLE])),
+                                    sources=tuple(map(str, attrs.get(ATTR_SELECTABLE_FROM) or ())))
         exclude: set[str] = set()
         if event.kind is Kind.CAPACITY_BLOCK_EXPIRY and event.capacity_reservation_id:
             exclude.add(event.capacity_reservation_id)  # move off the expiring block
@@ -109,4 +117,5 @@ class CapacityRequest:
             exclude=frozenset(exclude),
             lost_instance_ids=lost,
             purchase_key=f"{event.event_id or 'event'}/{target.run_key}"[:256],
+            selectable=selectable,
         )

@@ -45,10 +45,13 @@ from kubernetes_asyncio import client as k8s
 from resilienced.errors import BackendUnavailable, PermanentError, RayAuthError
 from resilienced.kube.api import BACKEND, JsonObj, KubeStatusError, call
 from resilienced.kube.cache import CacheOptions, Informer, Source
+from resilienced.kube.optional import CustomResource, served
 from resilienced.kube.events import EventRecorder, ObjectRef, ref_for
+from resilienced.kube.karpenter import selectable_reservations
 from resilienced.kube.locate import (
     RAY_POD_SELECTOR,
     RESERVATION_LABEL,
+    VOLCANO_JOB_API_VERSION,
     capacity_facts,
     checkpoint_uri,
     cluster_key_of,
@@ -66,6 +69,7 @@ from resilienced.kube.locate import (
     ray_nodes_by_address,
     taint_value,
     uid_of,
+    volcano_job_of,
 )
 from resilienced.kube.tokens import RayTokens, auth_mode
 from resilienced.model import Target
@@ -77,6 +81,12 @@ TAINT_KEY = "resilienced.io/interruption"
 DEADLINE_ANNOTATION = "resilienced.io/interruption-deadline"
 
 RayControlFactory = Callable[[str, str | None], RayControl]
+
+#: Custom resources cached only where the cluster serves them (API discovery at start-up).
+VOLCANO_JOBS = CustomResource("batch.volcano.sh", "v1alpha1", "jobs", namespaced=True)
+NODEPOOLS = CustomResource("karpenter.sh", "v1", "nodepools", namespaced=False)
+EC2NODECLASSES = CustomResource("karpenter.k8s.aws", "v1", "ec2nodeclasses", namespaced=False)
+OPTIONAL_RESOURCES = (VOLCANO_JOBS, NODEPOOLS, EC2NODECLASSES)
 
 
 @dataclass(frozen=True)
@@ -126,6 +136,7 @@ class _View:
     auth: str
     nodes_by_ip: Mapping[str, RayNode]
     gcs_error: str | None = None
+    volcano_job: JsonObj | None = None  # Ray inside a Volcano Job: the Job (or what the pods say of it)
 
 
 class KubeCluster:
@@ -181,7 +192,12 @@ class KubeCluster:
         )
         self.rayclusters = Informer(crs("rayclusters"), options=cache)
         self.rayjobs = Informer(crs("rayjobs"), options=cache, indexers={"cluster": job_cluster_keys})
-        self.informers = (self.nodes, self.pods, self.rayclusters, self.rayjobs)
+        self.informers: tuple[Informer, ...] = (self.nodes, self.pods, self.rayclusters, self.rayjobs)
+        self._api_client = api_client
+        self._custom = custom
+        #: Caches of OPTIONAL_RESOURCES the cluster serves (by CustomResource.key); None until
+        #: discovery has answered (start(), else the first wait_ready()).
+        self.optional: dict[str, Informer] | None = None
         self.tokens = RayTokens(
             api_client, service_account_token_path=self.options.service_account_token_path,
             ttl_s=self.options.token_ttl_s, request_timeout_s=self.options.request_timeout_s,
@@ -197,10 +213,40 @@ class KubeCluster:
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> KubeCluster:
+        try:
+            await self._discover()
+        except BackendUnavailable as err:  # asked again by wait_ready(): locate retries meanwhile
+            log.warning("kubernetes discovery failed: %s", err)
         for informer in self.informers:
-            informer.start()
+            if not informer.running:
+                informer.start()
         self._started = True
         return self
+
+    async def _discover(self) -> None:
+        """Start a cache for each optional resource the cluster serves (once discovery answers)."""
+        if self.optional is not None:
+            return
+        found: dict[str, Informer] = {}
+        for resource in OPTIONAL_RESOURCES:
+            if await served(self._api_client, resource, timeout_s=self.options.request_timeout_s):
+                found[resource.key] = Informer(self._source(resource), options=self.options.cache)
+        self.optional = found
+        for informer in found.values():
+            informer.start()
+        self.informers = (*self.informers, *found.values())
+        log.info("kubernetes: optional resources served: %s", ", ".join(found) or "none")
+
+    def _source(self, resource: CustomResource) -> Source:
+        ns = self.options.namespace
+        args = (resource.group, resource.version)
+        if resource.namespaced and ns:
+            return Source(resource.key, self._custom.list_namespaced_custom_object, (*args, ns, resource.plural))
+        return Source(resource.key, self._custom.list_cluster_custom_object, (*args, resource.plural))
+
+    def cache_of(self, resource: CustomResource) -> Informer | None:
+        """The cache of an optional resource, or None where the cluster does not serve it."""
+        return (self.optional or {}).get(resource.key)
 
     async def stop(self) -> None:
         """Stop the caches, cancel GCS calls in flight and close the GCS clients (idempotent)."""
@@ -226,8 +272,8 @@ class KubeCluster:
         await self.stop()
 
     def ready(self) -> bool:
-        """True once every cache has its first list."""
-        return all(i.synced.is_set() for i in self.informers)
+        """True once discovery answered and every cache has its first list."""
+        return self.optional is not None and all(i.synced.is_set() for i in self.informers)
 
     async def wait_ready(self, timeout: float | None = None) -> None:
         """Wait (bounded) for the first lists; BackendUnavailable when they do not come."""
@@ -235,6 +281,10 @@ class KubeCluster:
             return
         if not self._started:
             raise BackendUnavailable(BACKEND, "kubernetes caches are not running (start() not called)")
+        try:
+            await self._discover()
+        except BackendUnavailable:
+            pass  # the caches' own wait says more; discovery is asked again below
         dead = [f"{i.source.resource}: {i.failure!r}" for i in self.informers if i.failure is not None]
         if dead:
             raise BackendUnavailable(BACKEND, f"kubernetes caches stopped: {'; '.join(dead)}")
@@ -249,6 +299,7 @@ class KubeCluster:
         finally:
             for wait in waits:
                 wait.cancel()
+        await self._discover()  # the caches answered: discovery does too, or it says why not
 
     # ------------------------------------------------------------------ locate
     async def locate(
@@ -314,9 +365,15 @@ class KubeCluster:
     async def _view(self, key: str, located_nodes: set[str]) -> _View | str:
         ns, _, name = key.partition("/")
         raycluster = self.rayclusters.get(ns, name)
+        volcano: JsonObj | None = None
         if raycluster is None:
-            return f"Ray pods carry ray.io/cluster={name} but RayCluster {key} is not known"
-        job_key, job, candidates = self._job_of(raycluster)
+            found = self._volcano_run(key)
+            if isinstance(found, str):
+                return found
+            raycluster, volcano = found  # Ray inside a Volcano Job: the Job stands for the RayCluster
+            job_key, job, candidates = None, None, ()
+        else:
+            job_key, job, candidates = self._job_of(raycluster)
         uri, problem = checkpoint_uri(job, raycluster)
         if problem:
             return problem
@@ -337,8 +394,38 @@ class KubeCluster:
         return _View(
             key=key, raycluster=raycluster, job_key=job_key, job_candidates=candidates, checkpoint_uri=uri,
             address=address, auth=auth_mode(raycluster), nodes_by_ip=ray_nodes_by_address(nodes),
-            gcs_error=gcs_error,
+            gcs_error=gcs_error, volcano_job=volcano,
         )
+
+    def _volcano_run(self, key: str) -> tuple[JsonObj, JsonObj] | str:
+        """(stand-in RayCluster, Volcano Job) for Ray pods that a Volcano Job created, or why not.
+
+        The stand-in has the ``ray.io/cluster`` name, the Job's uid and annotations (so the
+        checkpoint annotation is read from the Job), and no status: the GCS is found from the
+        head pod.  Where the cluster serves Volcano Jobs, the Job must be in the cache (same uid).
+        """
+        ns, _, name = key.partition("/")
+        owners: dict[str, str] = {}
+        for pod in self.pods.by_index("cluster", key):
+            owner = volcano_job_of(pod)
+            if owner is not None:
+                owners[owner[0]] = owners.get(owner[0]) or owner[1]
+        if not owners:
+            return f"Ray pods carry ray.io/cluster={name} but RayCluster {key} is not known"
+        if len(owners) > 1:
+            return f"Ray pods with ray.io/cluster={name} belong to several Volcano Jobs: {', '.join(sorted(owners))}"
+        (job_key, uid), = owners.items()
+        job_ns, _, job_name = job_key.partition("/")
+        cache = self.cache_of(VOLCANO_JOBS)
+        job = cache.get(job_ns, job_name) if cache is not None else None
+        if cache is not None and (job is None or (uid and uid_of(job) != uid)):
+            return f"Ray pods with ray.io/cluster={name} were created by Volcano Job {job_key}, which is not known"
+        if job is None:
+            job = {"apiVersion": VOLCANO_JOB_API_VERSION, "kind": "Job",
+                   "metadata": {"name": job_name, "namespace": job_ns, "uid": uid}}
+        stand_in = {"metadata": {"name": name, "namespace": ns, "uid": uid_of(job),
+                                 "annotations": dict((job.get("metadata") or {}).get("annotations") or {})}}
+        return stand_in, job
 
     def _target(self, *, instance: str, node: JsonObj, view: _View, pods: list[JsonObj]) -> Target:
         ids: list[str] = []
@@ -370,19 +457,35 @@ class KubeCluster:
             attributes["gcs_error"] = view.gcs_error
         if view.job_candidates:
             attributes["ray_jobs"] = list(view.job_candidates)
-        job = None
-        if view.job_key:
+        job = view.volcano_job
+        if view.volcano_job is not None:
+            attributes["volcano_job"] = f"{namespace_of(view.volcano_job)}/{name_of(view.volcano_job)}"
+        elif view.job_key:
             job_ns, job_name = view.job_key.split("/", 1)
             job = self.rayjobs.get(job_ns, job_name)
         workers = [(p.get("spec") or {}).get("nodeName") or ""
                    for p in self.pods.by_index("cluster", view.key) if not is_head(p)]
         attributes.update(capacity_facts(node=node, run_objects=[o for o in (job, view.raycluster) if o],
                                          worker_nodes=workers))
+        attributes.update(self._karpenter_facts(node, attributes.get("instance_type")))
         return Target(
             instance_id=instance, node=name_of(node), ray_cluster=view.key, ray_job=view.job_key,
             ray_node_ids=tuple(dict.fromkeys(ids)), checkpoint_uri=view.checkpoint_uri,
             ray_address=view.address, attributes=attributes,
         )
+
+    def _karpenter_facts(self, node: JsonObj, instance_type: str | None) -> dict[str, Any]:
+        """Where the cluster serves EC2NodeClasses: the Capacity Blocks Karpenter can launch the
+        run into (``selectable_reservations``) and the NodePool/EC2NodeClass pairs they come from.
+        Nothing where it does not: the capacity decision then takes any block of the account."""
+        nodeclasses = self.cache_of(EC2NODECLASSES)
+        if nodeclasses is None:
+            return {}
+        pools = self.cache_of(NODEPOOLS)
+        ids, sources = selectable_reservations(
+            node=node, nodepools=pools.values() if pools is not None else (),
+            nodeclass=lambda name: nodeclasses.get(None, name), instance_type=instance_type)
+        return {"selectable_reservations": ids, "selectable_from": sources}
 
     # ------------------------------------------------------------------ GCS
     async def token_for(self, raycluster: Mapping[str, Any]) -> str | None:
@@ -400,6 +503,8 @@ class KubeCluster:
         """The GCS client for a target's RayCluster (for the signal step), with its token."""
         ns, _, name = (target.ray_cluster or "").partition("/")
         raycluster = self.rayclusters.get(ns, name)
+        if raycluster is None and target.attributes.get("volcano_job") and target.ray_address:
+            return self._control(target.ray_address, None)  # Ray inside a Volcano Job: no KubeRay auth
         if raycluster is None:
             raise PermanentError(f"RayCluster {target.ray_cluster} is not known")
         head = next((p for p in self.pods.by_index("cluster", f"{ns}/{name}") if is_head(p) and is_ray_pod(p)), None)
@@ -511,14 +616,16 @@ class KubeCluster:
             node = self.nodes.get(None, target.node)
             refs.append(ref_for(node, api_version="v1", kind="Node") if node is not None
                         else ObjectRef(api_version="v1", kind="Node", name=target.node, uid=""))
-        runs = ((target.ray_job, "RayJob", self.rayjobs), (target.ray_cluster, "RayCluster", self.rayclusters))
-        for key, kind, cache in runs:
+        runs = ((target.attributes.get("volcano_job"), VOLCANO_JOB_API_VERSION, "Job", self.cache_of(VOLCANO_JOBS)),
+                (target.ray_job, "ray.io/v1", "RayJob", self.rayjobs),
+                (target.ray_cluster, "ray.io/v1", "RayCluster", self.rayclusters))
+        for key, api_version, kind, cache in runs:
             if not key:
                 continue
-            ns, _, name = key.partition("/")
-            obj = cache.get(ns, name)
-            refs.append(ref_for(obj, api_version="ray.io/v1", kind=kind) if obj is not None
-                        else ObjectRef(api_version="ray.io/v1", kind=kind, name=name, uid="", namespace=ns))
+            ns, _, name = str(key).partition("/")
+            obj = cache.get(ns, name) if cache is not None else None
+            refs.append(ref_for(obj, api_version=api_version, kind=kind) if obj is not None
+                        else ObjectRef(api_version=api_version, kind=kind, name=name, uid="", namespace=ns))
             break
         for ref in refs:
             await self.events.emit(ref, reason=reason, message=message, warning=warning)

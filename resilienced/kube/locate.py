@@ -8,6 +8,12 @@ is tested as a table.  :mod:`resilienced.kube.cluster` strings them together:
     Ray pod      --label ray.io/cluster (same namespace)-->  RayCluster
     RayCluster   --ownerReferences kind RayJob, else a RayJob naming it-->  RayJob (optional)
     Ray pod IP   --RayNode.address in the cluster's GCS-->  Ray node id
+
+Ray inside a Volcano Job (no RayCluster object): the task templates carry the Ray labels
+(``ray.io/cluster``, ``ray.io/node-type``), and Volcano marks each pod it creates as the Job's:
+
+    Ray pod      --controller ownerReference kind Job (batch.volcano.sh), else the label
+                   volcano.sh/job-name (same namespace)-->  Volcano Job
 """
 
 from __future__ import annotations
@@ -30,6 +36,14 @@ RAY_POD_SELECTOR = NODE_TYPE_LABEL  # "the label exists": head, worker (and redi
 RESERVATION_LABEL = "karpenter.k8s.aws/capacity-reservation-id"
 
 CHECKPOINT_ANNOTATION = "resilienced.io/checkpoint-uri"
+
+# Volcano's pod labels (volcano-sh/apis pkg/apis/batch/v1alpha1/labels.go at 0d90235, ``JobNameKey``,
+# ``JobNamespaceKey``): the job controller sets both, and the ownerReference
+# ``metav1.NewControllerRef(job, helpers.JobKind)``, on every pod it creates
+# (volcano-sh/volcano pkg/controllers/job/job_controller_util.go ``createJobPod``, v1.10 to v1.13).
+VOLCANO_JOB_NAME_LABEL = "volcano.sh/job-name"
+VOLCANO_JOB_NAMESPACE_LABEL = "volcano.sh/job-namespace"
+VOLCANO_JOB_API_VERSION = "batch.volcano.sh/v1alpha1"
 
 GCS_PORT_NAME = "gcs-server"  # KubeRay's name for the head container's GCS port
 DEFAULT_GCS_PORT = 6379  # KubeRay's DefaultGcsServerPort
@@ -101,6 +115,23 @@ def owning_job_ref(raycluster: Mapping[str, Any]) -> Mapping[str, Any] | None:
     for ref in (raycluster.get("metadata") or {}).get("ownerReferences") or []:
         if ref.get("kind") == "RayJob" and str(ref.get("apiVersion", "")).startswith("ray.io/"):
             return ref
+    return None
+
+
+def volcano_job_of(pod: Mapping[str, Any]) -> tuple[str, str] | None:
+    """(``namespace/name``, uid or "") of the Volcano Job that created ``pod``, or None.
+
+    The controller ownerReference of kind Job in ``batch.volcano.sh`` first (it carries the uid);
+    else Volcano's label ``volcano.sh/job-name`` (with ``volcano.sh/job-namespace``, which Volcano
+    sets to the pod's own namespace).
+    """
+    for ref in (pod.get("metadata") or {}).get("ownerReferences") or []:
+        if (ref.get("kind") == "Job" and str(ref.get("apiVersion", "")).startswith("batch.volcano.sh/")
+                and ref.get("controller") and ref.get("name")):
+            return f"{namespace_of(pod)}/{ref['name']}", str(ref.get("uid") or "")
+    name = labels(pod).get(VOLCANO_JOB_NAME_LABEL)
+    if name:
+        return f"{labels(pod).get(VOLCANO_JOB_NAMESPACE_LABEL) or namespace_of(pod)}/{name}", ""
     return None
 
 

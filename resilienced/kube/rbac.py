@@ -52,6 +52,14 @@ RBAC_RULES: tuple[Rule, ...] = (
          "cache Ray pods (label ray.io/node-type) to find the runs on a Node and their IPs"),
     Rule(("ray.io",), ("rayclusters", "rayjobs"), ("list", "watch"), "cluster",
          "cache RayClusters (GCS address, authOptions, checkpoint annotation) and RayJobs (owner, annotation)"),
+    Rule(("batch.volcano.sh",), ("jobs",), ("list", "watch"), "cluster",
+         "cache Volcano Jobs (where the cluster serves them) to locate Ray pods a Volcano Job created "
+         "and read its checkpoint annotation (no CRD: no cache, the grant is unused)"),
+    Rule(("karpenter.sh",), ("nodepools",), ("list", "watch"), "cluster",
+         "cache NodePools (where served): a lost node's karpenter.sh/nodepool -> its EC2NodeClass"),
+    Rule(("karpenter.k8s.aws",), ("ec2nodeclasses",), ("list", "watch"), "cluster",
+         "cache EC2NodeClasses (where served): status.capacityReservations, the Capacity Blocks "
+         "Karpenter can launch into"),
     Rule(("",), ("events",), ("create", "get", "patch"), "cluster",
          "Events on Nodes (namespace default) and RayJobs/RayClusters; get + patch count repeats"),
     Rule(("coordination.k8s.io",), ("leases",), ("create", "get", "update", "delete", "list"), "lease-namespace",

@@ -18,6 +18,7 @@ from resilienced.capacity import (
     decide,
 )
 from resilienced.errors import ConfigError
+from resilienced.capacity.decision import Selectable
 from resilienced.ports import CapacityReservation
 
 NOW = datetime(2026, 8, 20, 12, 0, tzinfo=timezone.utc)
@@ -296,3 +297,35 @@ def test_decision_invariants(reservations, interruptions, count, needs, allow_on
         in_window = [t for t in interruptions if NOW - policy.interruption_window < t <= NOW]
         assert len(in_window) < policy.interruption_threshold
     assert d.reason
+
+
+# --------------------------------------------------------------------------- Karpenter's EC2NodeClasses
+@pytest.mark.parametrize("selectable, expect, reservation", [
+    (None, Capacity.CAPACITY_BLOCK, "cr-big"),  # no EC2NodeClass known: any block (the roomiest)
+    (Selectable(frozenset({"cr-small"}), ("blocks/block-class",)), Capacity.CAPACITY_BLOCK, "cr-small"),
+    (Selectable(frozenset(), ("spot/spot-class",)), Capacity.ON_DEMAND, None),
+], ids=["no-ec2nodeclass-known", "one-selected", "none-selected"])
+def test_only_a_block_an_ec2nodeclass_selects_is_used_and_the_others_are_named(
+        selectable: Selectable | None, expect: Capacity, reservation: str | None) -> None:
+    decision = decide(
+        pool=POOL, instance_count=1, interruptions=TWO_RECENT,
+        reservations=[block("cr-big", available=8), block("cr-small", available=2)], now=NOW,
+        run_needs=None, current_capacity=None, last_move=None, policy=CapacityPolicy(),
+        selectable=selectable)
+    assert (decision.capacity, decision.reservation_id) == (expect, reservation), decision.reason
+    if selectable is not None:
+        where = ", ".join(selectable.sources)
+        assert (f"cr-big is selected by no EC2NodeClass of the run ({where}): Karpenter cannot launch "
+                "into it") in decision.reason
+
+
+@pytest.mark.parametrize("tags, message", [
+    (("karpenter.sh/discovery",), "expected KEY=VALUE"),
+    (("aws:cloudformation:stack=x",), "is reserved"),
+    (("resilienced.io/purchase-key=x",), "is reserved"),
+    (("team=a", "team=b"), "a tag key is unique"),
+], ids=["no-value", "aws-prefix", "purchase-key", "twice"])
+def test_a_malformed_purchase_tag_names_the_flag(tags: tuple[str, ...], message: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        CapacityPolicy(purchase_tags=tags)
+    assert info.value.setting == "--purchase-tags" and message in str(info.value)

@@ -185,3 +185,28 @@ async def test_interruptions_are_counted_per_pool_once_per_event() -> None:
     await planner.plan_for(target(), event=itn("e3", 1), dry_run=True)  # a dry run counts nothing
     labels = {"instance_type": "p5.48xlarge", "availability_zone": "us-east-1a"}
     assert registry.get_sample_value("resilienced_interruptions_total", labels) == 2
+
+
+async def test_a_bought_block_carries_the_tags_the_ec2nodeclass_selects_on(ec2) -> None:
+    """--purchase-tags go on the block with the purchase key, so Karpenter's
+    capacityReservationSelectorTerms (tags) select it and Karpenter can launch into it."""
+    client, stub = ec2
+    policy = CapacityPolicy(purchase_blocks=True, price_cap=Decimal("5000"), purchase_dry_run=False,
+                            allow_on_demand=False,
+                            purchase_tags=("karpenter.sh/discovery=train", "team=ml"))
+    planner = CapacityPlanner(source=Ec2Capacity(client), policy=policy, clock=lambda: NOW)
+    stormy(planner)
+    stub.add_response("describe_capacity_reservations", {"CapacityReservations": []}, FILTERS)
+    stub.add_response("describe_capacity_block_offerings",
+                      {"CapacityBlockOfferings": [offering_item(NOW + timedelta(minutes=5))]}, OFFERINGS)
+    stub.add_response("describe_capacity_reservations", {"CapacityReservations": []},
+                      {"Filters": [{"Name": f"tag:{PURCHASE_KEY_TAG}", "Values": ["e3/ml/job"]}]})
+    bought = {**block("cr-bought", available=0), "State": "scheduled", "StartDate": NOW + timedelta(minutes=5)}
+    stub.add_response("purchase_capacity_block", {"CapacityReservation": bought}, {
+        "CapacityBlockOfferingId": "cb-0123", "InstancePlatform": "Linux/UNIX", "DryRun": False,
+        "TagSpecifications": [{"ResourceType": "capacity-reservation", "Tags": [
+            {"Key": PURCHASE_KEY_TAG, "Value": "e3/ml/job"},
+            {"Key": "karpenter.sh/discovery", "Value": "train"}, {"Key": "team", "Value": "ml"}]}]})
+    _, decision = await planner.plan_for(target(), event=itn("e3", 1))
+    assert decision.details["bought_reservation_id"] == "cr-bought"
+    stub.assert_no_pending_responses()

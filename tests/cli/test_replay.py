@@ -145,3 +145,43 @@ def test_the_console_entry_point_runs_as_a_module():
                             env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)["kind"] == "rebalance_recommendation"
+
+
+def test_replay_judges_each_event_as_of_its_own_time_and_at_another_time_says_which_are_stale(
+        tmp_path, capsys):
+    from tests.intake import payloads as p
+    inputs = [write(tmp_path, f"{n}.json", json.dumps(event)) for n, event in enumerate([
+        p.spot("i-00000000000000001"),  # 2024-01-01T00:00:00Z, deadline 00:02
+        p.spot("i-00000000000000002", time="2024-01-01T00:09:00Z"),  # deadline 00:11
+        p.spot("i-00000000000000003", time="2099-01-01T00:00:00Z"),
+    ])]
+    paths = [str(i) for i in inputs]
+
+    code, recorded, _ = replay("--dry-run", "--json", *paths, capsys=capsys)
+    assert code == 0
+    assert [(r["actionable"], r["stale"]) for r in recorded] == [(True, None)] * 3
+
+    code, rows, _ = replay("--dry-run", "--json", "--at", "2024-01-01T00:10:00Z", *paths, capsys=capsys)
+    assert code == 0
+    old, fresh, ahead = rows
+    assert (old["actionable"], old["stale"], old["steps"]) == (False, "past", [])
+    assert old["reason"] == ("stale: its deadline 2024-01-01T00:02:00Z passed 00:08:00 before "
+                             "2024-01-01T00:10:00Z (allowed: 300s, --stale-after-seconds): not acted on")
+    assert (fresh["actionable"], fresh["stale"]) == (True, None)
+    assert (ahead["actionable"], ahead["stale"]) == (False, "future")
+    assert "--future-skew-seconds" in ahead["reason"]
+
+    code, now_rows, _ = replay("--dry-run", "--json", "--at", "now", *paths, capsys=capsys)
+    assert [r["stale"] for r in now_rows] == ["past", "past", "future"]
+
+
+@pytest.mark.parametrize("value, message", [
+    ("yesterday", "'yesterday' is not `now` or an ISO-8601 time"),
+    ("2024-01-01T00:10:00", "'2024-01-01T00:10:00' has no time zone"),
+], ids=["not-a-time", "no-zone"])
+def test_at_that_is_not_a_time_is_a_usage_error_exit_2(tmp_path, capsys, value, message):
+    path = write(tmp_path, "a.json", "{}")
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["replay", "--at", value, str(path)])
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err

@@ -32,7 +32,7 @@ from resilienced import replay as replay_module
 from resilienced.localaws import FAKE_CREDENTIALS
 from resilienced.localray import LocalRayCluster
 from tests.intake import payloads
-from tests.kube.conftest import instance, node, ray_pod, raycluster, rayjob
+from tests.kube.conftest import KARPENTER_RESOURCES, instance, node, ray_pod, raycluster, rayjob
 from tests.support.kubeapi import KubeApiServer
 
 READ_VERBS = {"get", "list", "watch"}
@@ -199,6 +199,37 @@ async def test_an_unreachable_gcs_still_gives_the_target_without_ray_node_ids_an
     await closed(kubeapi)
 
 
+async def test_an_event_whose_instances_resolve_to_no_run_is_not_actionable_and_says_why(
+    kubeapi: KubeApiServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    kube_view(kubeapi, gcs_port=free_port(), worker_labels=SPOT)
+    kubeapi.seed(node("n3", instance(3), labels=SPOT))  # a Node that runs no Ray pod
+    kubeconfig = kubeapi.write_kubeconfig(tmp_path / "kubeconfig")
+    inputs = files(tmp_path, payloads.spot(instance(7)), payloads.spot(instance(3)),
+                   payloads.health((instance(1), instance(7)), start="Mon, 01 Jan 2024 06:00:00 GMT"))
+
+    code, [absent, idle, partly], err = await replay(capsys, "--kubeconfig", str(kubeconfig), *inputs)
+
+    assert code == 0, err
+    no_node = f"no Kubernetes Node has spec.providerID aws:///<az>/{instance(7)}"
+    assert (absent["actionable"], absent["steps"], absent["targets"]) == (False, [], [])
+    assert absent["reason"] == (f"nothing to act on: no instance of the event resolves to a run "
+                                f"({instance(7)}: {no_node})")
+    assert idle["actionable"] is False and idle["steps"] == []
+    assert f"Node n3 ({instance(3)}) runs no Ray pods" in idle["reason"]
+    assert partly["actionable"] is True and partly["reason"] is None
+    assert [t["instance_id"] for t in partly["targets"]] == [instance(1)]
+    assert partly["unresolved"] == {instance(7): no_node}
+
+    text = replay_module.table([absent, partly], replay_module.TARGET_COLUMNS)
+    header, absent_line, partly_line = text.splitlines()
+    assert header.split()[-3:] == ["TARGETS", "UNRESOLVED", "REASON"]
+    assert " no " in absent_line and "signal" not in absent_line and "nothing to act on" in absent_line
+    assert " yes " in partly_line and f"{instance(1)}>ml/train:spot" in partly_line
+    assert f"{instance(7)} ({no_node})" in partly_line
+    await closed(kubeapi)
+
+
 async def test_a_capacity_block_expiry_finds_the_blocks_instances_and_decides_once_per_run_on_ec2(
     kubeapi: KubeApiServer, tmp_path: Path, capsys: pytest.CaptureFixture[str], ec2: StubbedEc2
 ) -> None:
@@ -231,6 +262,67 @@ async def test_a_capacity_block_expiry_finds_the_blocks_instances_and_decides_on
     assert ec2.regions == ["us-east-2"]
     assert ec2.calls == ["DescribeInstances", "DescribeCapacityReservations"]
     assert {r.verb for r in kubeapi.requests} <= READ_VERBS
+    await closed(kubeapi)
+
+
+def karpenter(kubeapi: KubeApiServer, *, selected: tuple[str, ...]) -> None:
+    """Karpenter's CRDs served, a Spot NodePool (the workers' own) and a reserved one whose
+    EC2NodeClass lists ``selected`` in status.capacityReservations (shape of
+    aws/karpenter-provider-aws pkg/apis/v1/ec2nodeclass_status.go, v1.6+)."""
+    for rtype in KARPENTER_RESOURCES:
+        kubeapi.register(rtype)
+
+    def pool(name: str, capacity: str, nodeclass: str, *extra: dict) -> dict:
+        return {"apiVersion": "karpenter.sh/v1", "kind": "NodePool", "metadata": {"name": name}, "spec": {
+            "template": {"spec": {
+                "nodeClassRef": {"group": "karpenter.k8s.aws", "kind": "EC2NodeClass", "name": nodeclass},
+                "requirements": [{"key": "karpenter.sh/capacity-type", "operator": "In", "values": [capacity]},
+                                 *extra]}}}}
+
+    def nodeclass(name: str, ids: tuple[str, ...]) -> dict:
+        return {"apiVersion": "karpenter.k8s.aws/v1", "kind": "EC2NodeClass", "metadata": {"name": name},
+                "spec": {"capacityReservationSelectorTerms": [{"tags": {"karpenter.sh/discovery": "train"}}]},
+                "status": {"capacityReservations": [
+                    {"id": i, "instanceType": "p5.48xlarge", "availabilityZone": "us-east-1a",
+                     "ownerID": "123456789012", "instanceMatchCriteria": "targeted",
+                     "reservationType": "capacity-block", "state": "active"} for i in ids]}}
+
+    kubeapi.seed(pool("spot", "spot", "spot-class"),
+                 pool("blocks", "reserved", "block-class",
+                      {"key": "node.kubernetes.io/instance-type", "operator": "In", "values": ["p5.48xlarge"]}),
+                 pool("other-type", "reserved", "elsewhere",
+                      {"key": "node.kubernetes.io/instance-type", "operator": "In", "values": ["p4d.24xlarge"]}),
+                 nodeclass("spot-class", ()), nodeclass("block-class", selected), nodeclass("elsewhere", (OTHER_BLOCK,)))
+
+
+@pytest.mark.parametrize("selected, capacity, reservation", [
+    ((BLOCK,), "capacity-block", BLOCK), ((), "on-demand", None)], ids=["one-selected", "none-selected"])
+async def test_a_block_no_ec2nodeclass_selects_is_passed_over_and_the_reason_says_so(
+    kubeapi: KubeApiServer, tmp_path: Path, capsys: pytest.CaptureFixture[str], ec2: StubbedEc2,
+    selected: tuple[str, ...], capacity: str, reservation: str | None,
+) -> None:
+    kube_view(kubeapi, gcs_port=free_port(), worker_labels={**SPOT, "karpenter.sh/nodepool": "spot"})
+    karpenter(kubeapi, selected=selected)
+    # OTHER_BLOCK has the most room, but only an EC2NodeClass of a p4d NodePool lists it.
+    ec2.expect("describe_capacity_reservations",
+               {"CapacityReservations": [block(BLOCK, available=2), block(OTHER_BLOCK, available=4)]},
+               {"Filters": [{"Name": "state", "Values": ["active"]},
+                            {"Name": "instance-type", "Values": ["p5.48xlarge"]}], "MaxResults": 100})
+    kubeconfig = kubeapi.write_kubeconfig(tmp_path / "kubeconfig")
+
+    code, [row], err = await replay(capsys, "--kubeconfig", str(kubeconfig), "--region", "us-east-1",
+                                    "--interruption-threshold", "1",
+                                    *files(tmp_path, payloads.spot(instance(1), time=datetime.now(UTC).strftime(
+                                        "%Y-%m-%dT%H:%M:%SZ"))))  # a fresh notice: Spot is out
+
+    assert code == 0, err
+    (target,) = row["targets"]
+    assert (target["capacity"], target.get("reservation_id")) == (capacity, reservation), target["reason"]
+    assert (f"{OTHER_BLOCK} is selected by no EC2NodeClass of the run (blocks/block-class, spot/spot-class): "
+            "Karpenter cannot launch into it") in target["reason"]
+    assert ({(r.verb, r.resource) for r in kubeapi.requests if "karpenter" in r.resource}
+            == {("list", "nodepools.karpenter.sh"), ("watch", "nodepools.karpenter.sh"),
+                ("list", "ec2nodeclasses.karpenter.k8s.aws"), ("watch", "ec2nodeclasses.karpenter.k8s.aws")})
     await closed(kubeapi)
 
 
@@ -312,7 +404,7 @@ def test_table_output_shows_each_target(tmp_path: Path) -> None:
                           "capacity": None}]}]
     text = replay_module.table(rows, replay_module.TARGET_COLUMNS)
     header, line = text.splitlines()
-    assert header.split()[-2:] == ["TARGETS", "REASON"]
+    assert header.split()[-3:] == ["TARGETS", "UNRESOLVED", "REASON"]
     assert "i-1>ml/train:spot,i-2>10.0.0.2:-" in line
 
 

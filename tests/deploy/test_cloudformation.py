@@ -18,6 +18,8 @@ import pytest
 
 import handlers
 from handlers import asg_lifecycle, scheduled_change, state_change
+from resilienced.capacity.ec2 import PURCHASE_KEY_TAG
+from resilienced.capacity.policy import CapacityPolicy
 from resilienced.claims import MemoryClaims
 from resilienced.consumer import Consumer
 from resilienced.localaws import MotoServer
@@ -260,3 +262,25 @@ def test_the_daemon_on_the_stacks_queue_decides_every_event_a_rule_matched(
     left = sqs.get_queue_attributes(QueueUrl=stack["QueueUrl"], AttributeNames=[
         "ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"])["Attributes"]
     assert left == {"ApproximateNumberOfMessages": "0", "ApproximateNumberOfMessagesNotVisible": "0"}
+
+
+@pytest.mark.parametrize("purchase_tags", [(), ("karpenter.sh/discovery=train", "team=ml")], ids=["key-only", "selector-tags"])
+def test_a_purchase_may_carry_exactly_the_purchase_key_and_the_purchase_tags_keys(
+        aws: MotoServer, purchase_tags: tuple[str, ...]) -> None:
+    """PurchaseCapacityBlock's aws:TagKeys condition equals what Ec2Capacity.purchase tags a block
+    with: resilienced.io/purchase-key plus the keys of --purchase-tags (CapacityBlockTagKeys)."""
+    keys = list(CapacityPolicy(purchase_tags=purchase_tags).purchase_tag_map)
+    cfn = boto3.client("cloudformation", endpoint_url=aws.endpoint_url, region_name=REGION)
+    parameters = {**PARAMETERS, "AllowCapacityBlockPurchase": "true", "CapacityBlockTagKeys": ",".join(keys)}
+    cfn.create_stack(StackName="resilienced-buy", TemplateBody=STACK.read_text(),
+                     Parameters=[{"ParameterKey": k, "ParameterValue": v} for k, v in parameters.items()],
+                     Capabilities=["CAPABILITY_IAM"])
+    (described,) = cfn.describe_stacks(StackName="resilienced-buy")["Stacks"]
+    assert described["StackStatus"] == "CREATE_COMPLETE", described.get("StackStatusReason")
+    arn = {o["OutputKey"]: o["OutputValue"] for o in described["Outputs"]}["CapacityBlockPurchasePolicyArn"]
+    iam = boto3.client("iam", endpoint_url=aws.endpoint_url, region_name=REGION)
+    version = iam.get_policy(PolicyArn=arn)["Policy"]["DefaultVersionId"]
+    document = iam.get_policy_version(PolicyArn=arn, VersionId=version)["PolicyVersion"]["Document"]
+    document = json.loads(document) if isinstance(document, str) else document
+    (buy,) = [s for s in document["Statement"] if s["Action"] == "ec2:PurchaseCapacityBlock"]
+    assert buy["Condition"]["ForAllValues:StringEquals"]["aws:TagKeys"] == [PURCHASE_KEY_TAG, *keys]

@@ -43,11 +43,13 @@ def queue_settings(queues: Queues, **overrides: Any) -> QueueSettings:
 def make_consumer(queues: Queues, sqs_queue: SqsQueue) -> Callable[..., Consumer]:
     def make(responder: Any, *, claims: Any = None, max_receive_count: int | None = MAX_RECEIVE_COUNT,
              intake: IntakeSettings | None = None, queue: Any = None, replica: str | None = None,
-             **settings: Any) -> Consumer:
+             clock: Any = None, **settings: Any) -> Consumer:
+        # clock None: the payloads are recorded (time 2024-01-01), judged as of their own time;
+        # the stale/future tests pass the clock they judge at.
         return Consumer(queue=queue or sqs_queue, responder=responder, claims=claims if claims is not None else MemoryClaims(),
                         queue_settings=queue_settings(queues, **settings),
                         intake_settings=intake or IntakeSettings(), max_receive_count=max_receive_count,
-                        metrics=Metrics(), replica=replica)
+                        metrics=Metrics(), replica=replica, clock=clock)
     return make
 
 

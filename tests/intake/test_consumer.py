@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from datetime import UTC, datetime
 
 import boto3
 import pytest
@@ -12,6 +13,7 @@ import handlers
 from resilienced.claims import MemoryClaims
 from resilienced.errors import PermanentError, TemporaryError
 from resilienced.model import Kind, Outcome, Plan, Result, Wrapping
+from resilienced.settings import IntakeSettings
 
 from . import payloads as p
 from .conftest import MAX_RECEIVE_COUNT, REGION, Gate, Recorder, eventually, make_queues
@@ -36,7 +38,9 @@ async def test_eventbridge_rules_route_every_kind_to_the_queue_and_each_is_decid
             {"source": [module.SOURCE], "detail-type": list(module.DETAIL_TYPES)}))
         events.put_targets(Rule=name, Targets=[{"Id": "q", "Arn": queues.arn}])
     sent = [p.spot("i-00000000000000001"), p.reservation_interruption("i-00000000000000002"),
-            p.block_expiry(), p.health(("i-00000000000000004",)), p.state_change("terminated", "i-00000000000000005"),
+            p.block_expiry(),
+            p.health(("i-00000000000000004",), start="Mon, 01 Jan 2024 06:00:00 GMT"),  # ahead of its time
+            p.state_change("terminated", "i-00000000000000005"),
             p.rebalance("i-00000000000000006"), p.asg("i-00000000000000007"),
             p.state_change("pending", "i-00000000000000008"),
             p.spot("i-00000000000000009", source="custom.chaos")]  # no rule matches a custom source
@@ -295,3 +299,51 @@ async def test_the_queue_depth_is_read_from_the_queue(queues, sqs_queue):
     depth = await sqs_queue.depth()
     assert depth["ApproximateNumberOfMessages"] == 2
     assert depth["ApproximateNumberOfMessagesNotVisible"] == 0
+
+
+# --------------------------------------------------------------------------- stale and future
+async def test_stale_and_future_notices_are_deleted_unacted_and_counted_asg_by_its_own_timeout(
+        queues, make_consumer):
+    """Judged at 00:10 on 2024-01-01: a Spot notice whose deadline (time + 120 s) passed more than
+    --stale-after-seconds (300) ago, an ASG action past its own timeout (time + 120 s, no grace)
+    and a notice from 10 min ahead are deleted without acting; the fresh ones are acted on."""
+    at = datetime(2024, 1, 1, 0, 10, tzinfo=UTC)
+    old = p.spot("i-00000000000000001")  # deadline 00:02, 8 min before: stale
+    late = p.spot("i-00000000000000002", time="2024-01-01T00:06:00Z")  # deadline 00:08: within 5 min
+    asg_gone = p.asg("i-00000000000000003", time="2024-01-01T00:07:00Z")  # timeout 00:09 passed
+    asg_live = p.asg("i-00000000000000004", time="2024-01-01T00:09:00Z")  # timeout 00:11
+    ahead = p.spot("i-00000000000000005", time="2024-01-01T00:20:00Z")  # 10 min in the future
+    for event in (old, late, asg_gone, asg_live, ahead):
+        queues.send(event)
+    recorder = Recorder()
+    consumer = make_consumer(recorder, clock=lambda: at)
+    outcomes = await run_until(consumer, 5)
+
+    by_instance = {o.plan.instance_ids[0]: o for o in outcomes}
+    assert sorted(plan.instance_ids[0] for plan in recorder.plans) == [
+        "i-00000000000000002", "i-00000000000000004"]
+    stale = {i: (o.result, o.details.get("stale")) for i, o in by_instance.items() if o.details.get("stale")}
+    assert stale == {"i-00000000000000001": (Result.NOT_ACTIONABLE, "past"),
+                     "i-00000000000000003": (Result.NOT_ACTIONABLE, "past"),
+                     "i-00000000000000005": (Result.NOT_ACTIONABLE, "future")}
+    assert by_instance["i-00000000000000001"].reason == (
+        "stale: its deadline 2024-01-01T00:02:00Z passed 00:08:00 before 2024-01-01T00:10:00Z "
+        "(allowed: 300s, --stale-after-seconds): not acted on")
+    assert by_instance["i-00000000000000003"].reason == (
+        "stale: the lifecycle action's timeout 2024-01-01T00:09:00Z passed 00:01:00 before "
+        "2024-01-01T00:10:00Z (allowed: 0s, --asg-deadline-seconds): not acted on")
+    assert "is 00:10:00 after 2024-01-01T00:10:00Z" in by_instance["i-00000000000000005"].reason
+    assert consumer.metrics.value("resilienced_stale_events_total", kind="spot_interruption", when="past") == 1
+    assert consumer.metrics.value("resilienced_stale_events_total", kind="asg_lifecycle", when="past") == 1
+    assert consumer.metrics.value("resilienced_stale_events_total", kind="spot_interruption", when="future") == 1
+    assert queues.counts() == (0, 0)  # acknowledged: none comes back
+    assert queues.receive_all(queues.dlq_url) == []
+
+
+async def test_stale_after_seconds_widens_the_window(queues, make_consumer):
+    queues.send(p.spot("i-00000000000000001"))  # deadline 00:02, 8 min before 00:10
+    recorder = Recorder()
+    consumer = make_consumer(recorder, clock=lambda: datetime(2024, 1, 1, 0, 10, tzinfo=UTC),
+                             intake=IntakeSettings(stale_after_seconds=600))
+    [outcome] = await run_until(consumer, 1)
+    assert outcome.result is Result.DONE and len(recorder.plans) == 1

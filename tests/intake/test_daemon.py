@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import urllib.request
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
@@ -55,11 +56,15 @@ def test_run_exits_1_when_the_queue_does_not_answer(aws, capsys):
     assert "did not answer" in capsys.readouterr().err
 
 
+def now_iso(shift: timedelta = timedelta(0)) -> str:
+    return (datetime.now(UTC) + shift).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
 def test_run_decides_logs_serves_http_and_exits_0_on_sigterm(aws, processes):
     queues = make_queues(aws)
     port = free_port()
     for instance in ("i-00000001", "i-00000002"):
-        queues.send(p.spot(instance))
+        queues.send(p.spot(instance, time=now_iso()))
     queues.send("not an event")
     daemon = DaemonProcess(["-m", "resilienced", "run", *run_flags(queues, port)])
     processes.append(daemon)
@@ -87,7 +92,7 @@ def test_run_decides_logs_serves_http_and_exits_0_on_sigterm(aws, processes):
 def test_sigterm_releases_unfinished_messages_and_loses_none(aws, processes):
     queues = make_queues(aws)
     port = free_port()
-    sent = {queues.send(p.spot(f"i-0000000{n}")) for n in range(1, 4)}
+    sent = {queues.send(p.spot(f"i-0000000{n}", time=now_iso())) for n in range(1, 4)}
     daemon = DaemonProcess(["tests/intake/blocking_daemon.py",
                             *run_flags(queues, port, "--shutdown-timeout", "1")])
     processes.append(daemon)
@@ -100,3 +105,29 @@ def test_sigterm_releases_unfinished_messages_and_loses_none(aws, processes):
     assert {m["MessageId"] for m in back} == sent
     assert {json.loads(m["Body"])["detail"]["instance-id"] for m in back} == {
         "i-00000001", "i-00000002", "i-00000003"}
+
+
+def test_run_acknowledges_stale_and_future_notices_without_acting_and_counts_them(aws, processes):
+    """The daemon judges at its own clock: a 2024 notice and one an hour ahead are deleted, with
+    the reason on the decision line and in resilienced_stale_events_total; a fresh one is done."""
+    queues = make_queues(aws)
+    port = free_port()
+    queues.send(p.spot("i-00000001", time=now_iso()))
+    queues.send(p.spot("i-00000002"))  # time 2024-01-01T00:00:00Z: its deadline is long gone
+    queues.send(p.spot("i-00000003", time=now_iso(timedelta(hours=1))))
+    daemon = DaemonProcess(["-m", "resilienced", "run", *run_flags(queues, port)])
+    processes.append(daemon)
+    daemon.wait_for(lambda lines: sum(1 for line in lines if line.get("event") == "decision") == 3)
+    decisions = {d["instance_ids"][0]: d for d in daemon.events("decision")}
+    assert decisions["i-00000001"]["outcome"] == "done" and "stale" not in decisions["i-00000001"]
+    old, ahead = decisions["i-00000002"], decisions["i-00000003"]
+    assert (old["outcome"], old["verdict"], old["stale"]) == ("not_actionable", "delete", "past")
+    assert old["reason"].startswith("stale: its deadline 2024-01-01T00:02:00Z passed ")
+    assert "(allowed: 300s, --stale-after-seconds): not acted on" in old["reason"]
+    assert (ahead["outcome"], ahead["verdict"], ahead["stale"]) == ("not_actionable", "delete", "future")
+    assert "--future-skew-seconds" in ahead["reason"]
+    status, metrics = http_get(port, "/metrics")
+    assert 'resilienced_stale_events_total{kind="spot_interruption",when="past"} 1.0' in metrics
+    assert 'resilienced_stale_events_total{kind="spot_interruption",when="future"} 1.0' in metrics
+    assert daemon.terminate() == 0
+    assert queues.counts() == (0, 0)

@@ -20,7 +20,7 @@ from kubernetes_asyncio import client as k8s
 from resilienced.errors import BackendUnavailable, RayAuthError
 from resilienced.kube import CacheOptions, KubeCluster, KubeOptions
 from resilienced.ports import RayNode
-from tests.support.kubeapi import KubeApiServer
+from tests.support.kubeapi import KubeApiServer, ResourceType
 
 JsonObj = dict[str, Any]
 
@@ -50,6 +50,16 @@ async def eventually(predicate: Callable[[], bool], *, timeout: float = 5.0, wha
 
 
 # --------------------------------------------------------------------------- server and client
+#: Karpenter's cluster-scoped kinds, served only by the emulators of the tests that register them
+#: (``server.register``): karpenter.sh/v1 NodePool and karpenter.k8s.aws/v1 EC2NodeClass, as
+#: aws/karpenter-provider-aws v1.6 serves them (pkg/apis/crds/karpenter.sh_nodepools.yaml,
+#: karpenter.k8s.aws_ec2nodeclasses.yaml: scope Cluster, status subresource).
+KARPENTER_RESOURCES = (
+    ResourceType("karpenter.sh", ("v1",), "nodepools", "NodePool", namespaced=False),
+    ResourceType("karpenter.k8s.aws", ("v1",), "ec2nodeclasses", "EC2NodeClass", namespaced=False),
+)
+
+
 @pytest.fixture
 async def kubeapi() -> AsyncIterator[KubeApiServer]:
     async with KubeApiServer() as server:

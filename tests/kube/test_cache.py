@@ -16,7 +16,7 @@ from tests.support.kubeapi import KubeApiServer
 
 async def _settled(cluster: KubeCluster, kubeapi: KubeApiServer) -> None:
     await cluster.wait_ready()
-    await eventually(lambda: kubeapi.open_watches == 4, what="the four watches to open")
+    await eventually(lambda: kubeapi.open_watches == len(cluster.informers), what="every cache's watch to open")
 
 
 async def test_a_pod_added_after_start_is_found_through_the_watch(

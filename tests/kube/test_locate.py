@@ -231,7 +231,7 @@ async def test_a_burst_costs_no_api_call_and_one_gcs_call_per_cluster(
     cluster: KubeCluster, kubeapi: KubeApiServer, gcs: GcsFactory, world: dict[str, str]
 ) -> None:
     await cluster.wait_ready()
-    await eventually(lambda: kubeapi.open_watches == 4, what="the four watches to open")
+    await eventually(lambda: kubeapi.open_watches == len(cluster.informers), what="every watch to open")
     kubeapi.reset_log()
     locations = await asyncio.gather(*(
         cluster.locate(instance_ids=[instance(1 + i % 4)]) for i in range(500)))

@@ -11,7 +11,7 @@ from resilienced.kube import RBAC_RULES, EventRecorder, KubeCluster, KubeLeaseCl
 from resilienced.kube.events import ObjectRef
 from resilienced.kube.rbac import AUTH_SECRETS
 from resilienced.model import Target
-from .conftest import FAST, GcsFactory, eventually, instance, node, ray_node, ray_pod, raycluster, rayjob
+from .conftest import FAST, KARPENTER_RESOURCES, GcsFactory, eventually, instance, node, ray_node, ray_pod, raycluster, rayjob
 from tests.support.kubeapi import KubeApiServer, RbacRule
 
 LEASES_NS = "resilienced"
@@ -42,6 +42,8 @@ class Clock:
 
 async def test_every_call_of_kubernetes_mode_is_allowed_and_every_rule_is_used(gcs: GcsFactory) -> None:
     server = KubeApiServer(rbac=emulated_rules(secrets=("train-rc",)))
+    for rtype in KARPENTER_RESOURCES:
+        server.register(rtype)
     await server.start()
     client = server.api_client()
     try:
@@ -56,10 +58,10 @@ async def test_every_call_of_kubernetes_mode_is_allowed_and_every_rule_is_used(g
         gcs.nodes["10.0.9.1:6379"] = [ray_node(0x11, "10.0.1.1")]
         async with KubeCluster(client, ray_control_factory=gcs, replica="replica-a", options=FAST) as kube:
             (target,) = (await kube.locate(instance_ids=[instance(1)])).targets  # list, watch, get secret
-            await eventually(lambda: server.open_watches == 4, what="the watches")
+            await eventually(lambda: server.open_watches == len(kube.informers), what="the watches")
             server.drop_watches()
             server.fail(verb="watch", resource="nodes", status=503, times=None)
-            await eventually(lambda: server.open_watches < 4, what="the node watch to stop")
+            await eventually(lambda: server.open_watches < len(kube.informers), what="the node watch to stop")
             server.patch("nodes", "n1", body={"metadata": {"labels": {"changed": "yes"}}})
             await kube.cordon(target, reason="spot_interruption", deadline=None)  # patch 409, get, patch
             server.clear_faults()
