@@ -14,7 +14,8 @@ Two sources can announce a preemption:
 
 At every step boundary each rank contributes its view to one small all-reduce (MAX over a float64
 vector) on a dedicated gloo group, so every rank acts on the same step with the same deadline:
-``[ray notice, sigterm, -deadline_ms, stop, async save still writing]``.
+``[ray notice, sigterm, -deadline_ms, stop, async save still writing, step, -step]`` (the last
+two say whether every rank is at the same step).
 
 **The margin.**  After a notice the run saves at once (the notice is best effort: the node may go
 earlier than announced), then keeps training while, for every rank,
@@ -79,6 +80,8 @@ class Agreed:
     deadline_ms: int | None
     stop: bool
     async_writing: bool
+    step_min: int = 0
+    step_max: int = 0
 
     @property
     def notice(self) -> bool:
@@ -90,7 +93,7 @@ class Agreed:
 
 
 class Agreement:
-    """One MAX all-reduce per step boundary over a gloo group (cheap: five float64)."""
+    """One MAX all-reduce per step boundary over a gloo group (cheap: seven float64)."""
 
     def __init__(self, *, group: dist.ProcessGroup | None, world_size: int) -> None:
         self._group = group
@@ -104,6 +107,7 @@ class Agreement:
         deadline_ms: float | None,
         stop: bool = False,
         async_writing: bool = False,
+        step: int = 0,
     ) -> Agreed:
         vec = torch.tensor(
             [
@@ -112,6 +116,8 @@ class Agreement:
                 -(deadline_ms if deadline_ms is not None else _NO_DEADLINE),
                 float(stop),
                 float(async_writing),
+                float(step),
+                -float(step),
             ],
             dtype=torch.float64,
         )
@@ -121,12 +127,12 @@ class Agreement:
         deadline = None if -v[2] >= _NO_DEADLINE else int(-v[2])
         return Agreed(
             ray_notice=v[0] > 0, sigterm=v[1] > 0, deadline_ms=deadline, stop=v[3] > 0,
-            async_writing=v[4] > 0,
+            async_writing=v[4] > 0, step_min=int(-v[6]), step_max=int(v[5]),
         )
 
-    def agree_stop(self, stop: bool) -> bool:
+    def agree_stop(self, stop: bool, *, step: int = 0) -> bool:
         """Whether any rank wants to stop (a second, stop-only agreement after a save)."""
-        return self.agree(ray_notice=False, sigterm=False, deadline_ms=None, stop=stop).stop
+        return self.agree(ray_notice=False, sigterm=False, deadline_ms=None, stop=stop, step=step).stop
 
 
 class DeadlinePlan:

@@ -8,14 +8,18 @@ down" means.
   ``ray.train.report`` of a pointer to each committed checkpoint (the checkpoint is already on
   the shared checkpoint root), and after the last save a wait that only Ray's teardown ends (a
   clean return would mark the run FINISHED).
-* :class:`LocalRuntime`: no Ray; SIGTERM is the only notice; after the last save the rank waits
-  until the deadline and then raises :class:`~trainer.errors.PreemptedError` (exit code 75).
+* :class:`LocalRuntime`: no Ray (torchrun, local processes); SIGTERM is the only notice; after
+  the last save the rank waits until the deadline and then raises
+  :class:`~trainer.errors.PreemptedError` (exit code 75 for ``python -m trainer``).
+
+:func:`detect_runtime` picks one: Ray when called inside a Ray Train train function.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import sys
 import time
 from pathlib import Path
 from typing import Any, NoReturn, Protocol
@@ -121,6 +125,19 @@ class LocalRuntime:
             while time.time() < deadline_ms / 1000.0:
                 time.sleep(0.2)
         raise PreemptedError("preempted: the last checkpoint is saved; resume by running again")
+
+
+def detect_runtime() -> Runtime:
+    """:class:`RayRuntime` inside a Ray Train (V2) train function, else :class:`LocalRuntime`."""
+    if "ray" in sys.modules:  # a Ray Train worker has imported Ray already; nobody else pays for it
+        try:
+            import ray.train
+
+            ray.train.get_context()  # RuntimeError outside a Ray Train worker
+            return RayRuntime()
+        except Exception:
+            pass
+    return LocalRuntime()
 
 
 def attempt_counter(root: Path) -> int:
