@@ -456,6 +456,8 @@ class CheckpointStore:
         self.world_size = world_size
         self.group = group
         self._hook = hook or (lambda phase, step: None)
+        # one process and no process group at all: DCP without collectives (and without its warning)
+        self._no_dist = group is None and not (dist.is_available() and dist.is_initialized())
 
     # -------------------------------------------------------------- save
     def start(self, state: dict[str, Any], *, step: int, reason: str, use_async: bool = False) -> PendingSave:
@@ -477,9 +479,9 @@ class CheckpointStore:
         # No fsync inside DCP: commit() fsyncs every file while it hashes them (both at once).
         writer = FileSystemWriter(partial, single_file_per_rank=True, sync_files=False, thread_count=1)
         if use_async:
-            future = dcp.async_save(state, storage_writer=writer, process_group=self.group)
+            future = dcp.async_save(state, storage_writer=writer, process_group=self.group, no_dist=self._no_dist)
             return PendingSave(step, reason, started, future)
-        dcp.save(state, storage_writer=writer, process_group=self.group)
+        dcp.save(state, storage_writer=writer, process_group=self.group, no_dist=self._no_dist)
         return PendingSave(step, reason, started, None)
 
     def commit(self, pending: PendingSave) -> Committed:
@@ -535,7 +537,7 @@ class CheckpointStore:
         import torch.distributed.checkpoint as dcp
 
         try:
-            dcp.load(state, checkpoint_id=point.path, process_group=self.group)
+            dcp.load(state, checkpoint_id=point.path, process_group=self.group, no_dist=self._no_dist)
         except Exception as e:  # DCP raises several kinds; the boundary says which checkpoint
             raise CheckpointError(f"loading {point.path} failed: {e}") from e
         rng_path = point.path / rng_file(self.rank)

@@ -109,7 +109,7 @@ def dcp_entries(state: Any) -> dict[str, Any]:
             entries[name] = _ObjectEntry(name, obj)
         else:
             raise StateError(
-                name, f"a {type(obj).__name__} cannot be saved: it is not a torch.nn.Module, not a "
-                "torch.optim.Optimizer, and has no state_dict()/load_state_dict()"
+                name, f"cannot save a value of type {type(obj).__name__}: it is not a torch.nn.Module, "
+                "not a torch.optim.Optimizer, and has no state_dict()/load_state_dict()"
             )
     return entries
