@@ -161,7 +161,8 @@ class Checkpointer:
         entries = self._entries_of(state)
         point, rejected = self._store.broadcast_resume()
         for r in rejected:
-            log.warning("rejected checkpoint %s: %s", r.path, r.why)
+            if self.rank == 0:
+                log.warning("rejected checkpoint %s: %s", r.path, r.why)
             self._event("checkpoint_rejected", path=str(r.path), why=r.why)
         step = 0
         if point is not None:

@@ -108,7 +108,7 @@ def test_a_checkpoint_torn_mid_save_or_damaged_after_it_is_never_restored(tmp_pa
         result.unwrap()
     got, restored = read_losses(tmp_path / "run.jsonl")
     assert restored == [0, 4, 8]
-    assert not (tmp_path / "ck" / "step-12").exists()
+    assert verify(tmp_path / "ck" / "step-12").reason == "periodic"  # rejected, deleted, saved anew
     expected, _ = read_losses(tmp_path / "ref.jsonl")
     last = {x["step"]: x["loss"] for x in got}  # each step's last attempt
     assert last == {x["step"]: x["loss"] for x in expected}
