@@ -132,7 +132,8 @@ def train_func(config: dict) -> None:
     torch.manual_seed(config["seed"] + 1 + rank)  # dropout differs per rank (restored on resume)
 
     state = {"model": model, "optim": optim, "sched": sched}  # resilience
-    ckpt = Checkpointer(config["checkpoint_dir"], every=config["every"], keep=config["keep"])  # resilience
+    ckpt = Checkpointer(config["checkpoint_dir"], every=config["every"], keep=config["keep"],  # resilience
+                        total_steps=config["steps"])
     step = ckpt.restore(state)  # resilience: steps already trained (0 when nothing is saved)
     _append(config.get("losses_out"), {"restored": step, "ray_checkpoint": _ray_checkpoint_step()})
 

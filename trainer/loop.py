@@ -115,6 +115,7 @@ def run(cfg: TrainConfig) -> int:
     p = cfg.preemption
     ckpt = Checkpointer(
         cfg.checkpoint_dir, every=cfg.checkpoint_every, keep=cfg.keep, async_save=cfg.async_save,
+        total_steps=cfg.steps,
         save_margin_factor=p.save_margin_factor, save_margin_s=p.save_margin_s,
         sigterm_grace_s=p.sigterm_grace_s, no_deadline_s=p.no_deadline_s,
         teardown_timeout_s=p.teardown_timeout_s, on_event=journal.event, phase_hook=_crash_hook(cfg),

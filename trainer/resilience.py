@@ -77,6 +77,9 @@ class Checkpointer:
         async_save: write periodic checkpoints with ``dcp.async_save`` (training goes on; the
             commit happens at the first ``after_step`` once every rank's files are written).
             Preemption and final saves are always synchronous.
+        total_steps: the run's last step, when the loop knows it: ``after_step(total_steps)``
+            then leaves the save to :meth:`finish` (reason ``final``, not ``periodic``) and,
+            after a notice, returns instead of waiting to be torn down, so the run can finish.
         save_margin_factor, save_margin_s: the time kept for the last save before a deadline
             is the slowest save of this attempt times the factor plus the seconds (1.5, 2 s).
         sigterm_grace_s: deadline assumed after a SIGTERM that came without one (25 s).
@@ -100,6 +103,7 @@ class Checkpointer:
         every: int = 0,
         keep: int = 3,
         async_save: bool = False,
+        total_steps: int | None = None,
         save_margin_factor: float = _DEFAULTS.save_margin_factor,
         save_margin_s: float = _DEFAULTS.save_margin_s,
         sigterm_grace_s: float = _DEFAULTS.sigterm_grace_s,
@@ -108,11 +112,13 @@ class Checkpointer:
         on_event: EventHook | None = None,
         phase_hook: PhaseHook | None = None,
     ) -> None:
+        if total_steps is not None and (not isinstance(total_steps, int) or total_steps < 1):
+            raise UsageError(f"total_steps must be a positive int or None, got {total_steps!r}")
         _check_args(every=every, keep=keep, save_margin_factor=save_margin_factor, save_margin_s=save_margin_s,
                     sigterm_grace_s=sigterm_grace_s, no_deadline_s=no_deadline_s,
                     teardown_timeout_s=teardown_timeout_s)
         self.root = Path(root)
-        self.every, self.keep, self.async_save = every, keep, async_save
+        self.every, self.keep, self.async_save, self.total_steps = every, keep, async_save, total_steps
         self._grace = {"sigterm": sigterm_grace_s, "no_deadline": no_deadline_s, "teardown": teardown_timeout_s}
         self._event = on_event or (lambda name, **fields: None)
         distributed = dist.is_available() and dist.is_initialized()
@@ -198,9 +204,10 @@ class Checkpointer:
         if self._pending is not None and not agreed.async_writing:
             self._commit_pending()
         stop = self._on_notice(agreed, entries) if agreed.notice else agreed.stop
-        if self._noticed and stop:
+        last = self.total_steps is not None and step >= self.total_steps  # finish() saves it
+        if self._noticed and stop and not last:
             self._hold(entries)
-        if self.every and not self._noticed and step // self.every > (previous or 0) // self.every:
+        if self.every and not (self._noticed or last) and step // self.every > (previous or 0) // self.every:
             self._periodic_save(entries)
         self._left = time.perf_counter()
 
