@@ -5,7 +5,7 @@ Layout under the checkpoint root (the contract with the daemon, which exports it
     <root>/step-<N>.partial/     a save in progress (never resumed, never exported)
     <root>/step-<N>/             committed: renamed from .partial after manifest.json was written
         .metadata                DCP's global metadata (rank 0)
-        __<rank>_0.distcp        DCP data, one file per rank (model + optimizer shards)
+        __<rank>_0.distcp        DCP data, one file per rank (every entry of the state, sharded)
         rng-rank<R>.pt           rank R's RNG states (torch, CUDA, numpy, python)
         manifest.json            written last
 
@@ -18,8 +18,8 @@ Layout under the checkpoint root (the contract with the daemon, which exports it
 
 ``files`` lists every file of the directory except ``manifest.json`` itself, by posix path
 relative to the step directory; nothing outside that list is needed to resume.  ``step-<N>``
-holds the state after N optimizer steps (steps 1..N were trained); the data position is the step
-itself, because the data is a pure function of (seed, step).
+holds the state after N optimizer steps (steps 1..N were trained).  ``trainer.resilience``
+drives this module; ``write_manifest`` and ``verify`` are also public through it.
 
 A save is a collective over a dedicated gloo process group (so ``dcp.async_save`` can run its
 collectives in a background thread while training uses the default group):
