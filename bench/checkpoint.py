@@ -1,12 +1,14 @@
 """Checkpoint benchmark: the emergency save against plain writes, and drain-to-committed latency.
 
     python bench/checkpoint.py [--d-model 1024 --n-layers 4] [--repeats 3] [--drains 10]
-                               [--skip-save] [--skip-drains] [--workdir DIR]
+                               [--boundaries 300] [--skip-save] [--skip-drains] [--skip-after-step]
+                               [--workdir DIR]
 
 1. **Emergency-save throughput.**  Two ranks (local processes, FSDP2 on gloo) hold a model whose
    parameters plus AdamW state are >= 500 MB (default: d_model 1024, 4 layers: 50.9 M parameters,
    612 MB) after one training step.  Each repeat is the trainer's preemption save, timed on rank 0
-   from the first barrier to the commit: ``Checkpointer.save`` (partial dir, RNG files, DCP files,
+   from the first barrier to the commit: ``CheckpointStore.save``, what ``trainer.resilience.Checkpointer``
+   calls (partial dir, RNG files, DCP files,
    every rank fsyncing and hashing its own files at once, manifest written last with fsync,
    rename, fsync of the root).  The **baseline** writes the same bytes, file for file with the same sizes, with
    plain sequential ``write`` calls of 8 MiB and an ``fsync`` per file, from one process, into the
@@ -21,6 +23,12 @@
    replacement, wait for the run to train again.  Printed: p50 / p99 (nearest rank) of the
    latency, and the steps trained twice per interruption (target 0), counted from
    ``--metrics-out``.
+3. **after_step with no notice.**  The same kind of cluster runs a Ray Train job of 2 workers
+   that trains the drill's model (``python -m trainer``'s defaults: FSDP2, 2 ranks, batch 8) and
+   calls ``Checkpointer.after_step`` (``every=0``) after each of ``--boundaries`` steps: the
+   notice poll (``ray.train.get_preemption_info()``) and the agreement (one all-reduce).
+   Printed: its median in microseconds, the two halves timed alone, and the ratio to the median
+   training step measured in the same run, and to a 100 ms step (goal < 1 %).
 
 Figures go to docs/benchmarks.md (## Checkpoint).
 """
@@ -64,9 +72,10 @@ def _save_rank(rank: int, world: int, port: int, model_cfg: dict, root: str, rep
     import torch
     import torch.distributed as dist
 
-    from trainer.checkpoint import Checkpointer, TrainState, prune
+    from trainer.checkpoint import CheckpointStore, prune
     from trainer.data import rank_batch
     from trainer.model import build_model, shard_model
+    from trainer.state import RESERVED, dcp_entries
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world, init_method=f"tcp://127.0.0.1:{port}")
@@ -79,11 +88,11 @@ def _save_rank(rank: int, world: int, port: int, model_cfg: dict, root: str, rep
     optim.step()
     optim.zero_grad()
     group = dist.new_group(backend="gloo")
-    ckpt = Checkpointer(root=Path(root), rank=rank, world_size=world, group=group)
-    state = TrainState(model, optim)
+    ckpt = CheckpointStore(root=Path(root), rank=rank, world_size=world, group=group)
+    state = {**dcp_entries({"model": model, "optim": optim}), RESERVED: {"step": 1}}
     buffer = os.urandom(CHUNK)
     # A first save, not measured: it learns the file sizes for the plain writes (and warms DCP).
-    warm = ckpt.save(state, step=1, seed=0, samples_seen=0, reason="preemption")
+    warm = ckpt.save(state, step=1, reason="preemption")
     files = [(f["path"], f["size"]) for f in json.loads((warm.path / "manifest.json").read_text())["files"]]
     results = {"saves": [], "plain": [], "dcp_write": [], "commit": [], "bytes": warm.bytes,
                "files": len(files)}
@@ -95,7 +104,7 @@ def _save_rank(rank: int, world: int, port: int, model_cfg: dict, root: str, rep
             os.sync()
         dist.barrier(group=group)
         t0 = time.perf_counter()
-        pending = ckpt.start(state, step=i + 2, seed=0, samples_seen=0, reason="preemption")
+        pending = ckpt.start(state, step=i + 2, reason="preemption")
         t1 = time.perf_counter()
         ckpt.commit(pending)
         t2 = time.perf_counter()
@@ -274,6 +283,97 @@ def _drain_loop(args: argparse.Namespace, *, cluster_dir: Path, out: Path) -> di
     }
 
 
+# ---------------------------------------------------------------------- 3. after_step, no notice
+def _after_step_worker(config: dict) -> None:
+    """Ray Train worker: time the drill's training step, after_step, the poll and the agreement."""
+    import ray.train
+    import torch
+    import torch.distributed as dist
+
+    from trainer.config import TrainConfig
+    from trainer.loop import _train_step
+    from trainer.model import build_model, shard_model
+    from trainer.preemption import Agreement
+    from trainer.resilience import Checkpointer
+
+    torch.set_num_threads(1)
+    world = dist.get_world_size()
+    cfg = TrainConfig(checkpoint_dir=Path(config["root"]), num_workers=world)  # the drill's model
+    model = shard_model(build_model(cfg.model, seed=0), device_type="cpu", world_size=world)
+    optim = torch.optim.AdamW(model.parameters(), lr=cfg.optim.lr)
+    state = {"model": model, "optim": optim}
+    ckpt = Checkpointer(config["root"], every=0)  # no periodic save: what runs between saves
+    step = ckpt.restore(state)
+    n, warm = config["boundaries"], 20
+    steps, boundaries, polls, agreements = [], [], [], []
+    for i in range(warm + n):
+        t0 = time.perf_counter()
+        _train_step(cfg, model, optim, step=step + 1, device=torch.device("cpu"))
+        step += 1
+        t1 = time.perf_counter()
+        ckpt.after_step(step, state)
+        t2 = time.perf_counter()
+        if i >= warm:
+            steps.append(t1 - t0)
+            boundaries.append(t2 - t1)
+    agreement = Agreement(group=dist.new_group(backend="gloo"), world_size=world)
+    for _ in range(n):  # the two halves of a boundary, alone
+        t0 = time.perf_counter()
+        ray.train.get_preemption_info()
+        t1 = time.perf_counter()
+        agreement.agree(ray_notice=False, sigterm=False, deadline_ms=None, step=step)
+        t2 = time.perf_counter()
+        polls.append(t1 - t0)
+        agreements.append(t2 - t1)
+    ray.train.report({"step_s": steps, "after_step_s": boundaries, "poll_s": polls, "agreement_s": agreements})
+
+
+def _after_step_driver(address: str, out: str, boundaries: int) -> int:
+    """Run ``_after_step_worker`` on 2 Ray Train workers; write rank 0's timings to ``out``."""
+    import ray
+    from ray.train import RunConfig, ScalingConfig
+    from ray.train.torch import TorchConfig, TorchTrainer
+
+    ray.init(address=address, runtime_env={"py_modules": [str(ROOT / "trainer")]}, log_to_driver=False)
+    root = Path(out).parent / "ck-after-step"
+    trainer = TorchTrainer(
+        _after_step_worker, train_loop_config={"root": str(root), "boundaries": boundaries},
+        torch_config=TorchConfig(backend="gloo"), scaling_config=ScalingConfig(num_workers=2),
+        run_config=RunConfig(name="after-step", storage_path=str(root / ".ray-train")),
+    )
+    result = trainer.fit()
+    Path(out).write_text(json.dumps(result.metrics))
+    return 0
+
+
+def bench_after_step(args: argparse.Namespace, workdir: Path) -> dict:
+    from resilienced.localray import LocalRayCluster
+
+    cluster_dir = Path(tempfile.mkdtemp(prefix="ba", dir="/tmp"))
+    out = workdir / "after-step.json"
+    try:
+        with LocalRayCluster(workdir=cluster_dir) as cluster:
+            for n in (1, 2):
+                cluster.add_node(labels=_labels(n))
+            env = {**os.environ, **cluster.env}
+            subprocess.run([sys.executable, __file__, "--after-step-driver", cluster.address, str(out),
+                            str(args.boundaries)], cwd=ROOT, env=env, check=True, timeout=900)
+    finally:
+        shutil.rmtree(cluster_dir, ignore_errors=True)
+    m = json.loads(out.read_text())
+    med = {k: statistics.median(m[k]) for k in ("step_s", "after_step_s", "poll_s", "agreement_s")}
+    return {
+        "boundaries": len(m["after_step_s"]),
+        "after_step_us_p50": round(med["after_step_s"] * 1e6, 1),
+        "after_step_us_p99": round(_nearest_rank(m["after_step_s"], 0.99) * 1e6, 1),
+        "poll_us_p50": round(med["poll_s"] * 1e6, 1),
+        "agreement_us_p50": round(med["agreement_s"] * 1e6, 1),
+        "drill_step_ms_p50": round(med["step_s"] * 1e3, 2),
+        "fraction_of_drill_step": round(med["after_step_s"] / med["step_s"], 4),
+        "fraction_of_100ms_step": round(med["after_step_s"] / 0.1, 4),
+    }
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--d-model", type=int, default=1024)
@@ -284,7 +384,11 @@ def main() -> int:
     p.add_argument("--step-seconds", type=float, default=0.2, help="--min-step-seconds of the run")
     p.add_argument("--skip-save", action="store_true")
     p.add_argument("--skip-drains", action="store_true")
+    p.add_argument("--skip-after-step", action="store_true")
+    p.add_argument("--boundaries", type=int, default=300, help="after_step calls timed (part 3)")
     p.add_argument("--workdir", type=Path, default=None, help="where to write (default: a temp dir)")
+    if len(sys.argv) == 5 and sys.argv[1] == "--after-step-driver":  # part 3's Ray driver process
+        return _after_step_driver(sys.argv[2], sys.argv[3], int(sys.argv[4]))
     args = p.parse_args()
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="bench-ckpt-"))
     workdir.mkdir(parents=True, exist_ok=True)
@@ -301,6 +405,12 @@ def main() -> int:
             print(f"drain -> manifest committed over {d['drains']} drains: p50 {d['committed_p50_s']}s, "
                   f"p99 {d['committed_p99_s']}s; steps trained twice per interruption: "
                   f"{d['steps_trained_twice_per_interruption']} (target 0)", flush=True)
+        if not args.skip_after_step:
+            report["after_step"] = a = bench_after_step(args, workdir)
+            print(f"after_step with no notice (poll + agreement), 2 Ray Train workers: p50 "
+                  f"{a['after_step_us_p50']} us (poll {a['poll_us_p50']} us, agreement {a['agreement_us_p50']} us); "
+                  f"the drill model's step {a['drill_step_ms_p50']} ms: fraction {a['fraction_of_drill_step']}; "
+                  f"of a 100 ms step: {a['fraction_of_100ms_step']} (goal < 0.01)", flush=True)
     finally:
         if args.workdir is None:
             shutil.rmtree(workdir, ignore_errors=True)
