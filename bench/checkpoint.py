@@ -27,10 +27,12 @@
    that trains the drill's model (``python -m trainer``'s defaults: FSDP2, 2 ranks, batch 8) and
    trains ``--blocks`` pairs of 30-step blocks, one block calling ``Checkpointer.after_step``
    (``every=0``: the notice poll and the agreement) after each step, the other not (the
-   baseline), in alternating order.  Printed: the cost per step (with minus without, median
-   over the pairs) in microseconds, after_step's own wall time (it also absorbs the ranks'
-   skew, which the baseline pays in the next step's collectives), the poll and the agreement
-   timed alone, and the cost as a fraction of the baseline step and of a 100 ms step (goal < 1 %).
+   baseline), in alternating order.  Printed: the cost per step, after_step's own time on the
+   training thread averaged over every step (an upper bound: at the steps that agree it also
+   waits for the slower rank, which the baseline pays in its next collective), its p50/p99, the
+   share of calls that agreed, the poll and the agreement timed alone, the end-to-end
+   difference of the blocks (noisy on a shared machine), and the cost as a fraction of the
+   baseline step (the drill's model) and of a 100 ms step (goal < 1 %).
 
 Figures go to docs/benchmarks.md (## Checkpoint).
 """
@@ -368,16 +370,23 @@ def bench_after_step(args: argparse.Namespace, workdir: Path) -> dict:
         shutil.rmtree(cluster_dir, ignore_errors=True)
     m = json.loads(out.read_text())
     med = {k: statistics.median(v) for k, v in m.items()}
-    # the cost per step: with after_step minus without, block by block (adjacent blocks)
-    cost = statistics.median(w - p for w, p in zip(m["with_after_step_s"], m["plain_step_s"], strict=True))
+    # the cost per step: after_step's own time on the training thread, averaged over every step
+    # (most steps only read the notice; every k-th also agrees, and waits there for the slower
+    # rank, which the baseline pays in the next step's collectives instead: an upper bound)
+    cost = statistics.fmean(m["after_step_s"])
+    # with minus without, block pair by block pair: the same thing measured end to end, but the
+    # step's own noise (other work on the machine) is larger than what it measures
+    end_to_end = statistics.median(w - p for w, p in zip(m["with_after_step_s"], m["plain_step_s"], strict=True))
     return {
         "blocks": len(m["plain_step_s"]),
         "steps_per_block": len(m["after_step_s"]) // len(m["plain_step_s"]),
         "cost_per_step_us": round(cost * 1e6, 1),
         "after_step_wall_us_p50": round(med["after_step_s"] * 1e6, 1),
         "after_step_wall_us_p99": round(_nearest_rank(m["after_step_s"], 0.99) * 1e6, 1),
+        "boundaries_share": round(sum(t > 50e-6 for t in m["after_step_s"]) / len(m["after_step_s"]), 3),
         "poll_us_p50": round(med["poll_s"] * 1e6, 2),
         "agreement_us_p50": round(med["agreement_s"] * 1e6, 1),
+        "with_minus_without_us": round(end_to_end * 1e6, 1),
         "drill_step_ms_p50": round(med["plain_step_s"] * 1e3, 2),
         "fraction_of_drill_step": round(cost / med["plain_step_s"], 4),
         "fraction_of_100ms_step": round(cost / 0.1, 4),
@@ -418,11 +427,12 @@ def main() -> int:
         if not args.skip_after_step:
             report["after_step"] = a = bench_after_step(args, workdir)
             print(f"after_step with no notice, 2 Ray Train workers: {a['cost_per_step_us']} us per step "
-                  f"(with - without, median of {a['blocks']} block pairs); its own wall time p50 "
-                  f"{a['after_step_wall_us_p50']} us (poll alone {a['poll_us_p50']} us, agreement alone "
-                  f"{a['agreement_us_p50']} us); the drill model's step {a['drill_step_ms_p50']} ms: fraction "
-                  f"{a['fraction_of_drill_step']}; of a 100 ms step: {a['fraction_of_100ms_step']} (goal < 0.01)",
-                  flush=True)
+                  f"(mean over every step; {a['boundaries_share']} of the calls agreed; p50 "
+                  f"{a['after_step_wall_us_p50']} us, p99 {a['after_step_wall_us_p99']} us; poll alone "
+                  f"{a['poll_us_p50']} us, agreement alone {a['agreement_us_p50']} us; with - without "
+                  f"{a['with_minus_without_us']} us); the drill model's step {a['drill_step_ms_p50']} ms: "
+                  f"fraction {a['fraction_of_drill_step']}; of a 100 ms step: {a['fraction_of_100ms_step']} "
+                  f"(goal < 0.01)", flush=True)
     finally:
         if args.workdir is None:
             shutil.rmtree(workdir, ignore_errors=True)

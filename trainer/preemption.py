@@ -14,8 +14,9 @@ Two sources can announce a preemption:
 
 At every step boundary each rank contributes its view to one small all-reduce (MAX over a float64
 vector) on a dedicated gloo group, so every rank acts on the same step with the same deadline:
-``[ray notice, sigterm, -deadline_ms, stop, async save still writing, step, -step]`` (the last
-two say whether every rank is at the same step).
+``[ray notice, sigterm, -deadline_ms, stop, async save still writing, step, -step, next]`` (step
+and -step say whether every rank is at the same step; ``next`` is rank 0's proposal for the step
+of the next boundary, the others send 0).
 
 **The margin.**  After a notice the run saves at once (the notice is best effort: the node may go
 earlier than announced), then keeps training while, for every rank,
@@ -82,6 +83,7 @@ class Agreed:
     async_writing: bool
     step_min: int = 0
     step_max: int = 0
+    next_step: int = 0
 
     @property
     def notice(self) -> bool:
@@ -93,7 +95,7 @@ class Agreed:
 
 
 class Agreement:
-    """One MAX all-reduce per step boundary over a gloo group (cheap: seven float64)."""
+    """One MAX all-reduce per step boundary over a gloo group (cheap: eight float64)."""
 
     def __init__(self, *, group: dist.ProcessGroup | None, world_size: int) -> None:
         self._group = group
@@ -108,6 +110,7 @@ class Agreement:
         stop: bool = False,
         async_writing: bool = False,
         step: int = 0,
+        propose_next: int = 0,
     ) -> Agreed:
         vec = torch.tensor(
             [
@@ -118,6 +121,7 @@ class Agreement:
                 float(async_writing),
                 float(step),
                 -float(step),
+                float(propose_next),
             ],
             dtype=torch.float64,
         )
@@ -127,7 +131,7 @@ class Agreement:
         deadline = None if -v[2] >= _NO_DEADLINE else int(-v[2])
         return Agreed(
             ray_notice=v[0] > 0, sigterm=v[1] > 0, deadline_ms=deadline, stop=v[3] > 0,
-            async_writing=v[4] > 0, step_min=int(-v[6]), step_max=int(v[5]),
+            async_writing=v[4] > 0, step_min=int(-v[6]), step_max=int(v[5]), next_step=int(v[7]),
         )
 
     def agree_stop(self, stop: bool, *, step: int = 0) -> bool:

@@ -86,6 +86,12 @@ class Checkpointer:
         no_deadline_s: deadline assumed when Ray reports a preemption without one (90 s).
         teardown_timeout_s: after the last save, how long past the deadline to wait for Ray's
             teardown before failing, so that Ray restarts the run anyway (120 s).
+        agree_interval_s: before any notice, the ranks poll and agree at most about this often
+            (every ``k`` steps, ``k`` = this / the slowest recent step, fixed by rank 0 at each
+            boundary; steps of this long or longer agree every step).  0.5 s: Ray Train's
+            watcher hears a drain every ``RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S`` (0.5 s) at
+            best, so agreeing more often hears it little sooner and costs every step.  After a
+            notice they agree after every step.
         on_event: called as ``on_event(name, **fields)`` on every rank for ``checkpoint_committed``
             (step, reason, path, save_seconds), ``checkpoint_rejected`` (path, why),
             ``preemption_notice`` (step, deadline_ms, source) and ``waiting_for_teardown`` (step).
@@ -109,6 +115,7 @@ class Checkpointer:
         sigterm_grace_s: float = _DEFAULTS.sigterm_grace_s,
         no_deadline_s: float = _DEFAULTS.no_deadline_s,
         teardown_timeout_s: float = _DEFAULTS.teardown_timeout_s,
+        agree_interval_s: float = 0.5,
         on_event: EventHook | None = None,
         phase_hook: PhaseHook | None = None,
     ) -> None:
@@ -116,10 +123,12 @@ class Checkpointer:
             raise UsageError(f"total_steps must be a positive int or None, got {total_steps!r}")
         _check_args(every=every, keep=keep, save_margin_factor=save_margin_factor, save_margin_s=save_margin_s,
                     sigterm_grace_s=sigterm_grace_s, no_deadline_s=no_deadline_s,
-                    teardown_timeout_s=teardown_timeout_s)
+                    teardown_timeout_s=teardown_timeout_s, agree_interval_s=agree_interval_s)
         self.root = Path(root)
         self.every, self.keep, self.async_save, self.total_steps = every, keep, async_save, total_steps
         self._grace = {"sigterm": sigterm_grace_s, "no_deadline": no_deadline_s, "teardown": teardown_timeout_s}
+        self._agree_interval_s = agree_interval_s
+        self._next_boundary = 0  # the step of the next agreement (0: the first after_step)
         self._event = on_event or (lambda name, **fields: None)
         distributed = dist.is_available() and dist.is_initialized()
         self.rank = dist.get_rank() if distributed else 0
@@ -197,16 +206,20 @@ class Checkpointer:
         entries = self._entries_of(state)
         previous, self.step = self.step, step
         self._metrics = dict(metrics or {})
-        agreed = self._agree(step)
-        # what one more step costs: the step (all since the last return, padding included) and
-        # this boundary (the poll and the agreement), not a save made after it
-        self._plan.record_step(time.perf_counter() - self._left)
-        if self._pending is not None and not agreed.async_writing:
-            self._commit_pending()
-        stop = self._on_notice(agreed, entries) if agreed.notice else agreed.stop
         last = self.total_steps is not None and step >= self.total_steps  # finish() saves it
-        if self._noticed and stop and not last:
-            self._hold(entries)
+        if self._noticed or step >= self._next_boundary:
+            agreed = self._agree(step)
+            # what one more step costs: the step (all since the last return, padding included)
+            # and this boundary (the poll and the agreement), not a save made after it
+            self._plan.record_step(time.perf_counter() - self._left)
+            self._next_boundary = agreed.next_step
+            if self._pending is not None and not agreed.async_writing:
+                self._commit_pending()
+            stop = self._on_notice(agreed, entries) if agreed.notice else agreed.stop
+            if self._noticed and stop and not last:
+                self._hold(entries)
+        else:
+            self._plan.record_step(time.perf_counter() - self._left)
         if self.every and not (self._noticed or last) and step // self.every > (previous or 0) // self.every:
             self._periodic_save(entries)
         self._left = time.perf_counter()
@@ -278,6 +291,7 @@ class Checkpointer:
             ray_notice=info is not None, sigterm=SIGTERM.received_at is not None,
             deadline_ms=min(candidates) if candidates else None, stop=stop,
             async_writing=self._pending is not None and not self._pending.written(), step=step,
+            propose_next=self._propose_next(step) if self.rank == 0 else 0,
         )
         if agreed.step_min != agreed.step_max:
             raise UsageError(
@@ -285,6 +299,13 @@ class Checkpointer:
                 f"{agreed.step_max} at the same boundary (this rank: {step}); every rank must pass the same number"
             )
         return agreed
+
+    def _propose_next(self, step: int) -> int:
+        """Rank 0: the step of the next boundary, about ``agree_interval_s`` ahead."""
+        estimate = self._plan.step_estimate_s()
+        if self._noticed or estimate <= 0:
+            return step + 1
+        return step + max(1, min(1000, int(self._agree_interval_s / estimate)))
 
     def _on_notice(self, agreed: Agreed, entries: dict[str, Any]) -> bool:
         """Take the agreed notice in; whether every rank is to stop training now."""
@@ -364,6 +385,8 @@ def _check_args(**values: float) -> None:
         raise UsageError(f"save_margin_factor must be >= 1, got {values['save_margin_factor']}")
     if not values["save_margin_s"] >= 0.0:
         raise UsageError(f"save_margin_s must be >= 0, got {values['save_margin_s']}")
+    if not 0 <= values["agree_interval_s"] < float("inf"):
+        raise UsageError(f"agree_interval_s must be >= 0 seconds, got {values['agree_interval_s']}")
     for name in ("sigterm_grace_s", "no_deadline_s", "teardown_timeout_s"):
         if not 0 < values[name] < float("inf"):
             raise UsageError(f"{name} must be a positive number of seconds, got {values[name]}")
