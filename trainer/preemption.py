@@ -5,14 +5,14 @@ Two sources can announce a preemption:
 * **Ray** (``source: "ray"``): the daemon (or ``ray start --block`` on SIGTERM, or an
   autoscaler) drains a node with reason PREEMPTION and a deadline; Ray Train's preemption
   watcher polls the GCS every ``RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S`` (the launcher sets 0.5 s
-  unless it is set already; Ray's default is 5 s) and ``ray.train.get_preemption_info()`` hands
-  the same ``PreemptionInfo(deadline_ms, ...)`` to every rank.  It is a barrier: every rank calls
-  it exactly once per step boundary.
+  unless it is set already; Ray's default is 5 s) and hands a ``PreemptionInfo(deadline_ms, ...)``
+  to every worker, which each rank reads locally (``trainer.runtime.RayRuntime``).
 * **SIGTERM** (``source: "sigterm"``): a flag set by a signal handler in this process (local
   mode; on Ray workers the handler is installed on the actor's main thread).  The deadline is
   the time of the signal plus ``--sigterm-grace-s``.
 
-At every step boundary each rank contributes its view to one small all-reduce (MAX over a float64
+At every step boundary (every ``k`` steps before a notice, see ``trainer.resilience``) each rank
+contributes its view to one small all-reduce (MAX over a float64
 vector) on a dedicated gloo group, so every rank acts on the same step with the same deadline:
 ``[ray notice, sigterm, -deadline_ms, stop, async save still writing, step, -step, next]`` (step
 and -step say whether every rank is at the same step; ``next`` is rank 0's proposal for the step
@@ -161,6 +161,10 @@ class DeadlinePlan:
 
     def step_estimate_s(self) -> float:
         return max(self._steps, default=0.0)
+
+    def mean_step_s(self) -> float:
+        """The mean of the last steps (0 before any): the usual step, not the worst."""
+        return sum(self._steps) / len(self._steps) if self._steps else 0.0
 
     def room_for_another_step(self, *, now: float, deadline_ms: int | None) -> bool:
         """True when ``now + step + save budget`` is not after the deadline (None: no limit)."""

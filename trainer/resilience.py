@@ -87,7 +87,7 @@ class Checkpointer:
         teardown_timeout_s: after the last save, how long past the deadline to wait for Ray's
             teardown before failing, so that Ray restarts the run anyway (120 s).
         agree_interval_s: before any notice, the ranks poll and agree at most about this often
-            (every ``k`` steps, ``k`` = this / the slowest recent step, fixed by rank 0 at each
+            (every ``k`` steps, ``k`` = this / the mean of the last 5 steps, fixed by rank 0 at each
             boundary; steps of this long or longer agree every step).  0.5 s: Ray Train's
             watcher hears a drain every ``RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S`` (0.5 s) at
             best, so agreeing more often hears it little sooner and costs every step.  After a
@@ -129,6 +129,7 @@ class Checkpointer:
         self._grace = {"sigterm": sigterm_grace_s, "no_deadline": no_deadline_s, "teardown": teardown_timeout_s}
         self._agree_interval_s = agree_interval_s
         self._next_boundary = 0  # the step of the next agreement (0: the first after_step)
+        self._boundaries = 0  # agreements so far (bench/checkpoint.py reads it)
         self._event = on_event or (lambda name, **fields: None)
         distributed = dist.is_available() and dist.is_initialized()
         self.rank = dist.get_rank() if distributed else 0
@@ -208,6 +209,7 @@ class Checkpointer:
         self._metrics = dict(metrics or {})
         last = self.total_steps is not None and step >= self.total_steps  # finish() saves it
         if self._noticed or step >= self._next_boundary:
+            self._boundaries += 1
             agreed = self._agree(step)
             # what one more step costs: the step (all since the last return, padding included)
             # and this boundary (the poll and the agreement), not a save made after it
@@ -302,7 +304,7 @@ class Checkpointer:
 
     def _propose_next(self, step: int) -> int:
         """Rank 0: the step of the next boundary, about ``agree_interval_s`` ahead."""
-        estimate = self._plan.step_estimate_s()
+        estimate = self._plan.mean_step_s()
         if self._noticed or estimate <= 0:
             return step + 1
         return step + max(1, min(1000, int(self._agree_interval_s / estimate)))
