@@ -1,7 +1,7 @@
 """docs/your-trainer.md's example script, run as it is on a real local multi-node Ray cluster.
 
 ``python examples/resilient_train.py --ray-address <cluster>`` (a residual MLP classifier with
-AdamW and a ``LambdaLR``, not trainer/'s model) trains on two 1-CPU nodes; the node of one rank
+AdamW and a ``LambdaLR``, not trainer/'s model; FSDP2, then DDP) trains on two 1-CPU nodes; the node of one rank
 is drained through the GCS with reason PREEMPTION and a deadline, as the daemon does, then
 killed at the deadline and replaced.  The run must save before the deadline, train nothing that
 would be lost, resume at the saved step + 1 on the replacement, and give, bit for bit, the losses
@@ -64,10 +64,11 @@ def preemption_saves(root: Path) -> dict[int, dict]:
     return out
 
 
+@pytest.mark.parametrize("wrap", ["fsdp2", "ddp"])  # a plain module: test_resilience_api.py (local ranks)
 def test_the_example_script_drained_on_ray_resumes_exactly_on_a_replacement(
-    ray_cluster: LocalRayCluster, tmp_path: Path
+    ray_cluster: LocalRayCluster, tmp_path: Path, wrap: str
 ) -> None:
-    reference = example_ranks.config(tmp_path / "ref", tmp_path / "ref.jsonl", steps=STEPS)
+    reference = example_ranks.config(tmp_path / "ref", tmp_path / "ref.jsonl", steps=STEPS, wrap=wrap)
     for result in run_ranks(example_ranks.train, 2, reference):
         result.unwrap()
     expected = [x for x in lines(tmp_path / "ref.jsonl") if "step" in x]
@@ -75,7 +76,7 @@ def test_the_example_script_drained_on_ray_resumes_exactly_on_a_replacement(
     root, losses, log = tmp_path / "ck", tmp_path / "losses.jsonl", tmp_path / "script.log"
     env = {**os.environ, **ray_cluster.env, "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.5"}
     args = [sys.executable, str(EXAMPLE), "--ray-address", ray_cluster.address, "--checkpoint-dir", str(root),
-            "--steps", str(STEPS), "--every", "10", "--keep", "100", "--step-seconds", "0.2",
+            "--steps", str(STEPS), "--every", "10", "--keep", "100", "--step-seconds", "0.2", "--wrap", wrap,
             "--losses-out", str(losses), "--result-out", str(tmp_path / "result.json")]
     with open(log, "wb") as out:
         proc = subprocess.Popen(args, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
