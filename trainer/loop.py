@@ -14,6 +14,7 @@ to restore, and rank 0's journal files.
 from __future__ import annotations
 
 import logging
+import os
 import random
 import time
 from typing import Any
@@ -47,8 +48,6 @@ def _crash_hook(cfg: TrainConfig):
 
     def hook(phase: str, step: int) -> None:
         if phase == phase_at and step == step_at:
-            import os
-
             logging.shutdown()
             os._exit(EXIT_CRASHED)
 
