@@ -1,12 +1,14 @@
 """Checkpoint benchmark: the emergency save against plain writes, and drain-to-committed latency.
 
     python bench/checkpoint.py [--d-model 1024 --n-layers 4] [--repeats 3] [--drains 10]
-                               [--skip-save] [--skip-drains] [--workdir DIR]
+                               [--blocks 10] [--skip-save] [--skip-drains] [--skip-after-step]
+                               [--workdir DIR]
 
 1. **Emergency-save throughput.**  Two ranks (local processes, FSDP2 on gloo) hold a model whose
    parameters plus AdamW state are >= 500 MB (default: d_model 1024, 4 layers: 50.9 M parameters,
    612 MB) after one training step.  Each repeat is the trainer's preemption save, timed on rank 0
-   from the first barrier to the commit: ``Checkpointer.save`` (partial dir, RNG files, DCP files,
+   from the first barrier to the commit: ``CheckpointStore.save``, what ``trainer.resilience.Checkpointer``
+   calls (partial dir, RNG files, DCP files,
    every rank fsyncing and hashing its own files at once, manifest written last with fsync,
    rename, fsync of the root).  The **baseline** writes the same bytes, file for file with the same sizes, with
    plain sequential ``write`` calls of 8 MiB and an ``fsync`` per file, from one process, into the
@@ -21,6 +23,16 @@
    replacement, wait for the run to train again.  Printed: p50 / p99 (nearest rank) of the
    latency, and the steps trained twice per interruption (target 0), counted from
    ``--metrics-out``.
+3. **after_step with no notice.**  The same kind of cluster runs a Ray Train job of 2 workers
+   that trains the drill's model (``python -m trainer``'s defaults: FSDP2, 2 ranks, batch 8) and
+   trains ``--blocks`` pairs of 30-step blocks, one block calling ``Checkpointer.after_step``
+   (``every=0``: the notice poll and the agreement) after each step, the other not (the
+   baseline), in alternating order.  Printed: the cost per step (the poll, timed alone, every
+   step; the agreement, timed alone, at the share of steps that agreed), after_step's own time
+   on the training thread averaged over every step (an upper bound: at the steps that agree it
+   also waits for the slower rank, which the baseline pays in its next collective), the end-to-end
+   difference of the blocks (noisy on a shared machine), and the cost as a fraction of the
+   baseline step (the drill's model) and of a 100 ms step (goal < 1 %).
 
 Figures go to docs/benchmarks.md (## Checkpoint).
 """
@@ -64,9 +76,10 @@ def _save_rank(rank: int, world: int, port: int, model_cfg: dict, root: str, rep
     import torch
     import torch.distributed as dist
 
-    from trainer.checkpoint import Checkpointer, TrainState, prune
+    from trainer.checkpoint import CheckpointStore, prune
     from trainer.data import rank_batch
     from trainer.model import build_model, shard_model
+    from trainer.state import RESERVED, dcp_entries
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world, init_method=f"tcp://127.0.0.1:{port}")
@@ -79,11 +92,11 @@ def _save_rank(rank: int, world: int, port: int, model_cfg: dict, root: str, rep
     optim.step()
     optim.zero_grad()
     group = dist.new_group(backend="gloo")
-    ckpt = Checkpointer(root=Path(root), rank=rank, world_size=world, group=group)
-    state = TrainState(model, optim)
+    ckpt = CheckpointStore(root=Path(root), rank=rank, world_size=world, group=group)
+    state = {**dcp_entries({"model": model, "optim": optim}), RESERVED: {"step": 1}}
     buffer = os.urandom(CHUNK)
     # A first save, not measured: it learns the file sizes for the plain writes (and warms DCP).
-    warm = ckpt.save(state, step=1, seed=0, samples_seen=0, reason="preemption")
+    warm = ckpt.save(state, step=1, reason="preemption")
     files = [(f["path"], f["size"]) for f in json.loads((warm.path / "manifest.json").read_text())["files"]]
     results = {"saves": [], "plain": [], "dcp_write": [], "commit": [], "bytes": warm.bytes,
                "files": len(files)}
@@ -95,7 +108,7 @@ def _save_rank(rank: int, world: int, port: int, model_cfg: dict, root: str, rep
             os.sync()
         dist.barrier(group=group)
         t0 = time.perf_counter()
-        pending = ckpt.start(state, step=i + 2, seed=0, samples_seen=0, reason="preemption")
+        pending = ckpt.start(state, step=i + 2, reason="preemption")
         t1 = time.perf_counter()
         ckpt.commit(pending)
         t2 = time.perf_counter()
@@ -274,6 +287,120 @@ def _drain_loop(args: argparse.Namespace, *, cluster_dir: Path, out: Path) -> di
     }
 
 
+# ---------------------------------------------------------------------- 3. after_step, no notice
+def _after_step_worker(config: dict) -> None:
+    """Ray Train worker: the drill's training step with and without after_step, in alternating blocks."""
+    import torch
+    import torch.distributed as dist
+
+    from trainer.config import TrainConfig
+    from trainer.loop import _train_step
+    from trainer.model import build_model, shard_model
+    from trainer.preemption import Agreement
+    from trainer.resilience import Checkpointer
+    from trainer.runtime import RayRuntime
+
+    torch.set_num_threads(1)
+    world = dist.get_world_size()
+    cfg = TrainConfig(checkpoint_dir=Path(config["root"]), num_workers=world)  # the drill's model
+    model = shard_model(build_model(cfg.model, seed=0), device_type="cpu", world_size=world)
+    optim = torch.optim.AdamW(model.parameters(), lr=cfg.optim.lr)
+    state = {"model": model, "optim": optim}
+    ckpt = Checkpointer(config["root"], every=0)  # no periodic save: what runs between saves
+    step = ckpt.restore(state)
+    cpu = torch.device("cpu")
+    out: dict[str, list[float]] = {"plain_step_s": [], "with_after_step_s": [], "after_step_s": [],
+                                   "boundaries": []}
+    for block in range(1 + config["blocks"]):  # block 0 warms up, not kept
+        for use in ((False, True) if block % 2 else (True, False)):  # alternate the order
+            started, boundaries = time.perf_counter(), ckpt._boundaries
+            for _ in range(config["per_block"]):
+                _train_step(cfg, model, optim, step=step + 1, device=cpu)
+                step += 1
+                if use:
+                    t = time.perf_counter()
+                    ckpt.after_step(step, state)
+                    if block:
+                        out["after_step_s"].append(time.perf_counter() - t)
+            if block:
+                key = "with_after_step_s" if use else "plain_step_s"
+                out[key].append((time.perf_counter() - started) / config["per_block"])
+                if use:
+                    out["boundaries"].append(ckpt._boundaries - boundaries)
+    agreement, runtime = Agreement(group=dist.new_group(backend="gloo"), world_size=world), RayRuntime()
+    out["poll_s"], out["agreement_s"] = [], []
+    for _ in range(config["blocks"] * config["per_block"]):  # the two halves of a boundary, alone
+        t0 = time.perf_counter()
+        runtime.preemption_info()
+        t1 = time.perf_counter()
+        agreement.agree(ray_notice=False, sigterm=False, deadline_ms=None, step=step)
+        out["poll_s"].append(t1 - t0)
+        out["agreement_s"].append(time.perf_counter() - t1)
+    if dist.get_rank() == 0:  # the same machine: a file is the simplest way back to the driver
+        Path(config["out"]).write_text(json.dumps(out))
+
+
+def _after_step_driver(address: str, out: str, blocks: int) -> int:
+    """Run ``_after_step_worker`` on 2 Ray Train workers; rank 0 writes its timings to ``out``."""
+    import ray
+    from ray.train import RunConfig, ScalingConfig
+    from ray.train.torch import TorchConfig, TorchTrainer
+
+    ray.init(address=address, runtime_env={"py_modules": [str(ROOT / "trainer")]}, log_to_driver=False)
+    root = Path(out).parent / "ck-after-step"
+    trainer = TorchTrainer(
+        _after_step_worker, train_loop_config={"root": str(root), "blocks": blocks, "per_block": 30, "out": out},
+        torch_config=TorchConfig(backend="gloo"), scaling_config=ScalingConfig(num_workers=2),
+        run_config=RunConfig(name="after-step", storage_path=str(root / ".ray-train")),
+    )
+    result = trainer.fit()
+    return 1 if result.error else 0
+
+
+def bench_after_step(args: argparse.Namespace, workdir: Path) -> dict:
+    from resilienced.localray import LocalRayCluster
+
+    cluster_dir = Path(tempfile.mkdtemp(prefix="ba", dir="/tmp"))
+    out = workdir / "after-step.json"
+    try:
+        with LocalRayCluster(workdir=cluster_dir) as cluster:
+            for n in (1, 2):
+                cluster.add_node(labels=_labels(n))
+            env = {**os.environ, **cluster.env}
+            subprocess.run([sys.executable, __file__, "--after-step-driver", cluster.address, str(out),
+                            str(args.blocks)], cwd=ROOT, env=env, check=True, timeout=900)
+    finally:
+        shutil.rmtree(cluster_dir, ignore_errors=True)
+    m = json.loads(out.read_text())
+    med = {k: statistics.median(v) for k, v in m.items()}
+    share = sum(m["boundaries"]) / len(m["after_step_s"])  # steps that agreed
+    # the cost per step: the poll every step, the agreement at the share of steps that agree
+    cost = med["poll_s"] + share * med["agreement_s"]
+    # after_step's own time on the training thread, averaged over every step: an upper bound
+    # (at the steps that agree it also waits for the slower rank, which the baseline pays in
+    # the next step's collectives instead)
+    wall = statistics.fmean(m["after_step_s"])
+    # with minus without, block pair by block pair: the same thing measured end to end, but the
+    # step's own noise (other work on the machine) is larger than what it measures
+    end_to_end = statistics.median(w - p for w, p in zip(m["with_after_step_s"], m["plain_step_s"], strict=True))
+    return {
+        "blocks": len(m["plain_step_s"]),
+        "steps_per_block": len(m["after_step_s"]) // len(m["plain_step_s"]),
+        "cost_per_step_us": round(cost * 1e6, 1),
+        "after_step_wall_mean_us": round(wall * 1e6, 1),
+        "after_step_wall_us_p50": round(med["after_step_s"] * 1e6, 1),
+        "after_step_wall_us_p99": round(_nearest_rank(m["after_step_s"], 0.99) * 1e6, 1),
+        "boundaries_share": round(share, 3),
+        "poll_us_p50": round(med["poll_s"] * 1e6, 2),
+        "agreement_us_p50": round(med["agreement_s"] * 1e6, 1),
+        "with_minus_without_us": round(end_to_end * 1e6, 1),
+        "drill_step_ms_p50": round(med["plain_step_s"] * 1e3, 2),
+        "fraction_of_drill_step": round(cost / med["plain_step_s"], 4),
+        "fraction_of_100ms_step": round(cost / 0.1, 4),
+        "wall_fraction_of_drill_step": round(wall / med["plain_step_s"], 4),
+        "wall_fraction_of_100ms_step": round(wall / 0.1, 4),
+    }
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--d-model", type=int, default=1024)
@@ -284,7 +411,12 @@ def main() -> int:
     p.add_argument("--step-seconds", type=float, default=0.2, help="--min-step-seconds of the run")
     p.add_argument("--skip-save", action="store_true")
     p.add_argument("--skip-drains", action="store_true")
+    p.add_argument("--skip-after-step", action="store_true")
+    p.add_argument("--blocks", type=int, default=10,
+                   help="part 3: pairs of 30-step blocks, with and without after_step")
     p.add_argument("--workdir", type=Path, default=None, help="where to write (default: a temp dir)")
+    if len(sys.argv) == 5 and sys.argv[1] == "--after-step-driver":  # part 3's Ray driver process
+        return _after_step_driver(sys.argv[2], sys.argv[3], int(sys.argv[4]))
     args = p.parse_args()
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="bench-ckpt-"))
     workdir.mkdir(parents=True, exist_ok=True)
@@ -301,6 +433,16 @@ def main() -> int:
             print(f"drain -> manifest committed over {d['drains']} drains: p50 {d['committed_p50_s']}s, "
                   f"p99 {d['committed_p99_s']}s; steps trained twice per interruption: "
                   f"{d['steps_trained_twice_per_interruption']} (target 0)", flush=True)
+        if not args.skip_after_step:
+            report["after_step"] = a = bench_after_step(args, workdir)
+            print(f"after_step with no notice, 2 Ray Train workers: {a['cost_per_step_us']} us per step "
+                  f"(poll {a['poll_us_p50']} us every step + agreement {a['agreement_us_p50']} us at "
+                  f"{a['boundaries_share']} of the steps); the drill model's step {a['drill_step_ms_p50']} ms: "
+                  f"fraction {a['fraction_of_drill_step']}; of a 100 ms step: {a['fraction_of_100ms_step']} "
+                  f"(goal < 0.01).  Upper bound, after_step's wall time incl. waiting for the slower rank: mean "
+                  f"{a['after_step_wall_mean_us']} us (p50 {a['after_step_wall_us_p50']}, p99 "
+                  f"{a['after_step_wall_us_p99']}): {a['wall_fraction_of_100ms_step']} of 100 ms; with - without "
+                  f"{a['with_minus_without_us']} us", flush=True)
     finally:
         if args.workdir is None:
             shutil.rmtree(workdir, ignore_errors=True)

@@ -1,5 +1,8 @@
 """trainer: FSDP2 training on Ray Train that saves the step it is on when preempted.
 
+``trainer.resilience.Checkpointer`` is the part any Ray Train script uses; ``python -m trainer``
+is one such script.
+
 This package runs inside the training image (Ray Train workers), never inside the daemon: it
 imports only torch, ray, numpy and the standard library, and nothing from ``resilienced`` or
 ``handlers``.  The daemon and the trainer share no code and no channel; they meet in two places
@@ -13,8 +16,11 @@ Modules, top to bottom:
 =============  ==================================================================================
 ``__main__``   ``python -m trainer``: parse flags, pick the launcher, exit code
 ``launch``     the drivers: Ray Train ``TorchTrainer`` (``--ray-address``) or local processes
+``resilience`` **the public API**: ``Checkpointer`` (restore / after_step / finish),
+               ``write_manifest``, ``verify`` (docs/your-trainer.md)
+``state``      a user's ``state`` dict (modules, optimizers, state_dict objects) as DCP entries
 ``runtime``    what differs between Ray Train workers and local processes (signal, report)
-``loop``       the per-rank train function: set up, resume, train, save, react to preemption
+``loop``       ``python -m trainer``'s train function: a user of ``resilience.Checkpointer``
 ``preemption`` the SIGTERM flag, the per-step agreed decision, the deadline plan
 ``checkpoint`` save / commit / verify / resume / clean up; the manifest
 ``journal``    rank 0's JSON-lines files: per-step metrics and lifecycle events

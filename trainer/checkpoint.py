@@ -5,7 +5,7 @@ Layout under the checkpoint root (the contract with the daemon, which exports it
     <root>/step-<N>.partial/     a save in progress (never resumed, never exported)
     <root>/step-<N>/             committed: renamed from .partial after manifest.json was written
         .metadata                DCP's global metadata (rank 0)
-        __<rank>_0.distcp        DCP data, one file per rank (model + optimizer shards)
+        __<rank>_0.distcp        DCP data, one file per rank (every entry of the state, sharded)
         rng-rank<R>.pt           rank R's RNG states (torch, CUDA, numpy, python)
         manifest.json            written last
 
@@ -18,8 +18,8 @@ Layout under the checkpoint root (the contract with the daemon, which exports it
 
 ``files`` lists every file of the directory except ``manifest.json`` itself, by posix path
 relative to the step directory; nothing outside that list is needed to resume.  ``step-<N>``
-holds the state after N optimizer steps (steps 1..N were trained); the data position is the step
-itself, because the data is a pure function of (seed, step).
+holds the state after N optimizer steps (steps 1..N were trained).  ``trainer.resilience``
+drives this module; ``write_manifest`` and ``verify`` are also public through it.
 
 A save is a collective over a dedicated gloo process group (so ``dcp.async_save`` can run its
 collectives in a background thread while training uses the default group):
@@ -188,8 +188,13 @@ def _seal(paths: list[Path]) -> list[tuple[int, str]]:
         return [f.result() for f in hashes]
 
 
-def verify(path: Path) -> Manifest:
-    """The manifest of a committed checkpoint whose files all match it, else CorruptCheckpoint."""
+def verify(step_dir: str | os.PathLike[str]) -> Manifest:
+    """The manifest of a committed checkpoint whose files all match it, else CorruptCheckpoint.
+
+    ``step_dir`` is a ``step-<N>`` directory; it verifies when its ``manifest.json`` parses, says
+    step N, and every file it lists exists with the listed size and sha256.
+    """
+    path = Path(step_dir)
     where = str(path)
     m = _COMMITTED.match(path.name)
     if not m:
@@ -342,34 +347,59 @@ def restore_rng(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-# ---------------------------------------------------------------------- the DCP state
-class TrainState:
-    """Model + optimizer through ``get_state_dict`` / ``set_state_dict`` (a DCP ``Stateful``)."""
-
-    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
-        self.model = model
-        self.optimizer = optimizer
-
-    def state_dict(self) -> dict[str, Any]:
-        from torch.distributed.checkpoint.state_dict import get_state_dict
-
-        model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
-        return {"model": model_sd, "optim": optim_sd}
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        from torch.distributed.checkpoint.state_dict import set_state_dict
-
-        set_state_dict(
-            self.model, self.optimizer,
-            model_state_dict=state_dict["model"], optim_state_dict=state_dict["optim"],
-        )
+# ---------------------------------------------------------------------- the manifest, written
+def build_manifest(
+    step_dir: Path, step: int, *, world_size: int, reason: str, hashed: tuple[FileEntry, ...] = ()
+) -> Manifest:
+    """The manifest of a step directory: ``hashed`` entries as given, every other file hashed here."""
+    files = {e.path: e for e in hashed}
+    for path in sorted(p for p in step_dir.rglob("*") if p.is_file()):
+        rel = path.relative_to(step_dir).as_posix()
+        if rel not in files and rel not in (MANIFEST, MANIFEST + ".tmp"):
+            (size, digest), = _seal([path])  # a file no rank claimed: list it all the same
+            files[rel] = FileEntry(rel, size, digest)
+    now = time.time()
+    return Manifest(
+        step=step, world_size=world_size, time=utc_iso(now), saved_at_unix=now, reason=reason,
+        files=tuple(files[k] for k in sorted(files)),
+    )
 
 
-def _dcp_state(train_state: TrainState, *, step: int, seed: int, samples_seen: int) -> dict[str, Any]:
-    return {
-        "train": train_state,
-        "progress": {"step": step, "seed": seed, "samples_seen": samples_seen},
-    }
+def put_manifest(step_dir: Path, manifest: Manifest, *, torn: Callable[[], None] = lambda: None) -> None:
+    """Write ``manifest.json`` atomically (temporary name, fsync, rename, fsync of the directory)."""
+    tmp = step_dir / (MANIFEST + ".tmp")
+    with open(tmp, "w") as f:
+        f.write(manifest.to_json())
+        f.flush()
+        os.fsync(f.fileno())
+    torn()
+    os.replace(tmp, step_dir / MANIFEST)
+    _fsync_dir(step_dir)
+
+
+def write_manifest(
+    step_dir: str | os.PathLike[str], step: int, *, world_size: int = 1, reason: str = "final"
+) -> Manifest:
+    """Hash (and fsync) every file of ``step_dir`` and write its ``manifest.json`` last.
+
+    For checkpoints written some other way than :class:`trainer.resilience.Checkpointer`: write
+    every data file into the step directory first, then call this; the daemon counts the
+    checkpoint once ``step-<step>/manifest.json`` and every file it lists are in S3.
+    """
+    path = Path(step_dir)
+    if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+        raise ValueError(f"step must be a non-negative int, got {step!r}")
+    if not isinstance(world_size, int) or world_size < 1:
+        raise ValueError(f"world_size must be a positive int, got {world_size!r}")
+    if reason not in REASONS:
+        raise ValueError(f"unknown checkpoint reason {reason!r}; expected one of {REASONS}")
+    if not path.is_dir():
+        raise CheckpointError(f"{path} is not a directory")
+    manifest = build_manifest(path, step, world_size=world_size, reason=reason)
+    if not manifest.files:
+        raise CheckpointError(f"{path} holds no file to list in a manifest")
+    put_manifest(path, manifest)
+    return manifest
 
 
 # ---------------------------------------------------------------------- the collective writer
@@ -378,7 +408,7 @@ PhaseHook = Callable[[str, int], None]
 
 @dataclass
 class PendingSave:
-    """A save whose files are being (or have been) written; committed by :meth:`Checkpointer.commit`."""
+    """A save whose files are being (or have been) written; committed by :meth:`CheckpointStore.commit`."""
 
     step: int
     reason: str
@@ -398,8 +428,8 @@ class Committed:
     bytes: int
 
 
-class Checkpointer:
-    """Saves and loads checkpoints of one rank, collectively with every other rank.
+class CheckpointStore:
+    """Writes and reads the checkpoints of one rank, collectively with every other rank.
 
     Args:
         root: the checkpoint root (shared by every rank: FSx in production).
@@ -426,13 +456,12 @@ class Checkpointer:
         self.world_size = world_size
         self.group = group
         self._hook = hook or (lambda phase, step: None)
+        # one process and no process group at all: DCP without collectives (and without its warning)
+        self._no_dist = group is None and not (dist.is_available() and dist.is_initialized())
 
     # -------------------------------------------------------------- save
-    def start(
-        self, train_state: TrainState, *, step: int, seed: int, samples_seen: int, reason: str,
-        use_async: bool = False,
-    ) -> PendingSave:
-        """Begin a save of the state after ``step`` steps (collective)."""
+    def start(self, state: dict[str, Any], *, step: int, reason: str, use_async: bool = False) -> PendingSave:
+        """Begin a save of ``state`` (DCP entries) as step ``step`` (collective)."""
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint import FileSystemWriter
 
@@ -449,11 +478,10 @@ class Checkpointer:
         torch.save(capture_rng(), partial / rng_file(self.rank))
         # No fsync inside DCP: commit() fsyncs every file while it hashes them (both at once).
         writer = FileSystemWriter(partial, single_file_per_rank=True, sync_files=False, thread_count=1)
-        state = _dcp_state(train_state, step=step, seed=seed, samples_seen=samples_seen)
         if use_async:
-            future = dcp.async_save(state, storage_writer=writer, process_group=self.group)
+            future = dcp.async_save(state, storage_writer=writer, process_group=self.group, no_dist=self._no_dist)
             return PendingSave(step, reason, started, future)
-        dcp.save(state, storage_writer=writer, process_group=self.group)
+        dcp.save(state, storage_writer=writer, process_group=self.group, no_dist=self._no_dist)
         return PendingSave(step, reason, started, None)
 
     def commit(self, pending: PendingSave) -> Committed:
@@ -480,20 +508,12 @@ class Checkpointer:
         total = 0
         if self.rank == 0:
             assert gathered is not None
-            files = {e.path: e for rank_entries in gathered for e in rank_entries}
-            for path in sorted(p for p in partial.rglob("*") if p.is_file()):
-                rel = path.relative_to(partial).as_posix()
-                if rel not in files and rel != MANIFEST:
-                    (size, digest), = _seal([path])  # a file no rank claimed: list it all the same
-                    files[rel] = FileEntry(rel, size, digest)
-            now = time.time()
-            manifest = Manifest(
-                step=step, world_size=self.world_size, time=utc_iso(now), saved_at_unix=now,
-                reason=pending.reason, files=tuple(files[k] for k in sorted(files)),
+            manifest = build_manifest(
+                partial, step, world_size=self.world_size, reason=pending.reason,
+                hashed=tuple(e for rank_entries in gathered for e in rank_entries),
             )
             total = sum(f.size for f in manifest.files)
-            text = manifest.to_json()
-            self._write_manifest(partial, text, step)
+            put_manifest(partial, manifest, torn=lambda: self._hook("manifest-torn", step))
             self._hook("manifest-written", step)
             if committed_path.exists():  # a stale commit of the same step from an older attempt
                 _remove_tree(committed_path)
@@ -504,50 +524,27 @@ class Checkpointer:
         total = self._broadcast_int(total)
         return Committed(step, pending.reason, committed_path, time.perf_counter() - pending.started, total)
 
-    def save(
-        self, train_state: TrainState, *, step: int, seed: int, samples_seen: int, reason: str,
-    ) -> Committed:
+    def save(self, state: dict[str, Any], *, step: int, reason: str) -> Committed:
         """A synchronous save and commit (collective)."""
-        pending = self.start(train_state, step=step, seed=seed, samples_seen=samples_seen, reason=reason)
-        return self.commit(pending)
-
-    def _write_manifest(self, partial: Path, text: str, step: int) -> None:
-        tmp = partial / (MANIFEST + ".tmp")
-        with open(tmp, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        self._hook("manifest-torn", step)
-        os.replace(tmp, partial / MANIFEST)
-        _fsync_dir(partial)
+        return self.commit(self.start(state, step=step, reason=reason))
 
     # -------------------------------------------------------------- load
-    def load(self, point: ResumePoint, train_state: TrainState, *, seed: int) -> dict[str, Any]:
-        """Load model, optimizer and (same world size) RNG states; returns the progress dict."""
+    def load(self, point: ResumePoint, state: dict[str, Any]) -> bool:
+        """Load ``state`` (DCP entries, in place) and, same world size, this rank's RNG states.
+
+        Returns whether the RNG states were restored.
+        """
         import torch.distributed.checkpoint as dcp
 
-        progress = {"step": -1, "seed": -1, "samples_seen": -1}
-        state = {"train": train_state, "progress": progress}
         try:
-            dcp.load(state, checkpoint_id=point.path, process_group=self.group)
+            dcp.load(state, checkpoint_id=point.path, process_group=self.group, no_dist=self._no_dist)
         except Exception as e:  # DCP raises several kinds; the boundary says which checkpoint
             raise CheckpointError(f"loading {point.path} failed: {e}") from e
-        progress = state["progress"]
-        if progress["step"] != point.manifest.step:
-            raise CorruptCheckpoint(
-                str(point.path), f"DCP progress says step {progress['step']}, manifest says {point.manifest.step}"
-            )
-        if progress["seed"] != seed:
-            raise CheckpointError(
-                f"{point.path} was saved by a run with seed {progress['seed']}, this run has seed {seed}"
-            )
         rng_path = point.path / rng_file(self.rank)
         if point.manifest.world_size == self.world_size and rng_path.exists():
             restore_rng(torch.load(rng_path, weights_only=True))
-            progress["rng_restored"] = True
-        else:
-            progress["rng_restored"] = False
-        return progress
+            return True
+        return False
 
     # -------------------------------------------------------------- collectives
     def _barrier(self) -> None:

@@ -4,6 +4,9 @@
 
     TrainerError                 base
     ├── ConfigError              a flag or environment variable that cannot work (names it)
+    ├── UsageError               the Checkpointer used wrongly: a step that does not advance,
+    │   │                        ranks that disagree on the step, a call after the end
+    │   └── StateError           an entry of ``state`` that cannot be saved (names it)
     ├── CheckpointError          a checkpoint that cannot be written, read or trusted
     │   └── CorruptCheckpoint    a committed checkpoint whose files do not match its manifest
     └── PreemptedError           the run was preempted and this process must not go on
@@ -30,6 +33,18 @@ class ConfigError(TrainerError):
         super().__init__(f"{setting}: {message}")
         self.setting = setting
         self.message = message
+
+
+class UsageError(TrainerError, ValueError):
+    """``trainer.resilience.Checkpointer`` called in a way that cannot work; the message says how."""
+
+
+class StateError(UsageError):
+    """An entry of ``state`` that cannot be saved or loaded; the message starts with its name."""
+
+    def __init__(self, name: object, message: str) -> None:
+        super().__init__(f"state: {message}" if name is None else f"state[{name!r}]: {message}")
+        self.name = name
 
 
 class CheckpointError(TrainerError):

@@ -133,7 +133,6 @@ def _local_rank_main(config: dict[str, Any], rank: int, port: int, parent_pid: i
     import torch.distributed as dist
 
     from trainer.loop import COLLECTIVE_TIMEOUT, run
-    from trainer.runtime import LocalRuntime
 
     logging.basicConfig(level=logging.INFO, format=f"[rank {rank}] %(levelname)s %(name)s: %(message)s")
     cfg = TrainConfig.from_dict(config)
@@ -144,7 +143,7 @@ def _local_rank_main(config: dict[str, Any], rank: int, port: int, parent_pid: i
     )
     code = 0
     try:
-        run(cfg, LocalRuntime())
+        run(cfg)
     except PreemptedError as e:
         log.warning("%s", e)
         code = EXIT_PREEMPTED
@@ -166,7 +165,7 @@ def run_local(cfg: TrainConfig) -> int:
     import torch.distributed.fsdp  # noqa: F401
 
     import trainer.loop  # noqa: F401
-    import trainer.runtime  # noqa: F401
+    import trainer.resilience  # noqa: F401
 
     ctx = mp.get_context("fork")
     port = _free_port()

@@ -5,16 +5,18 @@ Two sources can announce a preemption:
 * **Ray** (``source: "ray"``): the daemon (or ``ray start --block`` on SIGTERM, or an
   autoscaler) drains a node with reason PREEMPTION and a deadline; Ray Train's preemption
   watcher polls the GCS every ``RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S`` (the launcher sets 0.5 s
-  unless it is set already; Ray's default is 5 s) and ``ray.train.get_preemption_info()`` hands
-  the same ``PreemptionInfo(deadline_ms, ...)`` to every rank.  It is a barrier: every rank calls
-  it exactly once per step boundary.
+  unless it is set already; Ray's default is 5 s) and hands a ``PreemptionInfo(deadline_ms, ...)``
+  to every worker, which each rank reads locally (``trainer.runtime.RayRuntime``).
 * **SIGTERM** (``source: "sigterm"``): a flag set by a signal handler in this process (local
   mode; on Ray workers the handler is installed on the actor's main thread).  The deadline is
   the time of the signal plus ``--sigterm-grace-s``.
 
-At every step boundary each rank contributes its view to one small all-reduce (MAX over a float64
+At every step boundary (every ``k`` steps before a notice, see ``trainer.resilience``) each rank
+contributes its view to one small all-reduce (MAX over a float64
 vector) on a dedicated gloo group, so every rank acts on the same step with the same deadline:
-``[ray notice, sigterm, -deadline_ms, stop, async save still writing]``.
+``[ray notice, sigterm, -deadline_ms, stop, async save still writing, step, -step, next]`` (step
+and -step say whether every rank is at the same step; ``next`` is rank 0's proposal for the step
+of the next boundary, the others send 0).
 
 **The margin.**  After a notice the run saves at once (the notice is best effort: the node may go
 earlier than announced), then keeps training while, for every rank,
@@ -79,6 +81,9 @@ class Agreed:
     deadline_ms: int | None
     stop: bool
     async_writing: bool
+    step_min: int = 0
+    step_max: int = 0
+    next_step: int = 0
 
     @property
     def notice(self) -> bool:
@@ -90,7 +95,7 @@ class Agreed:
 
 
 class Agreement:
-    """One MAX all-reduce per step boundary over a gloo group (cheap: five float64)."""
+    """One MAX all-reduce per step boundary over a gloo group (cheap: eight float64)."""
 
     def __init__(self, *, group: dist.ProcessGroup | None, world_size: int) -> None:
         self._group = group
@@ -104,6 +109,8 @@ class Agreement:
         deadline_ms: float | None,
         stop: bool = False,
         async_writing: bool = False,
+        step: int = 0,
+        propose_next: int = 0,
     ) -> Agreed:
         vec = torch.tensor(
             [
@@ -112,6 +119,9 @@ class Agreement:
                 -(deadline_ms if deadline_ms is not None else _NO_DEADLINE),
                 float(stop),
                 float(async_writing),
+                float(step),
+                -float(step),
+                float(propose_next),
             ],
             dtype=torch.float64,
         )
@@ -121,12 +131,12 @@ class Agreement:
         deadline = None if -v[2] >= _NO_DEADLINE else int(-v[2])
         return Agreed(
             ray_notice=v[0] > 0, sigterm=v[1] > 0, deadline_ms=deadline, stop=v[3] > 0,
-            async_writing=v[4] > 0,
+            async_writing=v[4] > 0, step_min=int(-v[6]), step_max=int(v[5]), next_step=int(v[7]),
         )
 
-    def agree_stop(self, stop: bool) -> bool:
+    def agree_stop(self, stop: bool, *, step: int = 0) -> bool:
         """Whether any rank wants to stop (a second, stop-only agreement after a save)."""
-        return self.agree(ray_notice=False, sigterm=False, deadline_ms=None, stop=stop).stop
+        return self.agree(ray_notice=False, sigterm=False, deadline_ms=None, stop=stop, step=step).stop
 
 
 class DeadlinePlan:
@@ -151,6 +161,10 @@ class DeadlinePlan:
 
     def step_estimate_s(self) -> float:
         return max(self._steps, default=0.0)
+
+    def mean_step_s(self) -> float:
+        """The mean of the last steps (0 before any): the usual step, not the worst."""
+        return sum(self._steps) / len(self._steps) if self._steps else 0.0
 
     def room_for_another_step(self, *, now: float, deadline_ms: int | None) -> bool:
         """True when ``now + step + save budget`` is not after the deadline (None: no limit)."""

@@ -1,6 +1,7 @@
 # syntax=docker/dockerfile:1
 # The training image: Ray 2.60 (the version resilienced speaks to), CUDA, Python 3.11, with
-# trainer/ (python -m trainer) and torch pinned.  Head and workers of a RayJob use it.
+# trainer/ (python -m trainer, and trainer.resilience for your own Ray Train script: docs/your-trainer.md)
+# and torch pinned.  Head and workers of a RayJob use it.
 #   docker build -f deploy/images/trainer.Dockerfile -t resilienced-trainer:0.1.0 .
 # torch's CUDA wheels bring their own CUDA runtime and NCCL; the EFA libfabric provider and the
 # aws-ofi-nccl plugin come from the node (EFA device plugin) or, for a fully EFA-tuned stack, use

@@ -46,8 +46,9 @@ def test_a_factor_below_one_is_refused() -> None:
 
 def test_one_rank_agrees_with_itself() -> None:
     agreed = Agreement(group=None, world_size=1).agree(
-        ray_notice=False, sigterm=True, deadline_ms=1_700_000_000_123.0, stop=False, async_writing=True
+        ray_notice=False, sigterm=True, deadline_ms=1_700_000_000_123.0, stop=False, async_writing=True, step=7
     )
+    assert (agreed.step_min, agreed.step_max) == (7, 7)
     assert agreed.notice and agreed.source == "sigterm" and agreed.deadline_ms == 1_700_000_000_123
     assert agreed.async_writing and not agreed.stop
     quiet = Agreement(group=None, world_size=1).agree(ray_notice=False, sigterm=False, deadline_ms=None)
