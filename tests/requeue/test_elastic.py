@@ -11,7 +11,7 @@ from datetime import datetime, timezone
 
 from kubernetes_asyncio import client as k8s
 
-from resilienced.capacity import Capacity, CapacityDecision
+from resilienced.capacity import Capacity, CapacityDecision, CapacityRequest
 from resilienced.kube.locate import instance_id_of
 from resilienced.model import Event, Kind, Target
 from resilienced.requeue import KubeRayRequeuer, KubernetesRequeuer, KueueRequeuer, Requeue
@@ -241,3 +241,12 @@ async def test_a_kueue_rayjob_marked_elastic_is_a_gang_with_the_reason(api: k8s.
     result = await KueueRequeuer(api).requeue(target(lost), decision=BLOCK, event=event("ev-1", lost), dry_run=True)
     assert "RayJob" in result.details["elastic_fallback"] and "autoscaler" in result.details["elastic_fallback"]
     assert any("would deactivate" in c for c in result.changes)
+
+
+def test_the_decision_for_an_elastic_run_is_sized_for_the_lost_workers_only() -> None:
+    attributes = {"instance_type": "p5.48xlarge", "instance_count": 8, "lost_instance_ids": ["i-0aaa"]}
+    gang = Target(instance_id="i-0aaa", node=None, ray_cluster=f"{NS}/train", ray_job=None, ray_node_ids=(),
+                  checkpoint_uri=None, attributes=attributes)
+    elastic = Target(**{**gang.__dict__, "attributes": {**attributes, "elastic": True}})
+    assert CapacityRequest.from_target(gang, event=event("ev-1", "i-0aaa")).instance_count == 8
+    assert CapacityRequest.from_target(elastic, event=event("ev-1", "i-0aaa")).instance_count == 1
