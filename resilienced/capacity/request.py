@@ -30,6 +30,7 @@ ATTR_RUN_NEEDS_SECONDS = "run_needs_seconds"  # float: how much longer the run n
 ATTR_VOLCANO_JOB = "volcano_job"  # "namespace/name" of a batch.volcano.sh Job running the run
 ATTR_ELASTIC = "elastic"  # bool: the run continues at a smaller size (annotation resilienced.io/elastic)
 ATTR_ELASTIC_FALLBACK = "elastic_fallback"  # str: why an elastic run is nevertheless requeued as a gang
+ATTR_ELASTIC_ERROR = "elastic_error"  # str: the resilienced.io/elastic annotation is malformed (named)
 # Only where the cluster serves EC2NodeClasses (absent: any block of the account will do):
 ATTR_SELECTABLE = "selectable_reservations"  # list of cr- ids Karpenter can launch the run into
 ATTR_SELECTABLE_FROM = "selectable_from"  # list of "nodepool/ec2nodeclass" those ids were read from

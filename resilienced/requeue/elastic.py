@@ -260,14 +260,23 @@ class ElasticKubeRay:
                 none.append(iid)
         return found, none
 
-    async def requeue(self, target: Target, cluster: JsonObj, *, decision: CapacityDecision, placement: Placement,
-                      event: Event, dry_run: bool) -> RequeueResult:
-        namespace, name = cluster["metadata"]["namespace"], cluster["metadata"]["name"]
-        early, todo, details = settled(target, self.kind, cluster, decision, dry_run)
+    async def begin(self, target: Target, cluster: JsonObj, decision: CapacityDecision, dry_run: bool, *,
+                    kind: str) -> tuple[RequeueResult | None, dict[str, Any], list[LostWorker], list[str]]:
+        """(the result when there is nothing to do, details, the lost workers to replace, instances with none)."""
+        early, todo, details = settled(target, kind, cluster, decision, dry_run)
         if early is not None:
-            return early
+            return early, details, [], []
         workers, no_worker = await self.lost_workers(
             cluster, todo, groups_hint=list(target.attributes.get("groups") or []))
+        return None, details, workers, no_worker
+
+    async def requeue(self, target: Target, cluster: JsonObj, *, decision: CapacityDecision, placement: Placement | None,
+                      event: Event, dry_run: bool) -> RequeueResult:
+        namespace, name = cluster["metadata"]["namespace"], cluster["metadata"]["name"]
+        early, details, workers, no_worker = await self.begin(target, cluster, decision, dry_run, kind=self.kind)
+        if early is not None:
+            return early
+        assert placement is not None  # the decision places (settled() answered a wait)
         changes: list[str] = []
         written: dict[str, str] = {}
 
@@ -348,14 +357,13 @@ class ElasticKueue:
         self.objects = objects
         self._kuberay = ElasticKubeRay(objects)
 
-    async def requeue(self, target: Target, cluster: JsonObj, *, decision: CapacityDecision, placement: Placement,
+    async def requeue(self, target: Target, cluster: JsonObj, *, decision: CapacityDecision, placement: Placement | None,
                       event: Event, dry_run: bool) -> RequeueResult:
         namespace, name = cluster["metadata"]["namespace"], cluster["metadata"]["name"]
-        early, todo, details = settled(target, self.kind, cluster, decision, dry_run)
+        early, details, workers, _none = await self._kuberay.begin(target, cluster, decision, dry_run, kind=self.kind)
         if early is not None:
             return early
-        workers, _none = await self._kuberay.lost_workers(
-            cluster, todo, groups_hint=list(target.attributes.get("groups") or []))
+        assert placement is not None  # the decision places (settled() answered a wait)
         groups = {str(g.get("groupName")): g for g in (cluster.get("spec") or {}).get("workerGroupSpecs") or []}
         written = {w.instance_id: w.group for w in workers}
         on_decided = sorted({w.group for w in workers

@@ -24,7 +24,7 @@ from kubernetes_asyncio import client as k8s
 from prometheus_client import CollectorRegistry, Counter
 
 from resilienced.capacity.decision import Capacity, CapacityDecision
-from resilienced.capacity.request import ATTR_ELASTIC, ATTR_ELASTIC_FALLBACK, ATTR_VOLCANO_JOB
+from resilienced.capacity.request import ATTR_ELASTIC, ATTR_ELASTIC_ERROR, ATTR_ELASTIC_FALLBACK, ATTR_VOLCANO_JOB
 from resilienced.errors import PermanentError, ResilienceError
 from resilienced.model import Event, Target
 from resilienced.ports import Cluster
@@ -114,7 +114,7 @@ class KubernetesRequeuer:
             return with_fallback(result, "a Volcano Job restarts as a whole (RestartJob); requeued as a gang")
         # The locate step found the run marked elastic but not scalable (Kueue) or the annotation malformed.
         return with_fallback(result, target.attributes.get(ATTR_ELASTIC_FALLBACK)
-                             or target.attributes.get("elastic_error"))
+                             or target.attributes.get(ATTR_ELASTIC_ERROR))
 
 
 class Requeue:
