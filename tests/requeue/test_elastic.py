@@ -144,17 +144,23 @@ async def test_a_second_notice_for_the_same_worker_adds_nothing_another_worker_a
                                                                          second: "gpu-block-0block"}
 
 
+class Recorder:
+    """``Cluster.record``, kept in a list (the Event itself is tested in test_router.py)."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[str, str, bool]] = []
+
+    async def record(self, target: Target, *, reason: str, message: str, warning: bool = False) -> None:
+        self.events.append((reason, message, warning))
+
+
 async def test_no_capacity_the_run_goes_on_smaller_and_the_decision_is_recorded(
         api: k8s.ApiClient, kubeapi: KubeApiServer) -> None:
     seed(kubeapi)
     lost = iid(kubeapi, "spot-1")
-    recorded: list[tuple[str, str, bool]] = []
-
-    class Recorder:
-        async def record(self, target: Target, *, reason: str, message: str, warning: bool = False) -> None:
-            recorded.append((reason, message, warning))
-
-    requeue = Requeue(KubernetesRequeuer(api), cluster=Recorder())
+    recorder = Recorder()
+    recorded = recorder.events
+    requeue = Requeue(KubernetesRequeuer(api), cluster=recorder)
     result = await requeue.requeue(target(lost), decision=WAIT, event=event("ev-1", lost))
     assert result.capacity is Capacity.WAIT and "smaller size" in result.reason and "nothing evicted" in result.reason
     assert writes(kubeapi) == []  # no group scaled, no pod deleted
@@ -250,3 +256,16 @@ def test_the_decision_for_an_elastic_run_is_sized_for_the_lost_workers_only() ->
     elastic = Target(**{**gang.__dict__, "attributes": {**attributes, "elastic": True}})
     assert CapacityRequest.from_target(gang, event=event("ev-1", "i-0aaa")).instance_count == 8
     assert CapacityRequest.from_target(elastic, event=event("ev-1", "i-0aaa")).instance_count == 1
+
+
+async def test_a_malformed_elastic_annotation_is_a_gang_and_the_event_says_why(
+        api: k8s.ApiClient, kubeapi: KubeApiServer) -> None:
+    seed(kubeapi)
+    lost = iid(kubeapi, "spot-1")
+    problem = "annotation resilienced.io/elastic='yes' on RayJob ml/job must be \"true\" or \"false\""
+    recorder = Recorder()
+    result = await Requeue(KubernetesRequeuer(api), cluster=recorder).requeue(
+        target(lost, elastic=False, elastic_error=problem), decision=BLOCK, event=event("ev-1", lost))
+    assert result.details["elastic_fallback"] == problem and pods(kubeapi) == {"train-head"}
+    [(reason, message, _warning)] = recorder.events
+    assert reason == "Requeued" and message.endswith(f"(elastic run requeued as a gang: {problem})")
