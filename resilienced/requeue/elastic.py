@@ -142,9 +142,9 @@ def plan_groups(groups: Sequence[Mapping[str, Any]], lost: Sequence[LostWorker],
             changes.append(f"{worker.instance_id}: its worker was already recreated in group {worker.group}")
             continue
         base = _base(source)
+        # the group it came from (back from a block to Spot) or one made for it earlier
         target = next((g for g in new if _base(g) == base and g is not source
-                       and ELASTIC_OF_LABEL in ((g.get("template") or {}).get("metadata") or {}).get("labels", {})
-                       and placement.matches(_spec(g))), None)
+                       and placement.selector_matches(_spec(g))), None)
         if target is None:
             target = _new_group(source, group_name_for(base, decision), base, placement)
             new.append(target)

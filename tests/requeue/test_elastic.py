@@ -15,6 +15,8 @@ from resilienced.capacity import Capacity, CapacityDecision, CapacityRequest
 from resilienced.kube.locate import instance_id_of
 from resilienced.model import Event, Kind, Target
 from resilienced.requeue import KubeRayRequeuer, KubernetesRequeuer, KueueRequeuer, Requeue
+from resilienced.requeue.elastic import LostWorker, plan_groups
+from resilienced.requeue.placement import Placement
 from tests.requeue.kuberay_sim import KubeRaySim
 from tests.requeue.kueue_sim import workload_for
 from tests.requeue.objects import NS, node, ray_pod, raycluster, rayjob
@@ -269,3 +271,16 @@ async def test_a_malformed_elastic_annotation_is_a_gang_and_the_event_says_why(
     assert result.details["elastic_fallback"] == problem and pods(kubeapi) == {"train-head"}
     [(reason, message, _warning)] = recorder.events
     assert reason == "Requeued" and message.endswith(f"(elastic run requeued as a gang: {problem})")
+
+
+def test_a_worker_lost_from_a_block_group_goes_back_to_its_spot_group() -> None:
+    spot = {"groupName": "gpu", "replicas": 1, "minReplicas": 0, "maxReplicas": 2,
+            "template": {"spec": {"nodeSelector": dict(SPOT_SELECTOR)}}}
+    block = {"groupName": "gpu-block-0block", "replicas": 1, "minReplicas": 0, "maxReplicas": 1,
+             "template": {"metadata": {"labels": {"resilienced.io/elastic-of": "gpu"}},
+                          "spec": {"nodeSelector": dict(RESERVED)}}}
+    groups, replaced, _ = plan_groups([spot, block], [LostWorker("i-0bbb", "gpu-block-0block", ("w-1",))],
+                                      Placement.for_decision(SPOT), SPOT)
+    assert replaced == {"i-0bbb": "gpu"}
+    assert [(g["groupName"], g["replicas"]) for g in groups] == [("gpu", 2), ("gpu-block-0block", 0)]
+    assert groups[1]["scaleStrategy"]["workersToDelete"] == ["w-1"]
