@@ -15,6 +15,8 @@ from resilienced.capacity.static import StaticCapacity
 from resilienced.localray import CAPACITY_TYPE_LABEL, INSTANCE_ID_LABEL, LocalRayCluster
 from resilienced.model import Event, Kind, Target
 from resilienced.ports import CapacityReservation
+from resilienced.raygcs import RayGcs
+from resilienced.raymode import RayModeCluster
 from resilienced.requeue.raymode import (
     REPLACES_LABEL,
     RESERVATION_LABEL,
@@ -170,3 +172,18 @@ async def test_elastic_with_no_capacity_launches_nothing_and_says_why(cluster: L
     result = await RayModeRequeuer(provider, planner=planner).requeue(elastic_target(lost), decision=decision, event=event)
     assert result.capacity is Capacity.WAIT and result.changes == () and "smaller size" in result.reason
     assert await provider.nodes() == []
+
+
+async def test_the_elastic_node_label_makes_the_located_run_elastic(cluster: LocalRayCluster) -> None:
+    elastic_iid, gang_iid = "i-00000000000e1d01", "i-00000000000e1d02"
+    nodes = [cluster.add_node(labels={INSTANCE_ID_LABEL: elastic_iid, "resilienced.io/elastic": "true"}, num_cpus=1),
+             cluster.add_node(labels={INSTANCE_ID_LABEL: gang_iid}, num_cpus=1)]
+    try:
+        located = await RayModeCluster(ray=RayGcs(cluster.address, token=cluster.auth_token, timeout=5),
+                                       checkpoint_uri=None).locate(instance_ids=[elastic_iid, gang_iid])
+        by_instance = {t.instance_id: t for t in located.targets}
+        assert by_instance[elastic_iid].attributes["elastic"] is True
+        assert by_instance[gang_iid].attributes["elastic"] is False
+    finally:
+        for node in nodes:
+            cluster.kill_node(node)
