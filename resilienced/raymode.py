@@ -53,6 +53,9 @@ RESERVATION_LABEL = "resilienced.io/capacity-reservation-id"
 #: The node's instance type and zone (else ``--instance-type``; zone unknown).
 INSTANCE_TYPE_LABEL = "resilienced.io/instance-type"
 ZONE_LABEL = "resilienced.io/zone"
+#: ``true`` on a run's worker nodes: the run is elastic (docs/requeue.md "Elastic runs"): losing the
+#: node asks for a replacement only, the other workers keep training.
+ELASTIC_LABEL = "resilienced.io/elastic"
 
 
 class RayModeCluster:
@@ -173,6 +176,7 @@ class RayModeCluster:
                            ("reservation_id", RESERVATION_LABEL)):
             if node_labels.get(label):
                 facts[key] = node_labels[label]
+        facts["elastic"] = str(node_labels.get(ELASTIC_LABEL, "")).strip().lower() == "true"
         return facts
 
     async def _private_addresses(self, instance_ids: list[str]) -> dict[str, set[str]]:

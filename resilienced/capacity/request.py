@@ -28,6 +28,9 @@ ATTR_INSTANCE_COUNT = "instance_count"  # int: instances the whole run (gang) us
 ATTR_LOST_INSTANCE_IDS = "lost_instance_ids"  # list of the run's instance ids this event takes away
 ATTR_RUN_NEEDS_SECONDS = "run_needs_seconds"  # float: how much longer the run needs capacity
 ATTR_VOLCANO_JOB = "volcano_job"  # "namespace/name" of a batch.volcano.sh Job running the run
+ATTR_ELASTIC = "elastic"  # bool: the run continues at a smaller size (annotation resilienced.io/elastic)
+ATTR_ELASTIC_FALLBACK = "elastic_fallback"  # str: why an elastic run is nevertheless requeued as a gang
+ATTR_ELASTIC_ERROR = "elastic_error"  # str: the resilienced.io/elastic annotation is malformed (named)
 # Only where the cluster serves EC2NodeClasses (absent: any block of the account will do):
 ATTR_SELECTABLE = "selectable_reservations"  # list of cr- ids Karpenter can launch the run into
 ATTR_SELECTABLE_FROM = "selectable_from"  # list of "nodepool/ec2nodeclass" those ids were read from
@@ -37,6 +40,10 @@ ANNOTATION_CAPACITY = "resilienced.io/capacity-type"
 ANNOTATION_RESERVATION = "resilienced.io/capacity-reservation-id"
 ANNOTATION_MOVED_AT = "resilienced.io/capacity-moved-at"
 ANNOTATION_REQUEUED_FOR = "resilienced.io/requeued-for"  # "<event id>" of the last requeue applied
+# ---- read from the RayJob / RayCluster (written by the user)
+ANNOTATION_ELASTIC = "resilienced.io/elastic"  # "true": requeue only the lost workers (docs/requeue.md)
+# ---- written by the elastic requeue on the RayCluster: {lost instance id: worker group replacing it}
+ANNOTATION_ELASTIC_REPLACED = "resilienced.io/elastic-replaced"
 
 _KARPENTER_TO_CAPACITY = {"spot": "spot", "reserved": "capacity-block", "on-demand": "on-demand"}
 
@@ -46,7 +53,7 @@ class CapacityRequest:
     """The question put to the capacity decision for one run.
 
     ``instance_count`` is how many instances must be placed: the whole gang when it moves
-    between capacity types.  ``exclude`` holds reservation ids the run must leave (an expiring
+    between capacity types; only the lost instances for an elastic run (``attributes["elastic"]``).  ``exclude`` holds reservation ids the run must leave (an expiring
     block).  ``purchase_key`` makes a block purchase idempotent per (event, run).
     """
 
@@ -91,7 +98,8 @@ class CapacityRequest:
                 raise ValueError(f"target {target.run_key}: attributes[{ATTR_MOVED_AT!r}]={moved!r} "
                                  "is not an ISO-8601 time") from None
         lost = tuple(attrs.get(ATTR_LOST_INSTANCE_IDS) or (target.instance_id,))
-        count = attrs.get(ATTR_INSTANCE_COUNT, len(lost))
+        # An elastic run keeps its survivors: only the lost workers need capacity.
+        count = len(lost) if attrs.get(ATTR_ELASTIC) is True else attrs.get(ATTR_INSTANCE_COUNT, len(lost))
         try:
             count = int(count)
         except (TypeError, ValueError):

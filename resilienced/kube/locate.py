@@ -36,6 +36,12 @@ RAY_POD_SELECTOR = NODE_TYPE_LABEL  # "the label exists": head, worker (and redi
 RESERVATION_LABEL = "karpenter.k8s.aws/capacity-reservation-id"
 
 CHECKPOINT_ANNOTATION = "resilienced.io/checkpoint-uri"
+#: ``"true"``: the run continues at a smaller size when it loses workers (docs/requeue.md "Elastic runs")
+ELASTIC_ANNOTATION = "resilienced.io/elastic"
+# Kueue (kubernetes-sigs/kueue v0.19.2): the queue label, and the annotation that makes a job elastic to
+# Kueue (``pkg/workloadslicing/workloadslicing.go`` ``EnabledAnnotationKey`` = ``constants.ElasticJobAnnotation``).
+KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+KUEUE_ELASTIC_ANNOTATION = "kueue.x-k8s.io/elastic-job"
 
 # Volcano's pod labels (volcano-sh/apis pkg/apis/batch/v1alpha1/labels.go at 0d90235, ``JobNameKey``,
 # ``JobNamespaceKey``): the job controller sets both, and the ownerReference
@@ -252,5 +258,43 @@ def capacity_facts(*, node: Mapping[str, Any], run_objects: Sequence[Mapping[str
     count = len({n for n in worker_nodes if n})
     if count:
         facts["instance_count"] = count
+    facts.update(elastic_facts(run_objects))
     return facts
+
+
+def elastic_facts(run_objects: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """``elastic`` (and ``elastic_fallback`` / ``elastic_error``) from the run's objects, RayJob first.
+
+    ``resilienced.io/elastic: "true"`` makes the run elastic, ``"false"`` (or no annotation) not; any
+    other value is an error named in ``elastic_error`` (the run is then requeued as a gang).  A
+    Kueue-managed run is requeued as a gang anyway, with the reason in ``elastic_fallback``, when
+    Kueue cannot scale it (see docs/requeue.md "Elastic runs"): a RayJob (Kueue v0.14 - v0.19 builds
+    its PodSets from the RayJob's spec and follows the RayCluster's replicas only with the Ray
+    autoscaler, ``pkg/controller/jobs/raycluster/common.go`` ``UpdatePodSets``), or a RayCluster
+    without ``kueue.x-k8s.io/elastic-job: "true"``.
+    """
+    owner = next((o for o in run_objects if ELASTIC_ANNOTATION in annotations(o)), None)
+    if owner is None:
+        return {"elastic": False}
+    value = annotations(owner)[ELASTIC_ANNOTATION].strip().lower()
+    where = f"{owner.get('kind') or 'object'} {namespace_of(owner)}/{name_of(owner)}"
+    if value not in ("true", "false"):
+        return {"elastic": False, "elastic_error": (
+            f"annotation {ELASTIC_ANNOTATION}={annotations(owner)[ELASTIC_ANNOTATION]!r} on {where} must be "
+            "\"true\" or \"false\"; the run is requeued as a gang")}
+    if value == "false":
+        return {"elastic": False}
+    queued = next((o for o in run_objects if labels(o).get(KUEUE_QUEUE_LABEL)), None)
+    if queued is None:
+        return {"elastic": True}
+    queued_at = f"{queued.get('kind') or 'object'} {namespace_of(queued)}/{name_of(queued)}"
+    if queued.get("kind") == "RayJob":
+        reason = (f"Kueue manages {queued_at}: Kueue (v0.14 - v0.19) scales a RayJob's Workload only through "
+                  "the Ray autoscaler, never for a replica change resilienced makes; requeued as a gang")
+    elif annotations(queued).get(KUEUE_ELASTIC_ANNOTATION) != "true":
+        reason = (f"Kueue manages {queued_at} without {KUEUE_ELASTIC_ANNOTATION}: \"true\": Kueue admits its "
+                  "Workload as a whole; requeued as a gang")
+    else:
+        return {"elastic": True}
+    return {"elastic": False, "elastic_fallback": reason}
 

@@ -13,6 +13,11 @@ RequeueResult``), one applier per kind of run:
                 deciding again when a pool has no capacity; :class:`LocalNodeProvider` for the
                 local drill.
 
+Elastic runs (``resilienced.io/elastic: "true"``; ray mode: the node label): ``elastic`` asks capacity
+for the lost workers only and never stops the gang (KubeRay: one more replica in a worker group of
+the decided capacity, the lost pod in ``workersToDelete``; Kueue: within its Workload slices); the
+KubeRay, Kueue and ray-mode requeuers branch to it, and fall back to the gang with the reason.
+
 Shared pieces: ``placement`` (decision -> node selector / affinity / tolerations, pure),
 ``objects`` (the Kubernetes calls, through ``resilienced.kube.api``), ``result`` (the protocol and
 result), ``router`` (routing, the ``resilienced_requeues_total`` metric, Events), ``rbac``

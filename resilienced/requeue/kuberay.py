@@ -46,10 +46,12 @@ from resilienced.capacity.request import (
     ANNOTATION_MOVED_AT,
     ANNOTATION_REQUEUED_FOR,
     ANNOTATION_RESERVATION,
+    ATTR_ELASTIC,
 )
 from resilienced.errors import PermanentError
 from resilienced.kube.api import JsonObj
 from resilienced.model import Event, Target
+from resilienced.requeue.elastic import ElasticKubeRay, not_elastic_on_kuberay, with_fallback
 from resilienced.requeue.objects import RAYCLUSTER, RAYJOB, Kind, Objects, annotations_of, modify, split_key
 from resilienced.requeue.placement import DEFAULT_TOLERATIONS, Placement
 from resilienced.requeue.result import RequeueResult, waiting
@@ -131,8 +133,38 @@ class KubeRayRequeuer:
         self.objects = Objects(api_client, request_timeout_s=request_timeout_s)
         self._tolerations = tolerations
         self._clock = clock
+        self._elastic = ElasticKubeRay(self.objects)
 
     async def requeue(
+        self, target: Target, *, decision: CapacityDecision, event: Event, dry_run: bool = False
+    ) -> RequeueResult:
+        fallback = None
+        if target.attributes.get(ATTR_ELASTIC) is True:
+            cluster = await self._cluster_of(target)
+            if cluster is None:
+                fallback = f"the RayCluster of {target.run_key} is gone (a RayJob retrying); requeued as a gang"
+            else:
+                fallback = not_elastic_on_kuberay(cluster.get("spec") or {})
+            if fallback is None and cluster is not None:
+                placement = Placement.for_decision(decision, tolerations=self._tolerations) if decision.places else None
+                return await self._elastic.requeue(target, cluster, decision=decision, placement=placement,
+                                                   event=event, dry_run=dry_run)
+        return with_fallback(await self._gang(target, decision=decision, event=event, dry_run=dry_run), fallback)
+
+    async def _cluster_of(self, target: Target) -> JsonObj | None:
+        """The live RayCluster of the run (a RayJob's ``status.rayClusterName``), None when there is none."""
+        key = target.ray_cluster
+        if target.ray_job:
+            namespace, name = split_key(target.ray_job, what="target.ray_job")
+            job = await self.objects.find(RAYJOB, namespace, name)
+            owned = ((job or {}).get("status") or {}).get("rayClusterName")
+            key = f"{namespace}/{owned}" if owned else None
+        if not key:
+            return None
+        namespace, name = split_key(key, what="target.ray_cluster")
+        return await self.objects.find(RAYCLUSTER, namespace, name)
+
+    async def _gang(
         self, target: Target, *, decision: CapacityDecision, event: Event, dry_run: bool = False
     ) -> RequeueResult:
         if not decision.places:

@@ -63,10 +63,12 @@ from typing import Any
 from kubernetes_asyncio import client as k8s
 
 from resilienced.capacity.decision import Capacity, CapacityDecision
+from resilienced.capacity.request import ATTR_ELASTIC
 from resilienced.errors import PermanentError, TemporaryError
 from resilienced.kube.api import JsonObj
 from resilienced.kube.discovery import served_version
 from resilienced.model import Event, Target
+from resilienced.requeue.elastic import ElasticKueue, kueue_not_elastic, with_fallback
 from resilienced.requeue.kuberay import groups_patch, placed_groups
 from resilienced.requeue.objects import (
     RAYCLUSTER,
@@ -173,6 +175,7 @@ class KueueRequeuer:
         self._settle = settle_timeout_s
         self._poll = poll_interval_s
         self._clock = clock
+        self._elastic = ElasticKueue(self.objects)
 
     @property
     def workload(self) -> Kind:
@@ -226,6 +229,26 @@ class KueueRequeuer:
 
     # ------------------------------------------------------------------ the requeue
     async def requeue(
+        self, target: Target, *, decision: CapacityDecision, event: Event, dry_run: bool = False
+    ) -> RequeueResult:
+        fallback = None
+        if target.attributes.get(ATTR_ELASTIC) is True:
+            kind, namespace, name, _path = self._job_ref(target)
+            if kind is RAYJOB:
+                fallback = (f"Kueue manages RayJob {namespace}/{name}: Kueue (v0.14 - v0.19) scales a RayJob's "
+                            "Workload only through the Ray autoscaler; requeued as a gang")
+            else:
+                cluster = await self.objects.find(kind, namespace, name)
+                wl = await self.find_workload(cluster, kind) if cluster is not None and self._workload else None
+                fallback = kueue_not_elastic(wl, f"RayCluster {namespace}/{name}")
+                if fallback is None and cluster is not None:
+                    placement = (Placement.for_decision(decision, tolerations=self._tolerations)
+                                 if decision.places else None)
+                    return await self._elastic.requeue(target, cluster, decision=decision, placement=placement,
+                                                       event=event, dry_run=dry_run)
+        return with_fallback(await self._gang(target, decision=decision, event=event, dry_run=dry_run), fallback)
+
+    async def _gang(
         self, target: Target, *, decision: CapacityDecision, event: Event, dry_run: bool = False
     ) -> RequeueResult:
         kind, namespace, name, path = self._job_ref(target)

@@ -115,15 +115,19 @@ class Objects:
             raise
         return True
 
-    async def node_labels(self, name: str) -> dict[str, str] | None:
-        """A Node's labels, or None when it is gone."""
+    async def node(self, name: str) -> JsonObj | None:
+        """A Node, or None when it is gone."""
         try:
-            node = await call("get", "nodes", self._core.read_node(name, **self._opts()))
+            return await call("get", "nodes", self._core.read_node(name, **self._opts()))
         except KubeStatusError as e:
             if e.status == 404:
                 return None
             raise
-        return dict((node.get("metadata") or {}).get("labels") or {})
+
+    async def node_labels(self, name: str) -> dict[str, str] | None:
+        """A Node's labels, or None when it is gone."""
+        node = await self.node(name)
+        return None if node is None else dict((node.get("metadata") or {}).get("labels") or {})
 
 
 async def modify(

@@ -32,10 +32,10 @@ from typing import Any, Protocol, runtime_checkable
 
 from resilienced.capacity.decision import Capacity, CapacityDecision
 from resilienced.capacity.planner import CapacityPlanner
-from resilienced.capacity.request import CapacityRequest
+from resilienced.capacity.request import ATTR_ELASTIC, CapacityRequest
 from resilienced.errors import TemporaryError
 from resilienced.localray import LocalRayCluster, LocalRayNode
-from resilienced.raymode import CAPACITY_TYPE_LABEL, INSTANCE_ID_LABEL, RESERVATION_LABEL
+from resilienced.raymode import CAPACITY_TYPE_LABEL, ELASTIC_LABEL, INSTANCE_ID_LABEL, RESERVATION_LABEL
 from resilienced.model import Event, Target
 from resilienced.requeue.result import RequeueResult, waiting
 
@@ -219,38 +219,66 @@ class RayModeRequeuer:
                 changes=(f"would launch {len(missing)} {decision.capacity.value} node(s) replacing "
                          f"{', '.join(missing)}",))
 
+        elastic = target.attributes.get(ATTR_ELASTIC) is True
         tried: list[str] = []
+        kept: list[ProvidedNode] = []  # elastic: what a pool gave, kept even when short
         current = decision
         for _ in range(self._max_attempts):
             if not current.places:
                 break
-            labels = [{REPLACES_LABEL: i} for i in missing]
+            extra = {ELASTIC_LABEL: "true"} if elastic else {}
+            labels = [{REPLACES_LABEL: i, **extra} for i in missing]
+            asked = len(missing)
             try:
                 got = await self.provider.launch(capacity=current.capacity, node_labels=labels,
                                                  reservation_id=current.reservation_id)
             except NoCapacity:
                 got = []
             if len(got) == len(missing):
-                ids = ", ".join(f"{n.instance_id} (replaces {n.labels.get(REPLACES_LABEL)})" for n in got)
-                reason = f"launched {len(got)} {current.capacity.value} node(s): {current.reason}"
-                if tried:
-                    reason = f"{'; '.join(tried)}; then {reason}"
-                return RequeueResult(
-                    run_key=target.run_key, kind=self.kind, capacity=current.capacity, reason=reason,
-                    reservation_id=current.reservation_id, decision=current,
-                    changes=(f"launched {current.capacity.value} nodes {ids}",),
-                    details={"tried": tried, "nodes": [n.instance_id for n in got]})
-            if got:  # a partial gang is never left waiting: give back what was got
+                return self._launched(target, current, [*kept, *got], tried, elastic=elastic)
+            if got and elastic:  # the run grows by what there is; the rest is asked for again
+                kept += got
+                missing = [i for i in missing if i not in {n.labels.get(REPLACES_LABEL) for n in got}]
+            elif got:  # a partial gang is never left waiting: give back what was got
                 await self.provider.release(got)
-            tried.append(f"{current.capacity.value} gave {len(got)} of {len(missing)}")
+            tried.append(f"{current.capacity.value} gave {len(got)} of {asked}")
             if self.planner is None or request is None:
                 current = CapacityDecision(Capacity.WAIT, "no planner to decide again", retry_after=None)
                 break
             self.planner.mark_unavailable(request.pool, current.reservation_id or current.capacity)
             current = await self.planner.plan(replace(request, instance_count=len(missing)))
+        reason = f"{'; '.join(tried)}; {current.reason}"
+        details: dict[str, Any] = {"tried": tried}
+        if elastic:
+            reason += (f"; the run goes on at the smaller size, nothing stopped (still short of "
+                       f"{', '.join(missing)})")
+            details.update(elastic=True, nodes=[n.instance_id for n in kept], missing=list(missing))
         return RequeueResult(
-            run_key=target.run_key, kind=self.kind, capacity=Capacity.WAIT,
-            reason=f"{'; '.join(tried)}; {current.reason}", decision=current,
+            run_key=target.run_key, kind=self.kind, capacity=Capacity.WAIT, reason=reason, decision=current,
             retry_after=current.retry_after or (self.planner.policy.wait_retry if self.planner else None),
-            details={"tried": tried})
+            changes=tuple(_launch_change(kept)), details=details)
+
+    def _launched(self, target: Target, current: CapacityDecision, nodes: list[ProvidedNode], tried: list[str],
+                  *, elastic: bool) -> RequeueResult:
+        reason = f"launched {len(nodes)} {current.capacity.value} node(s): {current.reason}"
+        if tried:
+            reason = f"{'; '.join(tried)}; then {reason}"
+        details: dict[str, Any] = {"tried": tried, "nodes": [n.instance_id for n in nodes]}
+        if elastic:
+            reason += "; elastic: the other workers kept training"
+            details["elastic"] = True
+        return RequeueResult(
+            run_key=target.run_key, kind=self.kind, capacity=current.capacity, reason=reason,
+            reservation_id=current.reservation_id, decision=current, changes=tuple(_launch_change(nodes)),
+            details=details)
+
+
+def _launch_change(nodes: Sequence[ProvidedNode]) -> list[str]:
+    """One line per capacity: ``launched <capacity> nodes <id> (replaces <lost id>), ...``."""
+    out = []
+    for capacity in dict.fromkeys(n.capacity for n in nodes):
+        ids = ", ".join(f"{n.instance_id} (replaces {n.labels.get(REPLACES_LABEL)})"
+                        for n in nodes if n.capacity is capacity)
+        out.append(f"launched {capacity.value} nodes {ids}")
+    return out
 

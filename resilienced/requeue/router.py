@@ -24,10 +24,11 @@ from kubernetes_asyncio import client as k8s
 from prometheus_client import CollectorRegistry, Counter
 
 from resilienced.capacity.decision import Capacity, CapacityDecision
-from resilienced.capacity.request import ATTR_VOLCANO_JOB
+from resilienced.capacity.request import ATTR_ELASTIC, ATTR_ELASTIC_ERROR, ATTR_ELASTIC_FALLBACK, ATTR_VOLCANO_JOB
 from resilienced.errors import PermanentError, ResilienceError
 from resilienced.model import Event, Target
 from resilienced.ports import Cluster
+from resilienced.requeue.elastic import with_fallback
 from resilienced.requeue.kuberay import KubeRayRequeuer
 from resilienced.requeue.kueue import KueueRequeuer, is_kueue_managed
 from resilienced.requeue.objects import RAYCLUSTER, RAYJOB, Objects, split_key
@@ -108,7 +109,12 @@ class KubernetesRequeuer:
         self, target: Target, *, decision: CapacityDecision, event: Event, dry_run: bool = False
     ) -> RequeueResult:
         applier, resolved = await self.resolve(target)
-        return await applier.requeue(resolved, decision=decision, event=event, dry_run=dry_run)
+        result = await applier.requeue(resolved, decision=decision, event=event, dry_run=dry_run)
+        if target.attributes.get(ATTR_ELASTIC) is True and applier is self.volcano:
+            return with_fallback(result, "a Volcano Job restarts as a whole (RestartJob); requeued as a gang")
+        # The locate step found the run marked elastic but not scalable (Kueue) or the annotation malformed.
+        return with_fallback(result, target.attributes.get(ATTR_ELASTIC_FALLBACK)
+                             or target.attributes.get(ATTR_ELASTIC_ERROR))
 
 
 class Requeue:
@@ -147,6 +153,8 @@ class Requeue:
             else:
                 where = result.capacity.value + (f" {result.reservation_id}" if result.reservation_id else "")
                 message = f"requeued run {result.run_key} on {where} after event {event.event_id}: {result.reason}"
+            if result.details.get("elastic_fallback"):
+                message += f" (elastic run requeued as a gang: {result.details['elastic_fallback']})"
             await self._record(target, REASON_WAITING if waiting else REASON_REQUEUED, message, warning=waiting)
         return result
 

@@ -8,6 +8,7 @@ import pytest
 
 from resilienced.errors import BackendUnavailable
 from resilienced.kube import KubeCluster, KubeOptions
+from resilienced.kube.locate import elastic_facts
 from .conftest import (
     GcsFactory,
     eventually,
@@ -254,3 +255,52 @@ async def test_it_is_the_kubernetes_cluster_port(cluster: KubeCluster) -> None:
     from resilienced.ports import Cluster
 
     assert isinstance(cluster, Cluster) and cluster.mode == "kubernetes"
+
+
+def _run_obj(kind: str, *, annotations: dict | None = None, labels: dict | None = None) -> dict:
+    return {"kind": kind, "metadata": {"name": kind.lower(), "namespace": "ml", "annotations": annotations or {},
+                                       "labels": labels or {}}}
+
+
+_Q = {"kueue.x-k8s.io/queue-name": "training"}
+
+
+@pytest.mark.parametrize(
+    ("objects", "elastic", "extra"),
+    [
+        ([_run_obj("RayCluster")], False, None),
+        ([_run_obj("RayCluster", annotations={"resilienced.io/elastic": "true"})], True, None),
+        ([_run_obj("RayJob", annotations={"resilienced.io/elastic": "True "}), _run_obj("RayCluster")], True, None),
+        # the RayJob's word wins over its cluster's
+        ([_run_obj("RayJob", annotations={"resilienced.io/elastic": "false"}),
+          _run_obj("RayCluster", annotations={"resilienced.io/elastic": "true"})], False, None),
+        ([_run_obj("RayCluster", annotations={"resilienced.io/elastic": "yes"})], False,
+         ("elastic_error", "resilienced.io/elastic='yes' on RayCluster ml/raycluster must be")),
+        ([_run_obj("RayJob", annotations={"resilienced.io/elastic": "true"}, labels=_Q), _run_obj("RayCluster")], False,
+         ("elastic_fallback", "Kueue manages RayJob ml/rayjob")),
+        ([_run_obj("RayCluster", annotations={"resilienced.io/elastic": "true"}, labels=_Q)], False,
+         ("elastic_fallback", "without kueue.x-k8s.io/elastic-job")),
+        ([_run_obj("RayCluster", annotations={"resilienced.io/elastic": "true", "kueue.x-k8s.io/elastic-job": "true"},
+                   labels=_Q)], True, None),
+    ],
+)
+def test_elastic_facts(objects: list, elastic: bool, extra: tuple | None) -> None:
+    facts = elastic_facts(objects)
+    assert facts["elastic"] is elastic
+    if extra is None:
+        assert set(facts) == {"elastic"}
+    else:
+        assert extra[1] in facts[extra[0]]
+
+
+async def test_the_elastic_annotation_reaches_the_target(cluster: KubeCluster, world: dict[str, str],
+                                                         kubeapi: KubeApiServer) -> None:
+    job = kubeapi.get("rayjobs", "train", namespace="ml")
+    job["metadata"]["annotations"]["resilienced.io/elastic"] = "true"
+    kubeapi.put(job)
+    await eventually(lambda: (cluster.rayjobs.get("ml", "train") or {}).get("metadata", {})
+                     .get("annotations", {}).get("resilienced.io/elastic") == "true")
+    (target,) = (await cluster.locate(instance_ids=[instance(1)])).targets
+    assert target.attributes["elastic"] is True
+    (other,) = (await cluster.locate(instance_ids=[instance(3)])).targets  # adhoc: not annotated
+    assert other.attributes["elastic"] is False

@@ -1,7 +1,8 @@
 """A stand-in for KubeRay's pod reconciliation on a spec change (test support only).
 
 KubeRay cannot run here; this plays the one rule of its RayCluster controller that decides
-whether a template change touches running pods (ray-project/kuberay v1.6.0, unchanged in v1.7.0):
+whether a template change touches running pods (ray-project/kuberay v1.6.0, unchanged in v1.7.0),
+and (:meth:`KubeRaySim.scale_workers`) how it keeps each worker group at its replicas:
 
 * ``ray-operator/controllers/ray/raycluster_controller.go`` ``createHeadPod``: the head pod is
   annotated ``ray.io/upgrade-strategy-recreate-hash`` with the spec's hash
@@ -51,6 +52,7 @@ class KubeRaySim:
         self.server = server
         self.namespace = namespace
         self.recreated: list[str] = []  # clusters whose pods were all deleted, in order
+        self.created = 0  # worker pods made by scale_workers
 
     def stamp_head(self, cluster: str) -> None:
         """What ``createHeadPod`` does: annotate the head pod with the cluster's current hash."""
@@ -72,6 +74,53 @@ class KubeRaySim:
                 for pod in self._pods(name):
                     self.server.delete("pods", pod["metadata"]["name"], namespace=self.namespace)
                 self.recreated.append(name)
+
+    def scale_workers(self, cluster: str) -> None:
+        """``reconcilePods``' worker loop (ray-project/kuberay v1.7.0, same from v1.4.0,
+        ``ray-operator/controllers/ray/raycluster_controller.go``), per worker group (pods by the labels
+        ``ray.io/cluster`` and ``ray.io/group``): delete the pods named in ``scaleStrategy.workersToDelete``
+        ("Always remove the specified WorkersToDelete - regardless of the value of Replicas"; NotFound is
+        fine; the stored list is not cleared, only KubeRay's copy); then ``diff`` = desired
+        (``utils.GetWorkerGroupDesiredReplicas``: 0 when suspended, else replicas clamped to
+        [minReplicas, maxReplicas], times numOfHosts) - the pods left; ``diff > 0``: create that many
+        pods from the group's template (Pending, unscheduled here); ``diff < 0`` without the in-tree
+        autoscaler: delete ``-diff`` of the pods left, in list order ("randomlyRemovedWorkers")."""
+        obj = self.server.get("rayclusters", cluster, namespace=self.namespace)
+        assert obj is not None
+        autoscaling = bool(obj["spec"].get("enableInTreeAutoscaling"))
+        for group in obj["spec"].get("workerGroupSpecs") or []:
+            name = group["groupName"]
+            pods = [p for p in self._pods(cluster, node_type="worker") if p["metadata"]["labels"].get("ray.io/group") == name]
+            doomed = set((group.get("scaleStrategy") or {}).get("workersToDelete") or [])
+            for pod in pods:
+                if pod["metadata"]["name"] in doomed:
+                    self.server.delete("pods", pod["metadata"]["name"], namespace=self.namespace)
+            running = [p for p in pods if p["metadata"]["name"] not in doomed]
+            diff = self.desired(group) - len(running)
+            for _ in range(max(diff, 0)):
+                self.created += 1
+                self.server.create({
+                    "apiVersion": "v1", "kind": "Pod",
+                    "metadata": {"name": f"{cluster}-{name}-worker-{self.created:05d}", "namespace": self.namespace,
+                                 "labels": {**((group["template"].get("metadata") or {}).get("labels") or {}),
+                                            "ray.io/cluster": cluster, "ray.io/group": name,
+                                            "ray.io/node-type": "worker"}},
+                    "spec": copy.deepcopy(group["template"]["spec"]), "status": {"phase": "Pending"}})
+            if diff < 0 and not autoscaling:
+                for pod in running[:-diff]:
+                    self.server.delete("pods", pod["metadata"]["name"], namespace=self.namespace)
+
+    @staticmethod
+    def desired(group: dict[str, Any]) -> int:
+        """``utils.GetWorkerGroupDesiredReplicas`` (v1.7.0 ``ray-operator/controllers/ray/utils/util.go``)."""
+        if group.get("suspend"):
+            return 0
+        low, high = int(group.get("minReplicas") or 0), group.get("maxReplicas")
+        replicas = group.get("replicas")
+        count = low if replicas is None or replicas < low else replicas
+        if high is not None and count > high:
+            count = high
+        return int(count) * max(int(group.get("numOfHosts") or 1), 1)
 
     def _pods(self, cluster: str, *, node_type: str | None = None) -> list[dict[str, Any]]:
         selector = f"ray.io/cluster={cluster}" + (f",ray.io/node-type={node_type}" if node_type else "")

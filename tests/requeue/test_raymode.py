@@ -10,11 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from resilienced.capacity import Capacity, CapacityPlanner, CapacityPolicy, CapacityRequest
+from resilienced.capacity import Capacity, CapacityDecision, CapacityPlanner, CapacityPolicy, CapacityRequest
 from resilienced.capacity.static import StaticCapacity
 from resilienced.localray import CAPACITY_TYPE_LABEL, INSTANCE_ID_LABEL, LocalRayCluster
 from resilienced.model import Event, Kind, Target
 from resilienced.ports import CapacityReservation
+from resilienced.raygcs import RayGcs
+from resilienced.raymode import RayModeCluster
 from resilienced.requeue.raymode import (
     REPLACES_LABEL,
     RESERVATION_LABEL,
@@ -109,3 +111,79 @@ async def test_the_local_provider_refuses_an_empty_pool(cluster: LocalRayCluster
         await provider.launch(capacity=Capacity.SPOT, node_labels=[{}])
     with pytest.raises(NoCapacity):
         await provider.launch(capacity=Capacity.ON_DEMAND, node_labels=[{}])  # not listed: none
+
+
+def elastic_target(*lost: str) -> Target:
+    base = target(*lost)
+    return Target(**{**base.__dict__, "attributes": {**base.attributes, "elastic": True}})
+
+
+async def test_elastic_second_notice_adds_nothing_for_the_same_worker_and_one_for_another(
+        cluster: LocalRayCluster) -> None:
+    provider = LocalNodeProvider(cluster, capacity={"capacity-block": 2})
+    planner = CapacityPlanner(source=StaticCapacity([block(2)]), policy=CapacityPolicy())
+    requeuer = RayModeRequeuer(provider, planner=planner)
+    first, second = "i-00000000000e1a01", "i-00000000000e1a02"
+    decision = CapacityDecision(Capacity.CAPACITY_BLOCK, "block", reservation_id="cr-0local")
+    try:
+        result = await requeuer.requeue(elastic_target(first), decision=decision,
+                                        event=Event(kind=Kind.SPOT_INTERRUPTION, event_id="ev-e1", instance_ids=(first,)))
+        assert result.capacity is Capacity.CAPACITY_BLOCK and result.details["elastic"], result.reason
+        [node] = alive_with(cluster, REPLACES_LABEL, first)
+        assert node.labels["resilienced.io/elastic"] == "true"  # losing the replacement is elastic too
+
+        again = await requeuer.requeue(elastic_target(first), decision=decision,
+                                       event=Event(kind=Kind.SPOT_INTERRUPTION, event_id="ev-e2", instance_ids=(first,)))
+        assert again.changes == () and "already replaced" in again.reason
+        assert len(await provider.nodes()) == 1 and await provider.available(Capacity.CAPACITY_BLOCK) == 1
+
+        other = await requeuer.requeue(elastic_target(second), decision=decision,
+                                       event=Event(kind=Kind.SPOT_INTERRUPTION, event_id="ev-e3", instance_ids=(second,)))
+        assert other.changed, other.reason
+        assert sorted(n.labels[REPLACES_LABEL] for n in await provider.nodes()) == [first, second]
+    finally:
+        await provider.release(await provider.nodes())
+
+
+async def test_elastic_keeps_what_it_got_and_waits_for_the_rest(cluster: LocalRayCluster) -> None:
+    provider = LocalNodeProvider(cluster, capacity={"capacity-block": 1})
+    planner = CapacityPlanner(source=StaticCapacity([block(2)]), policy=CapacityPolicy(allow_on_demand=False))
+    lost = ("i-00000000000e1b01", "i-00000000000e1b02")
+    event = Event(kind=Kind.SPOT_INTERRUPTION, event_id="ev-e4", instance_ids=lost)
+    try:
+        decision = await planner.plan(CapacityRequest.from_target(elastic_target(*lost), event=event))
+        result = await RayModeRequeuer(provider, planner=planner).requeue(
+            elastic_target(*lost), decision=decision, event=event)
+        # Unlike a gang (test above), the one block node is kept: the run grows by what there is.
+        assert result.capacity is Capacity.WAIT and result.retry_after is not None, result.reason
+        assert "smaller size" in result.reason and result.details["missing"] == [lost[1]]
+        assert [n.labels[REPLACES_LABEL] for n in await provider.nodes()] == [lost[0]]
+        assert result.changes and "launched capacity-block nodes" in result.changes[0]
+    finally:
+        await provider.release(await provider.nodes())
+
+
+async def test_elastic_with_no_capacity_launches_nothing_and_says_why(cluster: LocalRayCluster) -> None:
+    provider = LocalNodeProvider(cluster, capacity={"spot": 0})
+    planner = CapacityPlanner(source=StaticCapacity([]), policy=CapacityPolicy(allow_on_demand=False))
+    lost = "i-00000000000e1c01"
+    event = Event(kind=Kind.SPOT_INTERRUPTION, event_id="ev-e5", instance_ids=(lost,))
+    decision = await planner.plan(CapacityRequest.from_target(elastic_target(lost), event=event))
+    result = await RayModeRequeuer(provider, planner=planner).requeue(elastic_target(lost), decision=decision, event=event)
+    assert result.capacity is Capacity.WAIT and result.changes == () and "smaller size" in result.reason
+    assert await provider.nodes() == []
+
+
+async def test_the_elastic_node_label_makes_the_located_run_elastic(cluster: LocalRayCluster) -> None:
+    elastic_iid, gang_iid = "i-00000000000e1d01", "i-00000000000e1d02"
+    nodes = [cluster.add_node(labels={INSTANCE_ID_LABEL: elastic_iid, "resilienced.io/elastic": "true"}, num_cpus=1),
+             cluster.add_node(labels={INSTANCE_ID_LABEL: gang_iid}, num_cpus=1)]
+    try:
+        located = await RayModeCluster(ray=RayGcs(cluster.address, token=cluster.auth_token, timeout=5),
+                                       checkpoint_uri=None).locate(instance_ids=[elastic_iid, gang_iid])
+        by_instance = {t.instance_id: t for t in located.targets}
+        assert by_instance[elastic_iid].attributes["elastic"] is True
+        assert by_instance[gang_iid].attributes["elastic"] is False
+    finally:
+        for node in nodes:
+            cluster.kill_node(node)
