@@ -12,6 +12,7 @@ import argparse
 import json
 import platform
 import shutil
+import signal
 import sys
 import tempfile
 from collections.abc import Callable
@@ -48,7 +49,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", nargs="+", choices=sorted(SIZES), default=sorted(SIZES),
                         help="scenarios to run (default: all)")
     parser.add_argument("--out", type=Path, help="also write the tallies to this JSON file")
+    parser.add_argument("--flood-total", type=int, help="messages in the flood (default: 300 quick, 5000 full)")
     args = parser.parse_args(argv)
+    if args.flood_total:
+        SIZES["flood"][0 if args.quick else 1]["total"] = args.flood_total
+    # SIGTERM stops the daemons, the servers and moto too (the worlds' finally blocks run)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     workdir = Path(tempfile.mkdtemp(prefix="chaos-", dir="/tmp"))
     started = datetime.now(timezone.utc)
     results = []

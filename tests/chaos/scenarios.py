@@ -129,7 +129,7 @@ def scenario_flood(workdir: Path, *, total: int, runs: int, moto: Any = None) ->
 
         def handled() -> int:
             _probe(w, peaks)
-            return len(w.decisions())
+            return w.decided()
         w.wait(lambda: handled() >= total // 2, timeout=600, what="half the flood to be handled")
         w.kill(a)
         killed_at = time.monotonic()

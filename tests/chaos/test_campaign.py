@@ -38,3 +38,8 @@ def test_fuzzing_intake_finds_nothing(tmp_path: Path) -> None:
     pytest.importorskip("atheris")
     tally = _run("fuzz", tmp_path)
     assert tally.injected > 0 and tally.survived == tally.injected
+
+
+def test_backends_failing_then_recovering(moto_server: MotoServer, tmp_path: Path) -> None:
+    tally = _run("backends", tmp_path, moto_server)
+    assert tally.survived == tally.injected == len(tally.extra["faults"])

@@ -156,6 +156,8 @@ class World:
         self.kubeconfig = self.kube.call(self.kube.server.write_kubeconfig, workdir / "kubeconfig")
         self.replicas: list[DaemonProcess] = []
         self.retired: list[DaemonProcess] = []
+        self._counted: dict[int, int] = {}
+        self._decided = 0
 
     # ------------------------------------------------------------------ daemons
     def start_replica(self, *extra: str) -> DaemonProcess:
@@ -206,7 +208,16 @@ class World:
                     raise AssertionError(f"replica exited with {daemon.proc.returncode} while waiting "
                                          f"for {what}:\n{daemon.stderr()[-4000:]}")
             self.pump()
+            time.sleep(0.05)  # leave the CPU (and the GIL: the emulated API server is a thread here)
         return time.monotonic() - start
+
+    def decided(self) -> int:
+        """How many decision lines the replicas have written (counted as they are read)."""
+        for daemon in (*self.retired, *self.replicas):
+            seen = self._counted.get(id(daemon), 0)
+            self._decided += sum(1 for line in daemon.lines[seen:] if line.get("event") == "decision")
+            self._counted[id(daemon)] = len(daemon.lines)
+        return self._decided
 
     def decisions(self) -> list[dict[str, Any]]:
         return [line for d in (*self.retired, *self.replicas) for line in d.lines if line.get("event") == "decision"]
