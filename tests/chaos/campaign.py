@@ -26,7 +26,7 @@ from tests.chaos import fuzz, scenarios
 SIZES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
     "flood": ({"total": 300, "runs": 3}, {"total": 5000, "runs": 20}),
     "kill": ({"repeats": 1}, {"repeats": 3}),
-    "fuzz": ({"seconds": 20}, {"seconds": 300}),
+    "fuzz": ({"seconds": 20}, {"seconds": 180}),
     "backends": ({"quick": True}, {"quick": False}),
 }
 RUNNERS: dict[str, Callable[..., scenarios.Tally]] = {

@@ -19,7 +19,7 @@ from pathlib import Path
 from collections.abc import Callable
 from typing import Any
 
-from resilienced.kube.leases import KEY_ANNOTATION, STATE_ANNOTATION, STATE_DONE
+from resilienced.kube.leases import DETAILS_ANNOTATION, KEY_ANNOTATION, STATE_ANNOTATION, STATE_DONE, lease_name
 from tests.chaos import flood as flood_mod
 from tests.chaos.world import BUCKET, MAX_RECEIVES, World, notice, world
 from tests.support.faultproxy import aws_action, path_contains
@@ -99,9 +99,25 @@ def check_runs(w: World, runs: list[int], tally: Tally) -> None:
         tally.duplicate_drains += max(0, got["drains"] - 1)
         tally.duplicate_requeues += max(0, got["requeues"] - 1)
         repeated += sum(max(0, got[k] - 1) for k in ("drained_events", "durable_events", "requeued_events"))
-        if got["drains"] != 1 or got["requeues"] != 1 or got["durable_events"] < 1 or got["requeued_events"] < 1:
-            tally.violations.append(f"run trial-{n}/train: {got}, want one drain, one requeue, durable")
+        verified = _verified(w, n)
+        if got["drains"] != 1 or got["requeues"] != 1 or not verified:
+            tally.violations.append(f"run trial-{n}/train: {got}, verified {verified}: want one drain, "
+                                    "one requeue, and a done run claim with the checkpoint verified")
+        if 0 in (got["drained_events"], got["durable_events"], got["requeued_events"]):
+            tally.extra.setdefault("missing_events", []).append(f"trial-{n}: {got}")
     tally.extra["repeated_events"] = tally.extra.get("repeated_events", 0) + repeated
+
+
+def _verified(w: World, n: int) -> bool:
+    """Run n's claim is done and its record says the checkpoint was verified durable."""
+    leases = w.kube.call(w.kube.server.list, "leases", namespace="resilienced")
+    for lease in leases:
+        notes = lease["metadata"].get("annotations", {})
+        if notes.get(KEY_ANNOTATION, "").endswith(f"/trial-{n}/train") and notes.get(STATE_ANNOTATION) == STATE_DONE:
+            record = json.loads(notes.get(DETAILS_ANNOTATION, "{}"))
+            if (record.get("durable") or {}).get("verified") is True:
+                return True
+    return False
 
 
 def check_past_redrive(w: World, tally: Tally) -> None:
@@ -130,7 +146,7 @@ def scenario_flood(workdir: Path, *, total: int, runs: int, moto: Any = None) ->
         def handled() -> int:
             _probe(w, peaks)
             return w.decided()
-        w.wait(lambda: handled() >= total // 2, timeout=600, what="half the flood to be handled")
+        w.wait(lambda: handled() >= total // 2, timeout=1800, what="half the flood to be handled", every=0.5)
         w.kill(a)
         killed_at = time.monotonic()
 
@@ -139,7 +155,7 @@ def scenario_flood(workdir: Path, *, total: int, runs: int, moto: Any = None) ->
         def drained() -> bool:
             _probe(w, peaks)
             return w.queue_counts() == (0, 0)
-        w.wait(drained, timeout=900, what="the queue to be empty")
+        w.wait(drained, timeout=1800, what="the queue to be empty", every=1.0)
         tally.recover_s.append(round(time.monotonic() - killed_at, 1))
         w.stop_replicas()
         dead = w.dead_letters()
@@ -208,14 +224,14 @@ def _holder(w: World, n: int) -> Any:
     return None
 
 
-def _arm(w: World, phase: str) -> Any:
+def _arm(w: World, phase: str, *, run_key: str) -> Any:
     server = w.kube.server
     if phase == "claimed":  # the run is claimed; its Node's taint is held
         return w.kube.call(server.delay, 3600, verb="patch", resource="nodes")
     if phase == "drained":  # drained (tainted); the Draining Event is held
         return w.kube.call(server.delay, 3600, verb="create", resource="events")
-    if phase == "requeued":  # requeued; completing the run's claim (before the delete) is held
-        return w.kube.call(server.delay, 3600, verb="update", resource="leases")
+    if phase == "requeued":  # every update of the run's claim is held: its completion comes after the requeue
+        return w.kube.call(server.delay, 3600, verb="update", resource="leases", name=lease_name(run_key))
     return None  # durability-wait: nothing held; no checkpoint yet
 
 
@@ -230,13 +246,11 @@ def _reached(w: World, n: int, phase: str, hold: Any) -> bool:
 def kill_trial(w: World, n: int, phase: str, *, pause: float) -> float:
     """One notice for run n; SIGKILL its handler at ``phase``; the seconds until it is whole again."""
     w.seed_run(n)
-    hold = _arm(w, phase) if phase != "requeued" else None
+    event = notice_for(n)
+    hold = _arm(w, phase, run_key=f"run/{event['id']}/trial-{n}/train")
     if phase != "durability-wait":
         w.put_checkpoint(n, step=3, saved=datetime.now(timezone.utc) + timedelta(seconds=1))
-    w.send([json.dumps(notice_for(n))])
-    if phase == "requeued":
-        w.wait(lambda: bool(w.run_events(n, "CheckpointDurable")), timeout=120, what=f"trial {n} durable")
-        hold = _arm(w, phase)
+    w.send([json.dumps(event)])
     w.wait(lambda: _reached(w, n, phase, hold), timeout=120, what=f"trial {n} to reach {phase}")
     time.sleep(pause)  # a different timing inside the phase each repeat (the hold keeps it there)
     victim = _holder(w, n)
