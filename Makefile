@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: demo test test-fast bench install clean
+.PHONY: demo test test-fast bench chaos install clean
 
 .DEFAULT_GOAL := test
 
@@ -34,6 +34,11 @@ bench: $(STAMP)
 	$(PY) bench/checkpoint.py
 	$(PY) bench/drill.py
 	$(PY) bench/notify.py
+
+# The full reliability campaign (docs/reliability.md); its quick form runs in `make test`
+# (tests/chaos/test_campaign.py).
+chaos: $(STAMP)
+	$(PY) -m tests.chaos.campaign --out chaos-report.json
 
 clean: deploy-tools-clean
 	rm -rf $(VENV) .pytest_cache .hypothesis

@@ -206,7 +206,7 @@ def _common(envelope: Envelope, settings: IntakeSettings) -> Event:
                                          "aws.* events count: anyone may put a custom-source "
                                          "event on a bus)")
     detail_type = validate.text(envelope.detail_type, field="detail-type")
-    event_id = validate.text(envelope.id, field=names["id"])
+    event_id = validate.event_id(envelope.id, field=names["id"])
     if envelope.version is not None:
         validate.text(envelope.version, field="version")
     account = validate.account(envelope.account, field=names["account"],

@@ -73,13 +73,15 @@ class RecoveryOptions:
     exporting what the run saved just before the node went).  ``checkpoint_ahead_seconds``: the
     drain deadline given when a plan has none (``--rebalance-policy checkpoint-ahead``).
     ``export_paths``: maps a run's checkpoint URI to the FSx paths an export task exports
-    (``--export-mode task``); None: auto-export.
+    (``--export-mode task``); None: auto-export.  ``claim_ttl_seconds``: TTL of a run claim,
+    renewed every third of it while its holder works (the daemon passes the queue's visibility
+    timeout, as for event claims), so a killed replica's run is taken over within it.
     """
 
     durable_grace_seconds: float = 60.0
     durable_poll_seconds: float = 2.0
     checkpoint_ahead_seconds: float = 600.0
-    claim_ttl_floor_seconds: float = 300.0
+    claim_ttl_seconds: float = 60.0
     file_system_id: str | None = None
     export_paths: Callable[[str], Sequence[str]] | None = None
 
@@ -293,15 +295,19 @@ class Recovery:
         event = plan.event
         report = RunReport(run=target.run_key, instances=list(target.attributes.get("instance_ids", [])))
         key = f"run/{event.event_id}/{target.run_key}"
-        claim = await self.claims.acquire(key, holder=holder, ttl_seconds=self._claim_ttl(plan))
+        ttl = self.options.claim_ttl_seconds
+        claim = await self.claims.acquire(key, holder=holder, ttl_seconds=ttl)
         if claim is None:
             existing = await self.claims.get(key)
             if existing is not None and existing.state == "done":
                 report.skipped = f"already done for this event by {existing.holder}"
                 return report
             who = existing.holder if existing is not None else "another delivery"
+            # a live holder renews its claim; a dead one's lapses within ttl: look again then, not
+            # sooner (each look is a receive, and the redrive policy counts them)
             raise TemporaryError(f"run {target.run_key} for event {event.event_id} is being "
-                                 f"handled by {who}", delay=self.options.durable_poll_seconds * 5)
+                                 f"handled by {who}", delay=ttl)
+        keeper = asyncio.create_task(self._keep_claim(key, holder=holder), name=f"claim-keeper:{key}")
         try:
             if Step.NOTIFY in plan.steps:
                 await self._notify(plan, target, report)
@@ -312,11 +318,13 @@ class Recovery:
             if Step.REQUEUE in plan.steps:
                 await self._requeue(plan, target, report)
         except BaseException:
+            keeper.cancel()
             try:
                 await asyncio.shield(self.claims.release(key, holder=holder))
             except ResilienceError as e:
                 self._log.warning("claim release failed", key=key, error=str(e))
             raise
+        keeper.cancel()
         report.record = runs_record(event, report.as_json(), outcome="done", at=self.clock())
         await self.claims.complete(key, holder=holder, details=report.record)
         return report
@@ -326,11 +334,15 @@ class Recovery:
         if self.notifier is not None:
             self.notifier.submit(summary(record))
 
-    def _claim_ttl(self, plan: Plan) -> float:
-        left = 0.0
-        if plan.deadline is not None:
-            left = (plan.deadline - self.clock()).total_seconds()
-        return max(self.options.claim_ttl_floor_seconds, left + self.options.durable_grace_seconds)
+    async def _keep_claim(self, key: str, *, holder: str) -> None:
+        """Renew the run claim every third of its TTL while the run's steps go on."""
+        ttl = self.options.claim_ttl_seconds
+        while True:
+            await asyncio.sleep(ttl / 3)
+            try:
+                await self.claims.acquire(key, holder=holder, ttl_seconds=ttl)
+            except ResilienceError as e:
+                self._log.warning("claim renewal failed", key=key, error=str(e))
 
     async def _notify(self, plan: Plan, target: Target, report: RunReport) -> None:
         event = plan.event

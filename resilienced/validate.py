@@ -26,6 +26,10 @@ RFC1123_RE = re.compile(
     r"(?:Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec) [0-9]{4} [0-9]{2}:[0-9]{2}:[0-9]{2} GMT")
 _ISO_RE = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}[T ][0-9:.,+\-Z]+", re.IGNORECASE)
 MAX_TEXT = 1024
+#: An event id (EventBridge ``id``, ASG ``RequestId``): AWS writes UUIDs; any id made of letters,
+#: digits and ``-_.:`` is taken. It becomes part of claim keys, Kubernetes Event messages and
+#: notifications, so slashes, quotes, spaces and control characters are refused.
+EVENT_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,255}")
 
 
 def show(value: Any) -> str:
@@ -65,20 +69,27 @@ def text(value: Any, *, field: str, required: bool = True) -> str | None:
     return value
 
 
-def instance_id(value: Any, *, field: str) -> str:
+def _shaped(value: Any, *, field: str, pattern: re.Pattern[str], what: str) -> str:
+    """A string of ``text`` that also matches ``pattern`` in full, else invalid naming ``what``."""
     value = text(value, field=field)
-    if not INSTANCE_ID_RE.fullmatch(value):
-        raise invalid(field, f"{show(value)} is not an EC2 instance id "
-                             "(i- and 8 or 17 lowercase hex digits)")
+    if not pattern.fullmatch(value):
+        raise invalid(field, f"{show(value)} is not {what}")
     return value
+
+
+def event_id(value: Any, *, field: str) -> str:
+    return _shaped(value, field=field, pattern=EVENT_ID_RE,
+                   what="an event id (1-256 letters, digits and -_.:, starting with a letter or digit)")
+
+
+def instance_id(value: Any, *, field: str) -> str:
+    return _shaped(value, field=field, pattern=INSTANCE_ID_RE,
+                   what="an EC2 instance id (i- and 8 or 17 lowercase hex digits)")
 
 
 def reservation_id(value: Any, *, field: str) -> str:
-    value = text(value, field=field)
-    if not RESERVATION_ID_RE.fullmatch(value):
-        raise invalid(field, f"{show(value)} is not a capacity reservation id "
-                             "(cr- and 17 lowercase hex digits)")
-    return value
+    return _shaped(value, field=field, pattern=RESERVATION_ID_RE,
+                   what="a capacity reservation id (cr- and 17 lowercase hex digits)")
 
 
 def account(value: Any, *, field: str, allowed: tuple[str, ...]) -> str | None:

@@ -184,6 +184,7 @@ async def open_runtime(
             durable_grace_seconds=rs.durable_grace_seconds,
             durable_poll_seconds=rs.durable_poll_seconds,
             checkpoint_ahead_seconds=rs.checkpoint_ahead_seconds,
+            claim_ttl_seconds=float(settings.queue.visibility_timeout),
             file_system_id=rs.fsx_file_system_id,
             export_paths=rs.export_paths if export is not None else None,
         )

@@ -55,6 +55,11 @@ class DaemonProcess:
             pass
         return True
 
+    def read_available(self) -> None:
+        """Take every line already read from stdout, without waiting."""
+        while not self._queue.empty() and self._drain(0):
+            pass
+
     def wait_for(self, condition: Callable[[list[dict[str, Any]]], bool], *, timeout: float = 60.0) -> None:
         """Read log lines until ``condition(lines)`` holds (bounded); fail with the output if not."""
         end = time.monotonic() + timeout

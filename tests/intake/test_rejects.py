@@ -59,6 +59,10 @@ INVALID = [
     ("no-id", p.spot(id=p.DROP), "id: missing"),
     ("empty-id", p.spot(id=""), "id: empty"),
     ("id-not-a-string", p.spot(id=7), "id: expected a string"),
+    # found by the reliability campaign's forged input (tests/chaos/flood.py): an id is an identifier
+    ("id-path-and-newline", p.spot(id='../../2\n{"x":1}'), "id: '../../2\\n{\"x\":1}' is not an event id"),
+    ("id-with-space", p.spot(id="a b"), "id: 'a b' is not an event id"),
+    ("id-too-long", p.spot(id="a" * 257), "is not an event id"),
     ("source-not-a-string", p.spot(source=["aws.ec2"]), "source: expected a string"),
     ("no-time", p.spot(time=p.DROP), "time: missing"),
     ("time-placeholder", p.spot(time="yyyy-mm-ddThh:mm:ssZ"), "time: 'yyyy-mm-ddThh:mm:ssZ' is not an ISO-8601 time"),

@@ -1,0 +1,382 @@
+"""The campaign's scenarios: each injects its faults into a :class:`World` and returns its tally.
+
+A tally is what docs/reliability.md tabulates: how many faults, how many survived, events lost,
+duplicate drains, duplicate requeues, messages received past the redrive count, and the time to
+recover once the fault ended. Each scenario checks its invariants itself and lists every
+violation in ``violations`` (empty when the daemon held up); the tests assert that list is empty.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import uuid
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from collections.abc import Callable
+from typing import Any
+
+from resilienced.kube.leases import DETAILS_ANNOTATION, KEY_ANNOTATION, STATE_ANNOTATION, STATE_DONE, lease_name
+from tests.chaos import flood as flood_mod
+from tests.chaos.world import BUCKET, MAX_RECEIVES, World, notice, world
+from tests.support.faultproxy import aws_action, path_contains
+
+
+@dataclass
+class Tally:
+    scenario: str
+    fault: str
+    injected: int = 0
+    survived: int = 0
+    events_lost: int = 0
+    duplicate_drains: int = 0
+    duplicate_requeues: int = 0
+    past_redrive: int = 0
+    recover_s: list[float] = field(default_factory=list)
+    extra: dict[str, Any] = field(default_factory=dict)
+    violations: list[str] = field(default_factory=list)
+
+    def as_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+# --------------------------------------------------------------------------- process probes
+def rss_kib(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    return 0
+
+
+def open_sockets(pid: int) -> int:
+    count = 0
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            count += os.readlink(fd).startswith("socket:")
+        except OSError:
+            continue
+    return count
+
+
+def _probe(w: World, peaks: dict[str, int]) -> None:
+    for daemon in w.replicas:
+        try:
+            peaks["rss_kib"] = max(peaks.get("rss_kib", 0), rss_kib(daemon.proc.pid))
+            peaks["sockets"] = max(peaks.get("sockets", 0), open_sockets(daemon.proc.pid))
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+
+
+# --------------------------------------------------------------------------- run-level counts
+def run_counts(w: World, n: int) -> dict[str, int]:
+    """What was done to run ``trial-n``, from the emulator's request log and its Events.
+
+    ``drains``: successful patches of its Node (the taint; its Ray head is on that Node, so no
+    Ray node is drained); ``requeues``: successful writes of its RayJob; ``drained_events`` ...:
+    the counts of its Draining, CheckpointDurable and Requeued Events.
+    """
+    requests = w.kube.call(lambda: list(w.kube.server.requests))
+
+    def writes(resource: str, name: str, namespace: str | None) -> int:
+        return sum(1 for r in requests if r.verb in ("patch", "update") and r.resource == resource
+                   and r.name == name and r.namespace == namespace and 200 <= r.status < 300)
+
+    def events(reason: str) -> int:
+        return sum(e.get("count", 1) for e in w.run_events(n, reason))
+    return {"drains": writes("nodes", f"node-{n}", None), "requeues": writes("rayjobs.ray.io", "train", f"trial-{n}"),
+            "drained_events": events("Draining"), "durable_events": events("CheckpointDurable"),
+            "requeued_events": events("Requeued")}
+
+
+def check_runs(w: World, runs: list[int], tally: Tally) -> None:
+    """Each run drained once and requeued once; repeated Events (a taker-over re-recording) counted apart."""
+    repeated = 0
+    for n in runs:
+        got = run_counts(w, n)
+        tally.duplicate_drains += max(0, got["drains"] - 1)
+        tally.duplicate_requeues += max(0, got["requeues"] - 1)
+        repeated += sum(max(0, got[k] - 1) for k in ("drained_events", "durable_events", "requeued_events"))
+        verified = _verified(w, n)
+        if got["drains"] != 1 or got["requeues"] != 1 or not verified:
+            tally.violations.append(f"run trial-{n}/train: {got}, verified {verified}: want one drain, "
+                                    "one requeue, and a done run claim with the checkpoint verified")
+        if 0 in (got["drained_events"], got["durable_events"], got["requeued_events"]):
+            tally.extra.setdefault("missing_events", []).append(f"trial-{n}: {got}")
+    tally.extra["repeated_events"] = tally.extra.get("repeated_events", 0) + repeated
+
+
+def _verified(w: World, n: int) -> bool:
+    """Run n's claim is done and its record says the checkpoint was verified durable."""
+    leases = w.kube.call(w.kube.server.list, "leases", namespace="resilienced")
+    for lease in leases:
+        notes = lease["metadata"].get("annotations", {})
+        if notes.get(KEY_ANNOTATION, "").endswith(f"/trial-{n}/train") and notes.get(STATE_ANNOTATION) == STATE_DONE:
+            record = json.loads(notes.get(DETAILS_ANNOTATION, "{}"))
+            if (record.get("durable") or {}).get("verified") is True:
+                return True
+    return False
+
+
+def check_past_redrive(w: World, tally: Tally) -> None:
+    over = [d for d in w.decisions() if d.get("receive_count", 0) > MAX_RECEIVES]
+    tally.past_redrive = len(over)
+    if over:
+        tally.violations.append(f"{len(over)} decisions past receive {MAX_RECEIVES}: {over[:3]}")
+
+
+# --------------------------------------------------------------------------- scenario 3
+def scenario_flood(workdir: Path, *, total: int, runs: int, moto: Any = None) -> Tally:
+    """Scenario 3 (see tests/chaos/flood.py for the mix)."""
+    plan = flood_mod.build(total, runs=runs)
+    tally = Tally("flood", f"{total} messages, {len(plan.valid_ids)} valid events; replica SIGKILLed halfway",
+                  injected=total)
+    peaks: dict[str, int] = {}
+    with world(workdir, moto=moto) as w:
+        for n in plan.runs:
+            w.seed_run(n)
+        a, _b = w.start_replica(), w.start_replica()
+        w.send(plan.bodies)
+        now = datetime.now(timezone.utc)
+        for n in plan.runs:  # the trainers' saves, after the notices
+            w.put_checkpoint(n, step=7, saved=now)
+
+        def handled() -> int:
+            _probe(w, peaks)
+            return w.decided()
+        w.wait(lambda: handled() >= total // 2, timeout=1800, what="half the flood to be handled", every=0.5)
+        w.kill(a)
+        killed_at = time.monotonic()
+
+        tally.extra["bad"] = sum(1 for v in plan.label.values() if v == "bad")
+
+        def drained() -> bool:
+            _probe(w, peaks)
+            return w.queue_counts() == (0, 0)
+        w.wait(drained, timeout=1800, what="the queue to be empty", every=1.0)
+        tally.recover_s.append(round(time.monotonic() - killed_at, 1))
+        w.stop_replicas()
+        dead = w.dead_letters()
+        _check_flood(w, plan, dead, tally)
+        check_runs(w, plan.runs, tally)
+        check_past_redrive(w, tally)
+        tally.extra.update(peak_rss_mib=round(peaks.get("rss_kib", 0) / 1024, 1),
+                           peak_open_sockets=peaks.get("sockets", 0), dead_lettered=len(dead),
+                           decisions=len(w.decisions()))
+    tally.survived = total - tally.events_lost - len([v for v in tally.violations if v.startswith("bad")])
+    return tally
+
+
+def done_claims(w: World, prefix: str) -> set[str]:
+    """Keys of the claims in state done (the Leases in the daemon namespace)."""
+    leases = w.kube.call(w.kube.server.list, "leases", namespace="resilienced")
+    notes = [lease["metadata"].get("annotations", {}) for lease in leases]
+    return {n[KEY_ANNOTATION] for n in notes
+            if n.get(KEY_ANNOTATION, "").startswith(prefix) and n.get(STATE_ANNOTATION) == STATE_DONE}
+
+
+def _check_flood(w: World, plan: flood_mod.Flood, dead: list[dict[str, Any]], tally: Tally) -> None:
+    dead_bodies = Counter(m["Body"] for m in dead)
+    for body, count in dead_bodies.items():
+        if plan.label.get(body) != "bad":
+            tally.events_lost += count
+            tally.violations.append(f"valid message dead-lettered: {body[:200]}")
+    missing = [b for b, label in plan.label.items() if label == "bad" and b not in dead_bodies]
+    if missing:
+        tally.violations.append(f"bad messages not in the DLQ: {len(missing)}, e.g. {missing[0][:200]!r}")
+    decisions = w.decisions()
+    final = Counter(d["event_id"] for d in decisions if d.get("outcome") in flood_mod.FINAL)
+    seen = {d["event_id"] for d in decisions}
+    claimed = done_claims(w, "event/")
+    unlogged = 0
+    for event_id in plan.valid_ids:
+        if final[event_id] > 1:
+            tally.violations.append(f"event {event_id} decided {final[event_id]} times")
+        elif final[event_id] == 0 and event_id not in seen:
+            if f"event/{event_id}" in claimed:  # done, but SIGKILLed between the delete and the log line
+                unlogged += 1
+                continue
+            tally.events_lost += 1
+            tally.violations.append(f"event {event_id} never decided")
+    tally.extra["decided_but_unlogged"] = unlogged
+    unexplained = [d for d in decisions if d.get("outcome") in flood_mod.BAD and not d.get("reason")]
+    if unexplained:
+        tally.violations.append(f"{len(unexplained)} bad messages without a logged reason")
+
+
+# --------------------------------------------------------------------------- scenario 1
+#: where a replica dies: the hold that keeps it there (verb, resource) and the condition to kill on
+PHASES = ("claimed", "drained", "durability-wait", "requeued")
+
+
+def _holder(w: World, n: int) -> Any:
+    """The replica holding run ``trial-n``'s claim (by the HOSTNAME prefix of its holder identity)."""
+    leases = w.kube.call(w.kube.server.list, "leases", namespace="resilienced")
+    for lease in leases:
+        key = lease["metadata"].get("annotations", {}).get(KEY_ANNOTATION, "")
+        if key.startswith("run/") and key.endswith(f"/trial-{n}/train"):
+            holder = lease["spec"].get("holderIdentity", "")
+            for daemon in w.replicas:
+                if holder.startswith(daemon.hostname + ":"):
+                    return daemon
+    return None
+
+
+def _arm(w: World, phase: str, *, run_key: str) -> Any:
+    server = w.kube.server
+    if phase == "claimed":  # the run is claimed; its Node's taint is held
+        return w.kube.call(server.delay, 3600, verb="patch", resource="nodes")
+    if phase == "drained":  # drained (tainted); the Draining Event is held
+        return w.kube.call(server.delay, 3600, verb="create", resource="events")
+    if phase == "requeued":  # every update of the run's claim is held: its completion comes after the requeue
+        return w.kube.call(server.delay, 3600, verb="update", resource="leases", name=lease_name(run_key))
+    return None  # durability-wait: nothing held; no checkpoint yet
+
+
+def _reached(w: World, n: int, phase: str, hold: Any) -> bool:
+    if phase == "durability-wait":
+        return bool(w.run_events(n, "Draining"))
+    if phase == "requeued":
+        return bool(w.run_events(n, "Requeued")) and hold.hits > 0
+    return hold.hits > 0
+
+
+def kill_trial(w: World, n: int, phase: str, *, pause: float) -> float:
+    """One notice for run n; SIGKILL its handler at ``phase``; the seconds until it is whole again."""
+    w.seed_run(n)
+    event = notice_for(n)
+    hold = _arm(w, phase, run_key=f"run/{event['id']}/trial-{n}/train")
+    if phase != "durability-wait":
+        w.put_checkpoint(n, step=3, saved=datetime.now(timezone.utc) + timedelta(seconds=1))
+    w.send([json.dumps(event)])
+    w.wait(lambda: _reached(w, n, phase, hold), timeout=120, what=f"trial {n} to reach {phase}")
+    time.sleep(pause)  # a different timing inside the phase each repeat (the hold keeps it there)
+    victim = _holder(w, n)
+    if victim is None:
+        raise AssertionError(f"trial {n}: no live replica holds the run's claim at {phase}")
+    w.kill(victim)
+    w.kube.call(w.kube.server.clear_faults)
+    ended = time.monotonic()
+    if phase == "durability-wait":
+        w.put_checkpoint(n, step=3, saved=datetime.now(timezone.utc))
+    w.start_replica()  # the pod is restarted, as its Deployment would
+    w.wait(lambda: run_counts(w, n)["requeued_events"] >= 1 and w.queue_counts() == (0, 0),
+           timeout=float(os.environ.get("CHAOS_TRIAL_TIMEOUT", "900")), what=f"trial {n} ({phase}) to be requeued and its message deleted")
+    return time.monotonic() - ended
+
+
+def notice_for(n: int) -> dict[str, Any]:
+    return notice(n, event_id=str(uuid.uuid4()), when=datetime.now(timezone.utc))
+
+
+def _finish(w: World, trials: list[int], tally: Tally) -> None:
+    """Stop the replicas; count drains, requeues, receives past the redrive count, dead letters."""
+    w.stop_replicas()
+    check_runs(w, trials, tally)
+    check_past_redrive(w, tally)
+    dead = w.dead_letters()
+    tally.events_lost = len(dead)
+    if dead:
+        tally.violations.append(f"{len(dead)} notices dead-lettered: {[m['Body'][:120] for m in dead]}")
+
+
+def scenario_kill(workdir: Path, *, repeats: int, moto: Any = None) -> Tally:
+    """Scenario 1: each phase ``repeats`` times, with a different pause inside the phase each time."""
+    tally = Tally("kill", "SIGKILL of the replica holding the run, at " + ", ".join(PHASES))
+    trials: list[int] = []
+    with world(workdir, moto=moto) as w:
+        w.start_replica(), w.start_replica()
+        for r in range(repeats):
+            for k, phase in enumerate(PHASES):
+                n = 1 + r * len(PHASES) + k
+                trials.append(n)
+                tally.injected += 1
+                try:
+                    took = kill_trial(w, n, phase, pause=0.3 * r)
+                except AssertionError as e:
+                    tally.violations.append(f"trial {n} ({phase}): {e}")
+                    continue
+                tally.survived += 1
+                tally.recover_s.append(round(took, 1))
+        _finish(w, trials, tally)
+    return tally
+
+
+# --------------------------------------------------------------------------- scenario 2
+def _sqs(*actions: str) -> Any:
+    return aws_action(*actions)
+
+
+#: fault name -> (how it is injected, arm(world) -> rule with ``hits``/``times``); ``quick``: in --quick
+BACKEND_FAULTS: dict[str, tuple[str, Callable[[World], Any], bool]] = {
+    "sqs-503": ("proxy: 503 ServiceUnavailable on 12 SQS ReceiveMessage/DeleteMessage",
+                lambda w: w.kube.call(w.aws_proxy.fail, 503, code="ServiceUnavailable", times=12,
+                                      match=_sqs("ReceiveMessage", "DeleteMessage")), True),
+    "sqs-reset": ("proxy: connection reset on 8 SQS requests",
+                  lambda w: w.kube.call(w.aws_proxy.reset, times=8, match=_sqs(
+                      "ReceiveMessage", "DeleteMessage", "ChangeMessageVisibility")), True),
+    "s3-500": ("proxy: 500 InternalError on 10 S3 requests",
+               lambda w: w.kube.call(w.aws_proxy.fail, 500, times=10, match=path_contains(f"/{BUCKET}")), True),
+    "s3-stall": ("proxy: 2 S3 requests held 35 s (past the 30 s read timeout)",
+                 lambda w: w.kube.call(w.aws_proxy.stall, 35, times=2, match=path_contains(f"/{BUCKET}")), False),
+    "ec2-throttle": ("proxy: RequestLimitExceeded (HTTP 503) on 6 DescribeCapacityReservations",
+                     lambda w: w.kube.call(w.aws_proxy.fail, 503, code="RequestLimitExceeded", times=6,
+                                           match=aws_action("DescribeCapacityReservations")), True),
+    "kube-500-node": ("emulator: 500 on 4 Node patches", lambda w: w.kube.call(
+        w.kube.server.fail, verb="patch", resource="nodes", status=500, times=4), True),
+    "kube-429-rayjob": ("emulator: 429 Retry-After 1 on 4 RayJob patches", lambda w: w.kube.call(
+        w.kube.server.fail, verb="patch", resource="rayjobs.ray.io", status=429, retry_after=1, times=4), True),
+    "kube-drop-lease": ("emulator: connection dropped on 4 Lease creates", lambda w: w.kube.call(
+        w.kube.server.fail, verb="create", resource="leases", status=0, times=4), True),
+    "kube-stall-events": ("emulator: 2 Event creates held 70 s", lambda w: w.kube.call(
+        w.kube.server.delay, 70, verb="create", resource="events", times=2), False),
+}
+
+
+class _Once:
+    """A one-shot fault (watch 410): its ``hits`` reach ``times`` once it has been applied."""
+
+    def __init__(self, apply: Callable[[], None]) -> None:
+        apply()
+        self.hits = self.times = 1
+
+
+BACKEND_FAULTS["kube-watch-410"] = (
+    "emulator: every watch ended with ERROR 410 Gone (history compacted), then a new run appears",
+    lambda w: _Once(lambda: w.kube.call(w.kube.server.expire_watches)), True)
+
+
+def fault_trial(w: World, n: int, name: str) -> float:
+    """Arm ``name``, send a notice for a new run n; once the fault is spent, the seconds to recover."""
+    rule = BACKEND_FAULTS[name][1](w)
+    w.seed_run(n)
+    w.put_checkpoint(n, step=3, saved=datetime.now(timezone.utc) + timedelta(seconds=1))
+    w.send([json.dumps(notice_for(n))])
+    w.wait(lambda: rule.hits >= rule.times, timeout=600, what=f"fault {name} to be spent")
+    ended = time.monotonic()
+    w.wait(lambda: run_counts(w, n)["requeued_events"] >= 1 and w.queue_counts() == (0, 0),
+           timeout=float(os.environ.get("CHAOS_TRIAL_TIMEOUT", "900")),
+           what=f"trial {n} ({name}) to be requeued and its message deleted")
+    return time.monotonic() - ended
+
+
+def scenario_backends(workdir: Path, *, quick: bool, moto: Any = None) -> Tally:
+    """Scenario 2: each backend fault once (the --quick subset, or all), two replicas."""
+    names = [k for k, (_, _, in_quick) in BACKEND_FAULTS.items() if in_quick or not quick]
+    tally = Tally("backends", "; ".join(f"{k}: {BACKEND_FAULTS[k][0]}" for k in names))
+    trials: list[int] = []
+    with world(workdir, moto=moto) as w:
+        w.start_replica(), w.start_replica()
+        for k, name in enumerate(names, start=1):
+            trials.append(k)
+            tally.injected += 1
+            try:
+                tally.recover_s.append(round(fault_trial(w, k, name), 1))
+                tally.survived += 1
+            except AssertionError as e:
+                tally.violations.append(f"{name}: {e}")
+        _finish(w, trials, tally)
+        tally.extra["faults"] = names
+    return tally

@@ -1,0 +1,81 @@
+"""Run claims of a replica that dies mid-recovery lapse soon; a live holder keeps its claim.
+
+Found by the reliability campaign (tests/chaos, scenario 1, docs/reliability.md): a run claim used
+to live for max(300 s, deadline + grace) without renewal, and a replica finding it held looked
+again after 0.5 s. When the holder was SIGKILLed, the other replica's looks used up the message's
+receives and the notice went to the DLQ before the claim lapsed: the run was never requeued.
+Now the claim's TTL is the queue's visibility timeout, renewed by its holder every third of it,
+and the replica that finds it held looks again only once a dead holder's claim has lapsed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import replace
+from datetime import datetime, timezone
+from typing import Any
+
+from resilienced.errors import TemporaryError
+from resilienced.kube.leases import KEY_ANNOTATION
+from resilienced.model import Result
+
+from .conftest import DAEMON_NS, NS, instance, put_checkpoint
+from .test_recovery import World, body, plan_of, world  # noqa: F401  (the fixture)
+
+TTL = 2.0
+
+
+def spot_plan() -> Any:
+    return plan_of(body("EC2 Spot Instance Interruption Warning",
+                        {"instance-id": instance(1), "instance-action": "terminate"},
+                        when=datetime.now(timezone.utc)))
+
+
+def lease_of(world: World, key: str) -> dict[str, Any]:
+    leases = world.kubeapi.list("leases", namespace=DAEMON_NS)
+    return next(l for l in leases if l["metadata"]["annotations"][KEY_ANNOTATION] == key)
+
+
+async def test_a_dead_holders_run_claim_lapses_and_the_other_replica_takes_over(world: World) -> None:
+    world.recovery.options = replace(world.recovery.options, claim_ttl_seconds=TTL)
+    plan = spot_plan()
+    key = f"run/{plan.event.event_id}/{NS}/train"
+    # a replica took the run and was SIGKILLed: its claim is never renewed
+    assert await world.claims.acquire(key, holder="replica-dead/m1", ttl_seconds=TTL) is not None
+    await put_checkpoint(world.s3, step=5, saved=datetime.now(timezone.utc),
+                         files={"__0_0.distcp": b"r" * 50, ".metadata": b"m"})
+    try:
+        await world.recovery.act(plan, holder="replica-b/m2")
+        raise AssertionError("a held run claim was not noticed")
+    except TemporaryError as e:
+        assert "being handled by replica-dead/m1" in str(e)
+        assert e.delay == TTL  # one more receive, once the dead claim has lapsed; not one every 0.5 s
+        await asyncio.sleep(e.delay)  # what the consumer does: the message is hidden that long
+    outcome = await world.recovery.act(plan, holder="replica-b/m2")
+    assert outcome.result is Result.DONE, outcome.reason
+    assert len(world.gcs.drains) == 1 and lease_of(world, key)["spec"]["holderIdentity"] == "replica-b/m2"
+
+
+async def test_a_live_holder_renews_its_run_claim_while_it_waits(world: World) -> None:
+    world.recovery.options = replace(world.recovery.options, claim_ttl_seconds=TTL)
+    plan = spot_plan()
+    key = f"run/{plan.event.event_id}/{NS}/train"
+    working = asyncio.create_task(world.recovery.act(plan, holder="replica-a/m1"))  # waits for S3
+    while not world.gcs.drains:
+        await asyncio.sleep(0.02)
+    first = lease_of(world, key)["spec"]
+    assert first["leaseDurationSeconds"] == TTL and first["holderIdentity"] == "replica-a/m1"
+    end = time.monotonic() + 10 * TTL
+    while lease_of(world, key)["spec"]["renewTime"] == first["renewTime"]:
+        assert time.monotonic() < end, "the holder never renewed its run claim"
+        await asyncio.sleep(0.05)
+    try:  # renewed, so still held: another replica keeps off
+        await world.recovery.act(plan, holder="replica-b/m2")
+        raise AssertionError("a live holder's run claim was taken")
+    except TemporaryError as e:
+        assert "being handled by replica-a/m1" in str(e)
+    await put_checkpoint(world.s3, step=6, saved=datetime.now(timezone.utc),
+                         files={"__0_0.distcp": b"r" * 50, ".metadata": b"m"})
+    outcome = await asyncio.wait_for(working, timeout=60)
+    assert outcome.result is Result.DONE and len(world.gcs.drains) == 1
