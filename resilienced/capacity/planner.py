@@ -25,7 +25,13 @@ from resilienced.capacity.decision import Capacity, CapacityDecision, CapacityOf
 from resilienced.capacity.ec2 import PurchaseResult
 from resilienced.capacity.history import InterruptionHistory, UnavailableCache
 from resilienced.capacity.policy import CapacityPolicy
-from resilienced.capacity.request import CapacityRequest
+from resilienced.capacity.request import (
+    ATTR_ELASTIC,
+    ATTR_REQUEUED_CAPACITY,
+    ATTR_REQUEUED_FOR,
+    ATTR_REQUEUED_RESERVATION,
+    CapacityRequest,
+)
 from resilienced.model import Event, Kind, Target
 from resilienced.ports import CapacitySource
 
@@ -112,6 +118,9 @@ class CapacityPlanner:
             self.observe(event, request.pool)
         elif event.kind in INTERRUPTION_KINDS and not self.history.seen(request.pool, event.event_id):
             extra = (event.time or self.clock(),)
+        kept = applied_decision(target, event=event)
+        if kept is not None:
+            return request, kept
         return request, await self.plan(request, dry_run=dry_run, extra_interruptions=extra)
 
     async def target_plan(self, target: Target, *, event: Event) -> dict[str, Any]:
@@ -179,3 +188,31 @@ class CapacityPlanner:
             "the run waits for it",
             retry_after=max(starts - now, self.policy.wait_retry),
             details={**with_offer.details, "bought_reservation_id": block.reservation_id})
+
+
+def applied_decision(target: Target, *, event: Event) -> CapacityDecision | None:
+    """The decision already applied to ``target``'s run for ``event``, when its objects record one.
+
+    A replica that dies after its requeue and before its run claim is done leaves the event to
+    another; that one's interruption history (per replica) can differ, and deciding again could
+    move the gang a second time, onto other capacity (found by the reliability campaign,
+    docs/reliability.md).  The requeue already applied for this event is kept instead; the
+    requeuer then finds the run in place and changes nothing.  Elastic runs keep their own
+    per-worker record (``resilienced.io/elastic-replaced``) and are decided as usual.
+    """
+    attrs = target.attributes
+    if not event.event_id or attrs.get(ATTR_ELASTIC) is True or attrs.get(ATTR_REQUEUED_FOR) != event.event_id:
+        return None
+    try:
+        capacity = Capacity(attrs.get(ATTR_REQUEUED_CAPACITY))
+    except ValueError:
+        return None
+    reservation = attrs.get(ATTR_REQUEUED_RESERVATION) if capacity is Capacity.CAPACITY_BLOCK else None
+    if capacity is Capacity.WAIT or (capacity is Capacity.CAPACITY_BLOCK and not reservation):
+        return None
+    where = f"{capacity.value} {reservation}" if reservation else capacity.value
+    return CapacityDecision(
+        capacity=capacity, reservation_id=reservation, details={"kept": True},
+        reason=f"already requeued onto {where} for event {event.event_id} by an earlier delivery: kept, "
+               "not decided again")
+

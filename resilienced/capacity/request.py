@@ -34,6 +34,11 @@ ATTR_ELASTIC_ERROR = "elastic_error"  # str: the resilienced.io/elastic annotati
 # Only where the cluster serves EC2NodeClasses (absent: any block of the account will do):
 ATTR_SELECTABLE = "selectable_reservations"  # list of cr- ids Karpenter can launch the run into
 ATTR_SELECTABLE_FROM = "selectable_from"  # list of "nodepool/ec2nodeclass" those ids were read from
+# the last requeue resilienced applied to the run (from its annotations below): the event it was
+# for, the capacity and the block; a delivery that takes the same event over keeps it
+ATTR_REQUEUED_FOR = "requeued_for"
+ATTR_REQUEUED_CAPACITY = "requeued_capacity"
+ATTR_REQUEUED_RESERVATION = "requeued_reservation_id"
 
 # ---- annotations the Kubernetes requeuers write on the RayJob / RayCluster / Volcano Job
 ANNOTATION_CAPACITY = "resilienced.io/capacity-type"

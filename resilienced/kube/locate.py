@@ -235,6 +235,22 @@ ZONE_LABEL = "topology.kubernetes.io/zone"
 KARPENTER_CAPACITY_LABEL = "karpenter.sh/capacity-type"
 
 
+def requeued_facts(run_objects: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """The last requeue resilienced applied, from the first run object that records one.
+
+    The Kubernetes requeuers write ``resilienced.io/requeued-for`` (the event id), ``-capacity-type``
+    and ``-capacity-reservation-id`` with the move (``requeue/kuberay.py`` ``bookkeeping``); a
+    delivery that takes the same event over keeps that decision instead of deciding again.
+    """
+    for obj in run_objects:
+        notes = annotations(obj)
+        if notes.get("resilienced.io/requeued-for"):
+            return {"requeued_for": notes["resilienced.io/requeued-for"],
+                    "requeued_capacity": notes.get("resilienced.io/capacity-type"),
+                    "requeued_reservation_id": notes.get("resilienced.io/capacity-reservation-id")}
+    return {}
+
+
 def capacity_facts(*, node: Mapping[str, Any], run_objects: Sequence[Mapping[str, Any]],
                    worker_nodes: Sequence[str]) -> dict[str, Any]:
     """``Target.attributes`` for the capacity decision (see ``resilienced.capacity.request``).
@@ -255,6 +271,7 @@ def capacity_facts(*, node: Mapping[str, Any], run_objects: Sequence[Mapping[str
         if moved:
             facts["capacity_moved_at"] = moved
             break
+    facts.update(requeued_facts(run_objects))
     count = len({n for n in worker_nodes if n})
     if count:
         facts["instance_count"] = count

@@ -210,3 +210,38 @@ async def test_a_bought_block_carries_the_tags_the_ec2nodeclass_selects_on(ec2) 
     _, decision = await planner.plan_for(target(), event=itn("e3", 1))
     assert decision.details["bought_reservation_id"] == "cr-bought"
     stub.assert_no_pending_responses()
+
+
+def requeued(event_id: str, capacity: str, reservation: str | None = None, **extra) -> Target:
+    """A target whose run records a requeue already applied (resilienced.io/requeued-for ...)."""
+    t = target()
+    return Target(instance_id=t.instance_id, node=None, ray_cluster=t.ray_cluster, ray_job=t.ray_job,
+                  ray_node_ids=(), checkpoint_uri=None,
+                  attributes={**t.attributes, "requeued_for": event_id, "requeued_capacity": capacity,
+                              "requeued_reservation_id": reservation, **extra})
+
+
+async def test_a_requeue_applied_for_this_event_is_kept_not_decided_again() -> None:
+    """A replica killed after its requeue and before its run claim was done leaves the event to
+    another, whose interruption history differs: it keeps the applied move instead of moving the
+    gang a second time (the reliability campaign's finding, docs/reliability.md)."""
+    planner = CapacityPlanner(source=StaticCapacity([]), policy=CapacityPolicy(), clock=lambda: NOW)
+    _, fresh = await planner.plan_for(target(), event=itn("e1", 1))
+    assert fresh.capacity is Capacity.SPOT  # this replica alone would stay on Spot
+
+    _, kept = await planner.plan_for(requeued("e2", "on-demand"), event=itn("e2", 1))
+    assert kept.capacity is Capacity.ON_DEMAND and "kept" in kept.reason and kept.details["kept"] is True
+    _, block_kept = await planner.plan_for(requeued("e3", "capacity-block", "cr-gone"), event=itn("e3", 1))
+    assert (block_kept.capacity, block_kept.reservation_id) == (Capacity.CAPACITY_BLOCK, "cr-gone")
+
+
+async def test_a_requeue_for_another_event_or_an_elastic_run_is_decided_again() -> None:
+    def planner() -> CapacityPlanner:  # one interruption each: a fresh decision stays on Spot
+        return CapacityPlanner(source=StaticCapacity([]), policy=CapacityPolicy(), clock=lambda: NOW)
+
+    _, other = await planner().plan_for(requeued("e-old", "on-demand"), event=itn("e1", 1))
+    assert other.capacity is Capacity.SPOT and "kept" not in other.details
+    _, elastic = await planner().plan_for(requeued("e2", "on-demand", elastic=True), event=itn("e2", 1))
+    assert elastic.capacity is Capacity.SPOT
+    _, no_block = await planner().plan_for(requeued("e3", "capacity-block"), event=itn("e3", 1))  # no id
+    assert no_block.capacity is Capacity.SPOT

@@ -304,3 +304,21 @@ async def test_the_elastic_annotation_reaches_the_target(cluster: KubeCluster, w
     assert target.attributes["elastic"] is True
     (other,) = (await cluster.locate(instance_ids=[instance(3)])).targets  # adhoc: not annotated
     assert other.attributes["elastic"] is False
+
+
+async def test_the_requeue_a_run_carries_reaches_the_target(cluster: KubeCluster, world: dict[str, str],
+                                                            kubeapi: KubeApiServer) -> None:
+    """The annotations a requeue leaves on the RayJob (requeue/kuberay.py ``bookkeeping``) become
+    the target's ``requeued_*`` facts, so a delivery taking the same event over keeps that move."""
+    (before,) = (await cluster.locate(instance_ids=[instance(1)])).targets
+    assert "requeued_for" not in before.attributes
+    job = kubeapi.get("rayjobs", "train", namespace="ml")
+    job["metadata"]["annotations"].update({"resilienced.io/requeued-for": "ev-1",
+                                           "resilienced.io/capacity-type": "capacity-block",
+                                           "resilienced.io/capacity-reservation-id": "cr-0123"})
+    kubeapi.put(job)
+    await eventually(lambda: (cluster.rayjobs.get("ml", "train") or {}).get("metadata", {})
+                     .get("annotations", {}).get("resilienced.io/requeued-for") == "ev-1")
+    (target,) = (await cluster.locate(instance_ids=[instance(1)])).targets
+    assert (target.attributes["requeued_for"], target.attributes["requeued_capacity"],
+            target.attributes["requeued_reservation_id"]) == ("ev-1", "capacity-block", "cr-0123")
