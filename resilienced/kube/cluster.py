@@ -45,7 +45,7 @@ from kubernetes_asyncio import client as k8s
 from resilienced.errors import BackendUnavailable, PermanentError, RayAuthError
 from resilienced.kube.api import BACKEND, JsonObj, KubeStatusError, call
 from resilienced.kube.cache import CacheOptions, Informer, Source
-from resilienced.kube.optional import CustomResource, served
+from resilienced.kube.discovery import CustomResource, served
 from resilienced.kube.events import EventRecorder, ObjectRef, ref_for
 from resilienced.kube.karpenter import selectable_reservations
 from resilienced.kube.locate import (

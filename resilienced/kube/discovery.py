@@ -6,12 +6,16 @@ version gets 404 on the other releases.  :func:`served_version` asks the server'
 endpoint of each candidate group-version (``GET /apis/<group>/<version>``, the
 ``APIResourceList``; readable by every authenticated user through the built-in
 ``system:discovery`` ClusterRole, so no RBAC rule is needed) and answers the first that lists
-the resource.
+the resource.  :func:`served` answers the same for one version: kubernetes mode starts the watch
+cache of another project's resource (Volcano Jobs, Karpenter NodePools and EC2NodeClasses) only
+where the cluster serves it, since a cache of a resource that is not served would never sync and
+the daemon would never become ready.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from kubernetes_asyncio import client as k8s
 
@@ -37,3 +41,23 @@ async def served_version(api_client: k8s.ApiClient, *, group: str, plural: str, 
         if any(r.get("name") == plural for r in body.get("resources") or []):
             return version
     return None
+
+
+@dataclass(frozen=True)
+class CustomResource:
+    """A custom resource kubernetes mode reads when the cluster serves it."""
+
+    group: str
+    version: str
+    plural: str
+    namespaced: bool
+
+    @property
+    def key(self) -> str:
+        return f"{self.plural}.{self.group}"
+
+
+async def served(api_client: k8s.ApiClient, resource: CustomResource, *, timeout_s: float) -> bool:
+    """True when the API server serves ``resource`` (BackendUnavailable when it does not answer)."""
+    return await served_version(api_client, group=resource.group, plural=resource.plural,
+                                versions=(resource.version,), request_timeout_s=timeout_s) is not None
