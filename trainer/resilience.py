@@ -46,13 +46,15 @@ from trainer.checkpoint import (
     verify,
     write_manifest,
 )
+from trainer import resize
 from trainer.config import PreemptionConfig
 from trainer.errors import CheckpointError, CorruptCheckpoint, UsageError
 from trainer.preemption import SIGTERM, Agreed, Agreement, DeadlinePlan
 from trainer.runtime import Runtime, detect_runtime
+from trainer.data import batch_share, loss_weight
 from trainer.state import RESERVED, dcp_entries
 
-__all__ = ["Checkpointer", "Manifest", "verify", "write_manifest"]
+__all__ = ["Checkpointer", "Manifest", "batch_share", "loss_weight", "verify", "write_manifest"]
 
 log = logging.getLogger(__name__)
 
@@ -160,6 +162,7 @@ class Checkpointer:
         self._source = ""
         self._deadline_ms: int | None = None
         self._ray_first_seen: float | None = None
+        self._resize_id: str | None = None  # rank 0: the resize request it found (trainer.resize)
         self._metrics: dict[str, Any] = {}
         self._entries_key: tuple[tuple[str, int], ...] = ()
         self._entries: dict[str, Any] = {}
@@ -220,6 +223,8 @@ class Checkpointer:
             stop = self._on_notice(agreed, entries) if agreed.notice else agreed.stop
             if self._noticed and stop and not last:
                 self._hold(entries)
+            if agreed.resize and not self._noticed and not last:
+                self._hold_for_resize(entries)
         else:
             self._plan.record_step(time.perf_counter() - self._left)
         if self.every and not (self._noticed or last) and step // self.every > (previous or 0) // self.every:
@@ -289,11 +294,14 @@ class Checkpointer:
         if self._deadline_ms is not None:
             candidates.append(float(self._deadline_ms))
         stop = self._noticed and not self._plan.room_for_another_step(now=time.time(), deadline_ms=self._deadline_ms)
+        if self.rank == 0:
+            self._resize_id = resize.pending(self.root)
         agreed = self._agreement.agree(
             ray_notice=info is not None, sigterm=SIGTERM.received_at is not None,
             deadline_ms=min(candidates) if candidates else None, stop=stop,
             async_writing=self._pending is not None and not self._pending.written(), step=step,
             propose_next=self._propose_next(step) if self.rank == 0 else 0,
+            resize=self._resize_id is not None,
         )
         if agreed.step_min != agreed.step_max:
             raise UsageError(
@@ -333,6 +341,16 @@ class Checkpointer:
         self._runtime.wait_for_teardown(
             deadline_ms=self._deadline_ms, timeout_s=self._grace["teardown"] if self._source == "ray" else 0.0,
         )
+
+    def _hold_for_resize(self, entries: dict[str, Any]) -> NoReturn:
+        """Ray Train is about to resize the run: save this step, answer, wait to be torn down."""
+        log.warning("Ray Train resizes the run: saving step %d before the restart", self.step)
+        self._event("resize_requested", step=self.step)
+        self._save_now("resize", entries)
+        if self._resize_id is not None:  # rank 0
+            resize.answer(self.root, request_id=self._resize_id, step=self.step or 0)
+        self._event("waiting_for_teardown", step=self.step)
+        self._runtime.wait_for_teardown(deadline_ms=None, timeout_s=self._grace["teardown"])
 
     # ------------------------------------------------------------------ saving
     def _commit(self, pending: PendingSave) -> Committed:
