@@ -138,10 +138,13 @@ class ElasticCallback(ControllerCallback):
         nodes = set(getattr(info, "preempted_node_to_ranks", None) or ())
         if not nodes:
             return
-        end = time.monotonic() + self.node_gone_timeout_s
+        started = time.monotonic()
+        end = started + self.node_gone_timeout_s
         while time.monotonic() < end:
             alive = {n["NodeID"] for n in ray.nodes() if n.get("Alive")}
             if not nodes & alive:
+                log.info("elastic: the preempted node(s) are gone (waited %.1fs); restarting with the "
+                         "workers the cluster has", time.monotonic() - started)
                 return
             time.sleep(0.25)
         log.warning("elastic: preempted node(s) %s still alive after %.0fs; restarting anyway",
