@@ -70,7 +70,7 @@ LOSS_TOLERANCE = 1e-4
 RESIZE_INTERVAL_S = 2.0
 #: Defaults of ``--scenario elastic`` where the flag is not given (3 workers, min 2; a replacement
 #: that joins after the lost node is gone; a run long enough to grow back before it ends).
-ELASTIC_DEFAULTS = {"workers": 3, "steps": 240, "node_boot_seconds": 60.0}
+ELASTIC_DEFAULTS = {"workers": 3, "steps": 300, "node_boot_seconds": 60.0}
 
 
 class DrillError(ResilienceError):
@@ -408,6 +408,9 @@ class BootingProvider:
     async def release(self, nodes: Any) -> None:
         await self._inner.release(nodes)
 
+    async def nodes(self) -> Any:
+        return await self._inner.nodes()
+
 
 class Drill:
     """One run of the drill; :meth:`run` returns the report."""
@@ -441,7 +444,10 @@ class Drill:
         args = [sys.executable, "-m", "trainer", "--ray-address", ray_address,
                 "--num-workers", str(workers), "--steps", str(self.o.steps),
                 "--seed", str(self.o.seed), "--checkpoint-dir", str(checkpoint_dir),
-                "--checkpoint-every", str(self.o.checkpoint_every), "--metrics-out", str(metrics)]
+                "--checkpoint-every", str(self.o.checkpoint_every), "--metrics-out", str(metrics),
+                # 4 sequences per worker (8 for the default 2): any --workers splits it evenly, and an
+                # elastic run's smaller size too for 3 workers (12 over 2)
+                "--batch-size", str(4 * self.o.workers)]
         if events is not None:
             args += ["--events-out", str(events)]
         if pad and self.o.step_seconds:
