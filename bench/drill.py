@@ -82,23 +82,29 @@ def mean(results: dict[str, list[dict]], name: str, field: str) -> float | None:
     return sum(values) / len(values) if values else None
 
 
+def ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a is not None and b else None
+
+
+def done(summary: dict, results: dict[str, list[dict]]) -> int:
+    """The JSON line; exit 0 when every drill's report was ok."""
+    summary["all_ok"] = all(r["ok"] for rs in results.values() for r in rs)
+    print(json.dumps({"summary": summary, "runs": results}))
+    return 0 if summary["all_ok"] else 1
+
+
 def elastic(repeat: int, extra: list[str]) -> int:
     """Idle worker-seconds per interruption: the gang requeue against the elastic run."""
     results = run_all(ELASTIC_VARIANTS, ELASTIC_FIELDS, repeat=repeat, extra=extra)
     gang = mean(results, "gang requeue (spot)", "worker_seconds_idle")
     grown = mean(results, "elastic", "worker_seconds_idle")
-    summary = {
-        "worker_seconds_idle_gang": gang, "worker_seconds_idle_elastic": grown,
-        "ratio_elastic_to_gang": (grown / gang) if grown is not None and gang else None,
-        "steps_lost_gang": mean(results, "gang requeue (spot)", "steps_lost"),
-        "steps_lost_elastic": mean(results, "elastic", "steps_lost"),
-        "all_ok": all(r["ok"] for rs in results.values() for r in rs),
-    }
+    lost = (mean(results, "gang requeue (spot)", "steps_lost"), mean(results, "elastic", "steps_lost"))
     print(f"idle worker-seconds per interruption, gang / elastic: {gang} / {grown}"
-          f"  (ratio elastic / gang {summary['ratio_elastic_to_gang']}; goal <= 1/3)")
-    print(f"steps lost, gang / elastic: {summary['steps_lost_gang']} / {summary['steps_lost_elastic']}")
-    print(json.dumps({"summary": summary, "runs": results}))
-    return 0 if summary["all_ok"] else 1
+          f"  (ratio elastic / gang {ratio(grown, gang)}; goal <= 1/3)")
+    print(f"steps lost, gang / elastic: {lost[0]} / {lost[1]}")
+    return done({"worker_seconds_idle_gang": gang, "worker_seconds_idle_elastic": grown,
+                 "ratio_elastic_to_gang": ratio(grown, gang), "steps_lost_gang": lost[0],
+                 "steps_lost_elastic": lost[1]}, results)
 
 
 def main() -> int:
@@ -120,19 +126,17 @@ def main() -> int:
     heard_slow = mean(results, "ray default poll", "notice_to_trainer_s")
     summary = {
         "steps_lost_daemon_on": lost_on, "steps_lost_daemon_off": lost_off,
-        "steps_lost_ratio_on_to_off": (lost_on / lost_off) if lost_on is not None and lost_off else None,
+        "steps_lost_ratio_on_to_off": ratio(lost_on, lost_off),
         "notice_to_trainer_s_poll_0_5": heard_fast, "notice_to_trainer_s_poll_5": heard_slow,
-        "notice_to_trainer_ratio_0_5_to_5": (heard_fast / heard_slow) if heard_fast is not None and heard_slow else None,
+        "notice_to_trainer_ratio_0_5_to_5": ratio(heard_fast, heard_slow),
         "notice_to_durable_s": mean(results, "resilienced", "notice_to_durable_s"),
         "notice_to_resumed_s": mean(results, "resilienced", "notice_to_resumed_s"),
-        "all_ok": all(r["ok"] for rs in results.values() for r in rs),
     }
     print(f"steps lost, daemon on / off: {lost_on} / {lost_off}"
           f"  (ratio {summary['steps_lost_ratio_on_to_off']})")
     print(f"notice -> trainer, poll 0.5 s / 5 s: {heard_fast} / {heard_slow} s"
           f"  (ratio {summary['notice_to_trainer_ratio_0_5_to_5']})")
-    print(json.dumps({"summary": summary, "runs": results}))
-    return 0 if summary["all_ok"] else 1
+    return done(summary, results)
 
 
 if __name__ == "__main__":
