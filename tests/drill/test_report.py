@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
+import io
+
 import pytest
 
 from resilienced.drill import DrillOptions, report_from
@@ -136,3 +139,34 @@ def test_a_broken_elastic_story_says_which_check_failed(change, failed_check) ->
     report = report_from(options=ELASTIC, metrics=m, events=e, reference=reference(80), notice=NOTICE,
                          durable_at=NOTICE + 1.5, capacity="capacity-block", trainer_exit=0, node_spans=ELASTIC_NODES)
     assert not report["ok"] and report["checks"][failed_check] is False
+
+
+@pytest.mark.parametrize(("options", "flag"), [
+    (DrillOptions(scenario="elastic", workers=3, steps=80, node_boot_seconds=60), "--steps"),  # ends before it grows
+    (DrillOptions(scenario="elastic", workers=1, steps=300), "--workers"),  # nobody left to go on
+    (DrillOptions(scenario="spot", node_boot_seconds=-1), "--node-boot-seconds"),
+], ids=["elastic-too-short", "elastic-one-worker", "negative-boot"])
+def test_a_drill_that_cannot_tell_its_story_is_refused_naming_the_flag(options: DrillOptions, flag: str) -> None:
+    from resilienced.errors import ConfigError
+
+    with pytest.raises(ConfigError) as info:
+        options.validate()
+    assert info.value.setting == flag
+
+
+def test_the_elastic_scenario_runs_the_trainer_elastic_and_its_reference_on_one_process(tmp_path) -> None:
+    from resilienced.drill import Drill
+
+    options = DrillOptions(scenario="elastic", workers=3, steps=300, node_boot_seconds=60).validate()
+    drill = Drill(dataclasses.replace(options, workdir=str(tmp_path / "w")), out=io.StringIO())
+    args = drill._trainer_args(ray_address="127.0.0.1:1", checkpoint_dir=tmp_path, metrics=tmp_path / "m",
+                               events=None, pad=True)
+    ref = drill._trainer_args(ray_address="local", checkpoint_dir=tmp_path, metrics=tmp_path / "r",
+                              events=None, pad=False)
+    flag = lambda argv, name: argv[argv.index(name) + 1]  # noqa: E731
+    assert (flag(args, "--num-workers"), flag(args, "--min-workers"), flag(args, "--batch-size")) == ("3", "2", "12")
+    assert (flag(ref, "--num-workers"), flag(ref, "--batch-size"), "--min-workers" in ref) == ("1", "12", False)
+    assert flag(args, "--dropout") == flag(ref, "--dropout") == "0"
+    spot = Drill(DrillOptions(workdir=str(tmp_path / "w")), out=io.StringIO())
+    plain = spot._trainer_args(ray_address="local", checkpoint_dir=tmp_path, metrics=tmp_path / "m", events=None, pad=False)
+    assert flag(plain, "--batch-size") == "8" and "--min-workers" not in plain and "--dropout" not in plain
