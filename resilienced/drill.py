@@ -401,9 +401,10 @@ class BootingProvider:
     async def available(self, capacity: Any) -> int | None:
         return await self._inner.available(capacity)
 
-    async def launch(self, **kwargs: Any) -> Any:
-        await asyncio.sleep(self._boot_seconds)
-        return await self._inner.launch(**kwargs)
+    async def launch(self, *, capacity: Any, **kwargs: Any) -> Any:
+        if await self._inner.available(capacity):  # a pool with nothing says so at once
+            await asyncio.sleep(self._boot_seconds)
+        return await self._inner.launch(capacity=capacity, **kwargs)
 
     async def release(self, nodes: Any) -> None:
         await self._inner.release(nodes)
