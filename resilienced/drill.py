@@ -38,12 +38,13 @@ import asyncio
 import contextlib
 import json
 import os
+import secrets
 import shutil
 import signal
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -389,28 +390,58 @@ def table(report: dict[str, Any]) -> str:
 class BootingProvider:
     """The local node provider with a boot time: a node joins ``boot_seconds`` after it is asked for.
 
-    EC2 (or Karpenter) takes minutes from a launch to a node that runs Ray; the local provider
-    starts one in seconds.  The drill's ``--node-boot-seconds`` puts that time back, so that the
-    replacement joins after the lost node is gone, as it does on AWS.
+    EC2 (or Karpenter) answers a launch at once with an instance that runs Ray minutes later; the
+    local provider starts a node in seconds.  This wrapper answers at once with the booting
+    node (listed by :meth:`nodes`, so a second event for the same lost instance finds its
+    replacement, as it would find a pending EC2 instance) and starts it ``boot_seconds`` later,
+    so that the replacement joins after the lost node is gone, as it does on AWS.
     """
 
     def __init__(self, inner: Any, *, boot_seconds: float) -> None:
         self._inner = inner
         self._boot_seconds = boot_seconds
+        self._booting: dict[str, tuple[Any, asyncio.Task[Any]]] = {}
 
     async def available(self, capacity: Any) -> int | None:
-        return await self._inner.available(capacity)
+        have = await self._inner.available(capacity)
+        booting = sum(1 for node, _ in self._booting.values() if node.capacity == capacity)
+        return None if have is None else max(0, have - booting)
 
-    async def launch(self, *, capacity: Any, **kwargs: Any) -> Any:
-        if await self._inner.available(capacity):  # a pool with nothing says so at once
+    async def launch(self, *, capacity: Any, node_labels: Sequence[Mapping[str, str]],
+                     reservation_id: str | None = None) -> list[Any]:
+        from resilienced.requeue.raymode import ProvidedNode
+
+        n = min(len(node_labels), await self.available(capacity) or 0)
+        if n == 0:  # the inner provider says NoCapacity, in its words
+            return await self._inner.launch(capacity=capacity, node_labels=node_labels, reservation_id=reservation_id)
+        started = []
+        for labels in node_labels[:n]:
+            node = ProvidedNode(f"i-booting-{secrets.token_hex(4)}", capacity, dict(labels))
+            task = asyncio.create_task(self._boot(node, reservation_id), name="drill.boot")
+            self._booting[node.instance_id] = (node, task)
+            started.append(node)
+        return started
+
+    async def _boot(self, node: Any, reservation_id: str | None) -> None:
+        try:
             await asyncio.sleep(self._boot_seconds)
-        return await self._inner.launch(capacity=capacity, **kwargs)
+            await self._inner.launch(capacity=node.capacity, node_labels=[node.labels], reservation_id=reservation_id)
+        finally:
+            self._booting.pop(node.instance_id, None)
 
-    async def release(self, nodes: Any) -> None:
-        await self._inner.release(nodes)
+    async def nodes(self) -> list[Any]:
+        return [*await self._inner.nodes(), *(node for node, _ in self._booting.values())]
 
-    async def nodes(self) -> Any:
-        return await self._inner.nodes()
+    async def release(self, nodes: Sequence[Any]) -> None:
+        started = []
+        for node in nodes:
+            entry = self._booting.pop(node.instance_id, None)
+            if entry is not None:
+                entry[1].cancel()
+            else:
+                started.append(node)
+        if started:
+            await self._inner.release(started)
 
 
 class Drill:

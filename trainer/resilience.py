@@ -346,20 +346,27 @@ class Checkpointer:
         """Ray Train is about to resize the run: save this step, answer, wait to be torn down."""
         log.warning("Ray Train resizes the run: saving step %d before the restart", self.step)
         self._event("resize_requested", step=self.step)
-        self._save_now("resize", entries)
-        if self._resize_id is not None:  # rank 0
-            resize.answer(self.root, request_id=self._resize_id, step=self.step or 0)
+        # answered as soon as the step is committed, before it is reported: Ray Train's controller
+        # waits for the answer and consumes no report meanwhile, so a report could block (its
+        # queue holds one) and the answer would never come
+        self._save_now("resize", entries, saved=self._answer_resize)
         self._event("waiting_for_teardown", step=self.step)
         self._runtime.wait_for_teardown(deadline_ms=None, timeout_s=self._grace["teardown"])
 
+    def _answer_resize(self) -> None:
+        if self._resize_id is not None:  # rank 0
+            resize.answer(self.root, request_id=self._resize_id, step=self.step or 0)
+
     # ------------------------------------------------------------------ saving
-    def _commit(self, pending: PendingSave) -> Committed:
+    def _commit(self, pending: PendingSave, *, saved: Callable[[], None] | None = None) -> Committed:
         committed = self._store.commit(pending)
         self._last_saved = committed.step
         if pending.future is None:  # only synchronous saves say how long a save blocks
             self._plan.record_save(committed.save_seconds)
         self._event("checkpoint_committed", step=committed.step, reason=committed.reason,
                     path=str(committed.path), save_seconds=committed.save_seconds)
+        if saved is not None:
+            saved()
         self._runtime.report(committed, metrics={**self._metrics, "step": committed.step, "reason": committed.reason})
         if self.rank == 0:
             prune(self.root, keep=self.keep)
@@ -370,13 +377,16 @@ class Checkpointer:
             pending, self._pending = self._pending, None
             self._commit(pending)
 
-    def _save_now(self, reason: str, entries: dict[str, Any]) -> None:
-        """Synchronous save of the current step, unless it is saved already."""
+    def _save_now(self, reason: str, entries: dict[str, Any], *, saved: Callable[[], None] | None = None) -> None:
+        """Synchronous save of the current step, unless it is saved already; ``saved()`` once it is
+        committed (before it is reported)."""
         self._commit_pending()
         if self._last_saved == self.step:
+            if saved is not None:
+                saved()
             return
         assert self.step is not None
-        self._commit(self._store.start(self._dcp_state(entries), step=self.step, reason=reason))
+        self._commit(self._store.start(self._dcp_state(entries), step=self.step, reason=reason), saved=saved)
 
     def _periodic_save(self, entries: dict[str, Any]) -> None:
         self._commit_pending()
