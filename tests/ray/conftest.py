@@ -1,7 +1,7 @@
 """A real local multi-node Ray cluster (token auth) for the RayGcs / ray-mode tests.
 
 One cluster for the whole ``tests/ray`` package (starting a node takes seconds on two cores):
-a head plus one worker labelled with an instance id (``resilienced.localray.LocalRayCluster``).
+a head plus one worker labelled with an instance id (``resilienced.local.raycluster.LocalRayCluster``).
 Tests that drain or kill nodes add their own nodes first.  Every process started here is
 stopped here, also when a test fails; nothing runs ``ray stop``.
 """
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from resilienced.localray import LocalRayCluster, LocalRayNode
+from resilienced.local.raycluster import LocalRayCluster, LocalRayNode
 
 INSTANCE_LABEL = "resilienced.io/instance-id"
 WORKER_INSTANCE = "i-0123456789abcdef0"

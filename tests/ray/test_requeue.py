@@ -12,18 +12,13 @@ import pytest
 
 from resilienced.capacity import Capacity, CapacityDecision, CapacityPlanner, CapacityPolicy, CapacityRequest
 from resilienced.capacity.static import StaticCapacity
-from resilienced.localray import CAPACITY_TYPE_LABEL, INSTANCE_ID_LABEL, LocalRayCluster
+from resilienced.local.provider import LocalNodeProvider
+from resilienced.local.raycluster import CAPACITY_TYPE_LABEL, INSTANCE_ID_LABEL, LocalRayCluster
 from resilienced.model import Event, Kind, Target
 from resilienced.ports import CapacityReservation
-from resilienced.raygcs import RayGcs
-from resilienced.raymode import RayModeCluster
-from resilienced.requeue.raymode import (
-    REPLACES_LABEL,
-    RESERVATION_LABEL,
-    LocalNodeProvider,
-    NoCapacity,
-    RayModeRequeuer,
-)
+from resilienced.ray.cluster import RESERVATION_LABEL, RayModeCluster
+from resilienced.ray.gcs import RayGcs
+from resilienced.ray.requeue import REPLACES_LABEL, NoCapacity, RayModeRequeuer
 
 pytestmark = pytest.mark.e2e
 
