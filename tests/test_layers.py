@@ -9,15 +9,23 @@ Every ``import`` of every module of ``resilienced/``, ``handlers/`` and ``traine
    (``importlib.import_module("resilienced.local...")``);
 3. ``trainer/`` imports nothing of ``resilienced`` or ``handlers``;
 4. no import cycles.
+
+And the daemon's modules (all but ``resilienced.local``) import only what pyproject.toml's base
+dependencies install, which is what the daemon image has.
 """
 
 from __future__ import annotations
 
 import ast
 import re
+import sys
+import tomllib
+from importlib import metadata
 from pathlib import Path
 
 import pytest
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 
 import resilienced
 
@@ -226,3 +234,51 @@ def test_each_check_finds_a_forbidden_import(edge: tuple[str, str], check: str) 
         assert any(f"imports {target}" in p for p in trainer_imports(edges))
     else:
         assert any(source in c and target in c for c in cycles(edges))
+
+
+# --------------------------------------------------------------------------- what the daemon image needs
+def third_party_imports(modules: list[str]) -> dict[str, str]:
+    """top-level name -> first place, for every import of ``modules`` that is neither ours nor stdlib."""
+    found: dict[str, str] = {}
+    for module in modules:
+        path = MODULES[module]
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+                names = [node.module]
+            else:
+                continue
+            for name in (n.split(".")[0] for n in names):
+                if name not in sys.stdlib_module_names and name not in PACKAGES and name != "__future__":
+                    found.setdefault(name, f"{path.relative_to(ROOT)}:{node.lineno}")
+    return found
+
+
+def base_distributions() -> set[str]:
+    """pyproject.toml's base dependencies and everything they require (no extras): the daemon image."""
+    todo = [Requirement(r) for r in tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]]
+    seen: set[str] = set()
+    while todo:
+        requirement = todo.pop()
+        name = canonicalize_name(requirement.name)
+        if name in seen:
+            continue
+        seen.add(name)
+        for line in metadata.requires(requirement.name) or []:
+            nested = Requirement(line)
+            if nested.marker is None or nested.marker.evaluate({"extra": ""}):
+                todo.append(nested)
+    return seen
+
+
+def test_the_daemon_outside_local_needs_only_the_base_dependencies() -> None:
+    """What the daemon image installs (no "test" or "train" extra: no moto, no torch) is enough for
+    every module but ``resilienced.local``; local/'s own needs are not the image's."""
+    daemon = [m for m in MODULES if m.split(".")[0] in ("resilienced", "handlers")
+              and not (m == LOCAL or m.startswith(LOCAL + "."))]
+    providers = metadata.packages_distributions()
+    base = base_distributions()
+    missing = {name: where for name, where in third_party_imports(daemon).items()
+               if not any(canonicalize_name(d) in base for d in providers.get(name, []))}
+    assert missing == {}
