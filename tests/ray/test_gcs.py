@@ -14,7 +14,7 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from resilienced import raygcs
+from resilienced.ray import gcs as raygcs
 from resilienced.errors import BackendUnavailable, RayAuthError, RayVersionMismatch
 from resilienced.local.aws import free_port
 from resilienced.local.raycluster import LocalRayCluster
