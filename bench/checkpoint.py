@@ -193,7 +193,7 @@ def _nearest_rank(values: list[float], q: float) -> float:
 
 
 def _labels(n: int) -> dict[str, str]:
-    from resilienced.local.raycluster import CAPACITY_TYPE_LABEL, INSTANCE_ID_LABEL
+    from resilienced.ray.cluster import CAPACITY_TYPE_LABEL, INSTANCE_ID_LABEL
 
     return {INSTANCE_ID_LABEL: f"i-{n:017x}", CAPACITY_TYPE_LABEL: "spot"}
 
