@@ -28,7 +28,7 @@ class LocalNodeProvider:
     """A :class:`NodeProvider` that starts Ray nodes on a local cluster, from a per-capacity budget.
 
     Args:
-        cluster: a started :class:`~resilienced.localray.LocalRayCluster`.
+        cluster: a started :class:`~resilienced.local.raycluster.LocalRayCluster`.
         capacity: how many nodes each capacity type can give, e.g. ``{"spot": 0,
             "capacity-block": 2}``; a type not listed has none.
         num_cpus: CPUs of each node started.

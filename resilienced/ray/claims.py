@@ -54,7 +54,7 @@ class RayKvClaims:
     ``{"holder", "state": "held"|"done"|"released", "expires": unix s, "details"}``.
 
     Args:
-        kv: the cluster's :class:`resilienced.raygcs.RayGcs`.
+        kv: the cluster's :class:`resilienced.ray.gcs.RayGcs`.
         done_ttl_seconds: how long a done claim is remembered (the dedupe window).
         clock: wall-clock unix seconds (shared by replicas; injectable for tests).
     """
