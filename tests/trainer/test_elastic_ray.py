@@ -21,7 +21,7 @@ import time
 import pytest
 
 from conftest import DRAIN_TIMEOUT_S, SMALL, TrainerRun, node_labels
-from resilienced.localray import LocalRayCluster, LocalRayNode
+from resilienced.local.raycluster import LocalRayCluster, LocalRayNode
 
 pytestmark = pytest.mark.e2e
 

@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from resilienced.errors import ResilienceError
-from resilienced.raymode import CAPACITY_TYPE_LABEL, INSTANCE_ID_LABEL  # noqa: F401  (the ray-mode labels)
+from resilienced.ray.cluster import CAPACITY_TYPE_LABEL, INSTANCE_ID_LABEL  # noqa: F401  (the ray-mode labels)
 
 CAPACITY_TYPES = ("spot", "capacity-block", "on-demand")
 
@@ -440,11 +440,11 @@ class LocalRayCluster:
     @contextlib.contextmanager
     def _gcs(self) -> Iterator[object]:
         """A GCS client for this cluster, under the process-wide token switch of
-        ``resilienced.raygcs``: the drill runs the daemon's GCS calls (another token handling) in
+        ``resilienced.ray.gcs``: the drill runs the daemon's GCS calls (another token handling) in
         this process, and two threads swapping Ray's auth environment at once end the process."""
         from ray._raylet import GcsClient
 
-        from resilienced.raygcs import _SWITCH
+        from resilienced.ray.gcs import _SWITCH
 
         if not self.address:
             raise LocalRayError("the cluster is not started")

@@ -7,7 +7,7 @@ import io
 
 import pytest
 
-from resilienced.drill import DrillOptions, report_from
+from resilienced.local.drill import DrillOptions, report_from
 
 NOTICE = 1000.0
 
@@ -155,7 +155,7 @@ def test_a_drill_that_cannot_tell_its_story_is_refused_naming_the_flag(options: 
 
 
 def test_the_elastic_scenario_runs_the_trainer_elastic_and_its_reference_on_one_process(tmp_path) -> None:
-    from resilienced.drill import Drill
+    from resilienced.local.drill import Drill
 
     options = DrillOptions(scenario="elastic", workers=3, steps=300, node_boot_seconds=60).validate()
     drill = Drill(dataclasses.replace(options, workdir=str(tmp_path / "w")), out=io.StringIO())

@@ -52,9 +52,9 @@ from typing import Any, TextIO
 from urllib.parse import urlsplit
 
 from resilienced.errors import ConfigError, ResilienceError
-from resilienced.raymode import CAPACITY_TYPE_LABEL as CAPACITY_LABEL
-from resilienced.raymode import ELASTIC_LABEL
-from resilienced.raymode import INSTANCE_ID_LABEL as INSTANCE_LABEL
+from resilienced.ray.cluster import CAPACITY_TYPE_LABEL as CAPACITY_LABEL
+from resilienced.ray.cluster import ELASTIC_LABEL
+from resilienced.ray.cluster import INSTANCE_ID_LABEL as INSTANCE_LABEL
 from resilienced.settings import NotifySettings
 
 REGION = "us-east-1"
@@ -409,7 +409,7 @@ class BootingProvider:
 
     async def launch(self, *, capacity: Any, node_labels: Sequence[Mapping[str, str]],
                      reservation_id: str | None = None) -> list[Any]:
-        from resilienced.requeue.raymode import ProvidedNode
+        from resilienced.ray.requeue import ProvidedNode
 
         n = min(len(node_labels), await self.available(capacity) or 0)
         if n == 0:  # the inner provider says NoCapacity, in its words
@@ -493,7 +493,7 @@ class Drill:
     async def _provision_aws(self, endpoint: str) -> str:
         from aiobotocore.session import get_session
 
-        from resilienced.localaws import create_queue_with_dlq, create_rules
+        from resilienced.local.aws import create_queue_with_dlq, create_rules
 
         session = get_session()
         async with session.create_client("sqs", region_name=REGION, endpoint_url=endpoint) as sqs, \
@@ -602,7 +602,7 @@ class Drill:
 
     # ------------------------------------------------------------------ the story
     async def run(self) -> dict[str, Any]:
-        from resilienced.localaws import FAKE_CREDENTIALS, MotoServer
+        from resilienced.local.aws import FAKE_CREDENTIALS, MotoServer
 
         for key, value in FAKE_CREDENTIALS.items():  # the drill's AWS is a local moto
             os.environ[key] = value
@@ -658,7 +658,7 @@ class Drill:
         return report
 
     async def _start_ray(self, stack: contextlib.AsyncExitStack) -> Any:
-        from resilienced.localray import LocalRayCluster
+        from resilienced.local.raycluster import LocalRayCluster
 
         cluster = LocalRayCluster(workdir=self.workdir, env={
             "RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S": str(self.o.preemption_poll)})
@@ -676,7 +676,7 @@ class Drill:
         return cluster
 
     async def _start_exporter(self, stack: contextlib.AsyncExitStack, endpoint: str) -> Any:
-        from resilienced.fsxlocal import LocalExporter
+        from resilienced.local.fsx import LocalExporter
 
         self.ckpt.mkdir(parents=True, exist_ok=True)
         exporter = LocalExporter(root=self.ckpt, bucket=BUCKET, prefix=PREFIX, endpoint_url=endpoint,
@@ -690,8 +690,8 @@ class Drill:
                             cluster: Any, stop: asyncio.Event) -> asyncio.Task[int]:
         from resilienced import daemon, log
         from resilienced.capacity.static import StaticCapacity
+        from resilienced.local.provider import LocalNodeProvider
         from resilienced.ports import CapacityReservation
-        from resilienced.requeue.raymode import LocalNodeProvider
         from resilienced.settings import (
             HttpSettings,
             IntakeSettings,
