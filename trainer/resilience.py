@@ -48,10 +48,10 @@ from trainer.checkpoint import (
 )
 from trainer import resize
 from trainer.config import PreemptionConfig
+from trainer.data import batch_share, loss_weight
 from trainer.errors import CheckpointError, CorruptCheckpoint, UsageError
 from trainer.preemption import SIGTERM, Agreed, Agreement, DeadlinePlan
 from trainer.runtime import Runtime, detect_runtime
-from trainer.data import batch_share, loss_weight
 from trainer.state import RESERVED, dcp_entries
 
 __all__ = ["Checkpointer", "Manifest", "batch_share", "loss_weight", "verify", "write_manifest"]
