@@ -18,9 +18,12 @@ directory holds no file.  A directory with no file is warned about on stderr eit
 
 Targets (``--kubeconfig`` or ``--ray-address``, only with ``--dry-run``): each actionable row
 also gets ``targets``, the runs on its instances, and ``unresolved``, why the other instances
-have none.  :func:`open_lookup` builds the read-only adapters the way
+have none, found through the daemon's own resolve -> locate -> group
+(:func:`resilienced.recovery.targets.find_targets`, as ``Recovery``, asked to record failures
+instead of raising).  :func:`open_lookup` builds the read-only adapters the way
 :func:`resilienced.wiring.open_runtime` does for the daemon (``KubeCluster`` on watch caches, or
-``RayModeCluster`` on one GCS; ``Ec2Capacity`` for the capacity decision), but never the acting
+``RayModeCluster`` on one GCS; ``Ec2Capacity`` for the capacity decision, on a client from the
+same :func:`resilienced.aws.clients.open_client`), but never the acting
 ones: no claims, no S3, no requeuer, no Auto Scaling.  The Ray and EC2 adapters are wrapped in
 :class:`ReadOnlyRay` and :class:`ReadOnlyCapacity`, whose ``drain`` and ``purchase`` refuse, and
 the capacity decision is :meth:`CapacityPlanner.target_plan` (a dry run: counts nothing, buys
