@@ -111,7 +111,7 @@ async def stubbed(service: str) -> AsyncIterator[tuple[Any, Stubber]]:
             stubber.assert_no_pending_responses()
 
 
-async def test_ec2_access_denied_is_permanent_on_every_ec2_path() -> None:
+async def test_an_ec2_refusal_is_permanent_on_every_ec2_path() -> None:
     """Before: DescribeInstances of ray-mode locate retried it forever; Capacity gave up."""
     async with stubbed("ec2") as (client, stub):
         for _ in range(2):
