@@ -18,9 +18,12 @@ directory holds no file.  A directory with no file is warned about on stderr eit
 
 Targets (``--kubeconfig`` or ``--ray-address``, only with ``--dry-run``): each actionable row
 also gets ``targets``, the runs on its instances, and ``unresolved``, why the other instances
-have none.  :func:`open_lookup` builds the read-only adapters the way
+have none, found through the daemon's own resolve -> locate -> group
+(:func:`resilienced.recovery.targets.find_targets`, as ``Recovery``, asked to record failures
+instead of raising).  :func:`open_lookup` builds the read-only adapters the way
 :func:`resilienced.wiring.open_runtime` does for the daemon (``KubeCluster`` on watch caches, or
-``RayModeCluster`` on one GCS; ``Ec2Capacity`` for the capacity decision), but never the acting
+``RayModeCluster`` on one GCS; ``Ec2Capacity`` for the capacity decision, on a client from the
+same :func:`resilienced.aws.clients.open_client`), but never the acting
 ones: no claims, no S3, no requeuer, no Auto Scaling.  The Ray and EC2 adapters are wrapped in
 :class:`ReadOnlyRay` and :class:`ReadOnlyCapacity`, whose ``drain`` and ``purchase`` refuse, and
 the capacity decision is :meth:`CapacityPlanner.target_plan` (a dry run: counts nothing, buys
@@ -60,6 +63,7 @@ from resilienced.intake import Reading
 from resilienced.model import Plan, Step, Target
 from resilienced.ports import CapacityReservation, Cluster, RayNode, Responder
 from resilienced.recovery.plan_only import PlanLogger
+from resilienced.recovery.targets import find_targets
 from resilienced.settings import IntakeSettings, Mode, ModeSettings, QueueSettings
 from resilienced.validate import isoformat
 
@@ -370,35 +374,23 @@ class Finder:
     async def find(self, plan: Plan) -> Found:
         """Resolve the plan's instances (a Capacity Block's through EC2), locate, decide per run.
 
+        Resolve -> locate -> group is the daemon's own path (:func:`find_targets`, as ``Recovery``).
+
         Never raises for an outside system that fails: what could not be found is in
         ``unresolved`` (instance id, or the reservation id, -> why).
         """
-        from resilienced.recovery.responder import Recovery
-
-        unresolved: dict[str, str] = {}
-        ids = list(plan.instance_ids)
-        reservation = plan.capacity_reservation_id
-        if reservation and not ids:
-            try:
-                ids = await self.capacity.reservation_instances(reservation_id=reservation)
-            except (ResilienceError, ValueError) as e:
-                unresolved[reservation] = f"cannot list the reservation's instances: {e}"
-        try:
-            location = await self.cluster.locate(instance_ids=ids, capacity_reservation_id=reservation)
-        except ResilienceError as e:
-            unresolved.update({i: f"cannot locate: {e}" for i in ids})
-            return Found(targets=[], unresolved=unresolved)
-        unresolved.update(location.unresolved)
-        decisions = {run.run_key: await self._decide(plan, run) for run in Recovery.group(location.targets)}
+        found = await find_targets(plan, cluster=self.cluster, capacity=self.capacity,
+                                   record_failures=True)
+        decisions = {run.run_key: await self._decide(plan, run) for run in found.runs}
         targets = []
-        for target in location.targets:
+        for target in found.located:
             entry = target.as_json()
             entry.update(decisions[target.run_key])
             gcs_error = self.gcs_errors.get(target.ray_address or "") or target.attributes.get("gcs_error")
             if gcs_error:
                 entry["gcs_error"] = f"the GCS did not answer ({gcs_error}): the Ray node ids are unknown"
             targets.append(entry)
-        return Found(targets=targets, unresolved=unresolved)
+        return Found(targets=targets, unresolved=found.unresolved)
 
     async def _decide(self, plan: Plan, run: Target) -> dict[str, Any]:
         """``capacity`` (or None) and ``reason`` for one run (a gang), plus the decision's extras."""
@@ -425,13 +417,11 @@ KUBE_READY_TIMEOUT_S = 15.0
 
 @asynccontextmanager
 async def ec2_client(*, region: str, endpoint_url: str | None) -> AsyncIterator[Any]:
-    """An aiobotocore ``ec2`` client for ``region`` (the seam tests replace with a Stubber's)."""
-    from aiobotocore.config import AioConfig
-    from aiobotocore.session import get_session
+    """An aiobotocore ``ec2`` client for ``region``, made as the daemon's (the seam tests replace
+    with a Stubber's)."""
+    from resilienced.aws.clients import open_client
 
-    config = AioConfig(connect_timeout=5, read_timeout=20, retries={"mode": "standard", "max_attempts": 2})
-    async with get_session().create_client("ec2", region_name=region, endpoint_url=endpoint_url,
-                                           config=config) as client:
+    async with open_client("ec2", region=region, endpoint_url=endpoint_url) as client:
         yield client
 
 

@@ -16,8 +16,9 @@ ray         ``RayModeCluster`` on one ``RayGcs``, ``RayModeRequeuer`` when a nod
 ==========  ==================================  ================================================
 
 S3 (durable), EC2 (Capacity Blocks, DescribeInstances), FSx (export tasks) and Auto Scaling
-(lifecycle hooks) are aiobotocore clients of the queue's region; ``--endpoint-url`` applies to
-all of them (moto and LocalStack serve every service on one endpoint).
+(lifecycle hooks) are aiobotocore clients of the queue's region, made by
+:func:`resilienced.aws.clients.open_client` (one config, as for ``replay``); ``--endpoint-url``
+applies to all of them (moto and LocalStack serve every service on one endpoint).
 """
 
 from __future__ import annotations
@@ -31,10 +32,9 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from aiobotocore.config import AioConfig
-from aiobotocore.session import get_session
-
 from resilienced import log, tasks
+from resilienced.aws.autoscaling import Lifecycle
+from resilienced.aws.clients import open_client
 from resilienced.claims import MemoryClaims
 from resilienced.errors import ConfigError, ResilienceError
 from resilienced.metrics import Metrics
@@ -42,7 +42,7 @@ from resilienced.model import Target
 from resilienced.notify import Notifier, NotifyMetrics, load_template
 from resilienced.ports import CapacitySource, ClaimStore, RayControl, Responder
 from resilienced.recovery.plan_only import PlanLogger
-from resilienced.recovery.responder import Lifecycle, Recovery, RecoveryMetrics, RecoveryOptions
+from resilienced.recovery.responder import Recovery, RecoveryMetrics, RecoveryOptions
 from resilienced.settings import Mode, Settings
 
 
@@ -72,11 +72,6 @@ class Runtime:
 
     responder: Responder
     claims: ClaimStore
-
-
-def _aws_config() -> AioConfig:
-    return AioConfig(max_pool_connections=20, connect_timeout=5, read_timeout=30,
-                     retries={"mode": "standard", "max_attempts": 3})
 
 
 def read_token(path: str | None) -> str | None:
@@ -157,11 +152,10 @@ async def open_runtime(
 
     region = settings.queue.effective_region
     endpoint = settings.queue.endpoint_url
-    session = get_session()
     async with AsyncExitStack() as stack:
         async def client(service: str) -> Any:
-            return await stack.enter_async_context(session.create_client(
-                service, region_name=region, endpoint_url=endpoint, config=_aws_config()))
+            return await stack.enter_async_context(open_client(service, region=region,
+                                                               endpoint_url=endpoint))
 
         store = S3Store(client=await client("s3"))
         ec2 = await client("ec2")

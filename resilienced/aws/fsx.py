@@ -33,10 +33,8 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-import botocore.exceptions
-
-from resilienced.aws.sqs import translate as _translate_transient
-from resilienced.errors import BackendUnavailable, PermanentError
+from resilienced.aws import errors
+from resilienced.errors import BackendUnavailable, PermanentError, ResilienceError
 from resilienced.ports import ExportTask
 
 log = logging.getLogger(__name__)
@@ -47,28 +45,14 @@ FINISHED = ("SUCCEEDED", "FAILED", "CANCELED")
 _FS_ID_RE = re.compile(r"^fs-[0-9a-f]{8,}$")
 _TOKEN_RE = re.compile(r"^[A-Za-z0-9_.-]{1,63}$")
 _TASK_ID_RE = re.compile(r"^task-[0-9a-f]{17,}$")
-_PERMANENT_CODES = {"BadRequest", "UnsupportedOperation", "FileSystemNotFound",
-                    "IncompatibleParameterError", "DataRepositoryTaskNotFound",
-                    "AccessDeniedException", "ValidationException"}
+#: The one answer read as something else: another data repository task runs on the file system.
+BUSY = "DataRepositoryTaskExecuting"
 _MAX_PATHS = 100
 
 
-def translate(error: BaseException, *, operation: str) -> Exception:
-    """The resilienced error for a library error raised by an FSx call."""
-    if isinstance(error, (BackendUnavailable, PermanentError)):
-        return error
-    if isinstance(error, botocore.exceptions.ClientError):
-        err = (getattr(error, "response", None) or {}).get("Error") or {}
-        code = err.get("Code") or "Unknown"
-        if code in _PERMANENT_CODES:
-            return PermanentError(f"fsx: {operation}: {code}: {err.get('Message') or error}")
-    return _translate_transient(error, operation=operation, backend=BACKEND)
-
-
-def _code(error: BaseException) -> str | None:
-    if isinstance(error, botocore.exceptions.ClientError):
-        return ((getattr(error, "response", None) or {}).get("Error") or {}).get("Code")
-    return None
+def translate(error: BaseException, *, operation: str) -> ResilienceError:
+    """The resilienced error for a library error raised by an FSx call (the one rule)."""
+    return errors.translate(error, backend=BACKEND, operation=operation)
 
 
 class FsxExportTasks:
@@ -144,7 +128,7 @@ class FsxExportTasks:
             try:
                 response = await self._client.create_data_repository_task(**request)
             except Exception as e:
-                if _code(e) != "DataRepositoryTaskExecuting":
+                if errors.error_code(e) != BUSY:  # the named exception: wait for that task
                     raise translate(e, operation="CreateDataRepositoryTask") from e
                 running = await self._running(file_system_id)
                 left = give_up - time.monotonic()

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from resilienced.aws.sqs import translate  # the shared AWS error translation
+from resilienced.aws.errors import translate  # the one AWS error translation
 from resilienced.model import Target
 from resilienced.ports import Location, RayControl, RayNode
 
@@ -179,7 +179,7 @@ class RayModeCluster:
                 try:
                     page = await self._ec2.describe_instances(**kwargs)
                 except Exception as e:
-                    raise translate(e, operation="DescribeInstances", backend="ec2") from e
+                    raise translate(e, backend="ec2", operation="DescribeInstances") from e
                 for reservation in page.get("Reservations", []):
                     for inst in reservation.get("Instances", []):
                         ips = out.setdefault(inst["InstanceId"], set())

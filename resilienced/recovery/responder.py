@@ -2,9 +2,10 @@
 
 :class:`Recovery` is the real :class:`~resilienced.ports.Responder`.  For one plan:
 
-1. **locate**: the plan's instances (for a Capacity Block expiry, the reservation's instances
-   from EC2) -> the Ray Train runs on them (:meth:`Cluster.locate`), grouped per run: several
-   instances of one run are one gang and are handled together;
+1. **locate** (:func:`~resilienced.recovery.targets.find_targets`, the path ``replay`` takes too):
+   the plan's instances (for a Capacity Block expiry, the reservation's instances from EC2) ->
+   the Ray Train runs on them (:meth:`Cluster.locate`), grouped per run: several instances of one
+   run are one gang and are handled together;
 2. per run, under a claim ``run/<event id>/<run>`` (cross-replica idempotency: a run already
    done for this event is skipped; one held by another delivery is retried later, never skipped):
 
@@ -30,18 +31,18 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from botocore.exceptions import BotoCoreError, ClientError
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from resilienced import log
+from resilienced.aws.autoscaling import Lifecycle
 from resilienced.capacity.decision import Capacity
 from resilienced.recovery.durable import DurableResult, newest_durable, wait_durable
+from resilienced.recovery.targets import find_targets
 from resilienced.errors import (
-    BackendUnavailable,
     PermanentError,
     ResilienceError,
     TemporaryError,
@@ -110,37 +111,6 @@ class RecoveryMetrics:
             self.drains.labels(outcome=outcome)
         for outcome in ("durable", "not_durable", "no_checkpoint_uri"):
             self.durable.labels(outcome=outcome)
-
-
-class Lifecycle:
-    """The Auto Scaling call a terminate lifecycle hook waits for (``CompleteLifecycleAction``)."""
-
-    def __init__(self, client: Any) -> None:
-        self._client = client  # an aiobotocore ``autoscaling`` client owned by the caller
-
-    async def complete(self, *, event_attributes: dict[str, Any], instance_id: str | None) -> str:
-        params = {
-            "LifecycleHookName": event_attributes["lifecycle_hook_name"],
-            "AutoScalingGroupName": event_attributes["auto_scaling_group_name"],
-            "LifecycleActionToken": event_attributes["lifecycle_action_token"],
-            "LifecycleActionResult": "CONTINUE",
-        }
-        if instance_id:
-            params["InstanceId"] = instance_id
-        try:
-            await self._client.complete_lifecycle_action(**params)
-        except ClientError as e:
-            code = e.response.get("Error", {}).get("Code", "")
-            message = e.response.get("Error", {}).get("Message", "")
-            if code == "ValidationError" and "No active Lifecycle Action" in message:
-                return "already completed or timed out"
-            status = e.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
-            if code in ("Throttling", "ThrottlingException") or status >= 500:
-                raise BackendUnavailable("autoscaling", f"CompleteLifecycleAction: {code} {message}") from e
-            raise PermanentError(f"autoscaling CompleteLifecycleAction: {code} {message}") from e
-        except BotoCoreError as e:
-            raise BackendUnavailable("autoscaling", f"CompleteLifecycleAction: {e}") from e
-        return "completed (CONTINUE)"
 
 
 @dataclass
@@ -213,16 +183,8 @@ class Recovery:
     # ------------------------------------------------------------------ the plan
     async def act(self, plan: Plan, *, holder: str) -> Outcome:
         event = plan.event
-        instance_ids = list(plan.instance_ids)
-        if plan.capacity_reservation_id and not instance_ids:
-            if self.capacity is None:
-                raise PermanentError(f"capacity block {plan.capacity_reservation_id}: no EC2 access "
-                                     "configured to find its instances")
-            instance_ids = await self.capacity.reservation_instances(
-                reservation_id=plan.capacity_reservation_id)
-        location = await self.cluster.locate(instance_ids=instance_ids,
-                                             capacity_reservation_id=plan.capacity_reservation_id)
-        runs = self.group(location.targets)
+        found = await find_targets(plan, cluster=self.cluster, capacity=self.capacity)
+        instance_ids, runs = found.instance_ids, found.runs
         outcomes = await asyncio.gather(*(self._run(plan, run, holder=holder) for run in runs),
                                         return_exceptions=True)
         reports: list[dict[str, Any]] = []
@@ -247,7 +209,7 @@ class Recovery:
         lifecycle = None
         if Step.COMPLETE_LIFECYCLE in plan.steps and not temporary:
             lifecycle = await self._complete_lifecycle(plan)
-        details: dict[str, Any] = {"runs": reports, "unresolved": dict(location.unresolved),
+        details: dict[str, Any] = {"runs": reports, "unresolved": dict(found.unresolved),
                                    "instances": instance_ids}
         if lifecycle:
             details["lifecycle"] = lifecycle
@@ -258,7 +220,7 @@ class Recovery:
                                  delay=min(delays) if delays else None,
                                  backends=tuple(b for t in temporary for b in backends_of(t)))
         if not runs:
-            why = "; ".join(f"{i}: {r}" for i, r in location.unresolved.items()) or \
+            why = "; ".join(f"{i}: {r}" for i, r in found.unresolved.items()) or \
                 "no instances to act on"
             return Outcome(result=Result.NOT_ACTIONABLE, event=event, plan=plan,
                            reason=f"no Ray run on the affected instances ({why})", details=details)
@@ -267,28 +229,6 @@ class Recovery:
                            reason="; ".join(permanent), details=details)
         return Outcome(result=Result.DONE, event=event, plan=plan, details=details,
                        reason=f"{len(runs)} run(s): " + ", ".join(r.run_key for r in runs))
-
-    @staticmethod
-    def group(targets: Sequence[Target]) -> list[Target]:
-        """One target per run: several instances of one run are one gang."""
-        runs: dict[str, Target] = {}
-        for target in targets:
-            have = runs.get(target.run_key)
-            if have is None:
-                lost = list(target.attributes.get("lost_instance_ids") or [target.instance_id])
-                runs[target.run_key] = replace(target, attributes={
-                    **target.attributes, "lost_instance_ids": lost,
-                    "instance_ids": [target.instance_id]})
-                continue
-            attrs = dict(have.attributes)
-            attrs["instance_ids"] = [*attrs["instance_ids"], target.instance_id]
-            attrs["lost_instance_ids"] = list(dict.fromkeys(
-                [*attrs["lost_instance_ids"], *(target.attributes.get("lost_instance_ids")
-                                                or [target.instance_id])]))
-            runs[target.run_key] = replace(
-                have, ray_node_ids=tuple(dict.fromkeys((*have.ray_node_ids, *target.ray_node_ids))),
-                attributes=attrs)
-        return list(runs.values())
 
     # ------------------------------------------------------------------ one run
     async def _run(self, plan: Plan, target: Target, *, holder: str) -> RunReport:

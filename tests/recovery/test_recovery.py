@@ -29,7 +29,8 @@ from resilienced.kube.cache import CacheOptions
 from resilienced.kube.leases import KubeLeaseClaims
 from resilienced.model import Result
 from resilienced.ports import CapacityReservation
-from resilienced.recovery.responder import Lifecycle, Recovery, RecoveryOptions
+from resilienced.aws.autoscaling import Lifecycle
+from resilienced.recovery.responder import Recovery, RecoveryOptions
 from resilienced.requeue.router import KubernetesRequeuer, Requeue
 from resilienced.settings import IntakeSettings
 from tests.support.kubeapi import KubeApiServer
