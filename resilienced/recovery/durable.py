@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import logging
 import re
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -53,9 +52,10 @@ from typing import Any
 from resilienced.aws.fsx import parse_failures_csv
 from resilienced.aws.s3 import ObjectNotFound, parse_s3_uri
 from resilienced.errors import BackendUnavailable, PermanentError
+from resilienced.log import get as get_logger
 from resilienced.ports import ExportTask, ExportTasks, ObjectStore, StoredObject
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 FORMAT = "resilienced-checkpoint/1"
 MANIFEST = "manifest.json"
@@ -233,7 +233,7 @@ class _Looker:
                     )
             except MalformedManifest as e:
                 parsed = e
-                log.warning("checkpoint step %d not trusted: %s", ckpt.step, e)
+                log.warning("checkpoint not trusted", step=ckpt.step, error=str(e))
             self._manifests[cache_key] = parsed
         if isinstance(parsed, MalformedManifest):
             return _Verdict(ckpt.step, False, None, f"malformed manifest: {parsed}")
@@ -348,8 +348,8 @@ async def wait_durable(
         return give_up - now().timestamp()
 
     def done(verdict: _Verdict) -> DurableResult:
-        log.info("checkpoint step %d in %s is durable (saved %s, %d files)", verdict.step, uri,
-                 verdict.manifest.time.isoformat(), len(verdict.manifest.files))  # type: ignore[union-attr]
+        log.info("checkpoint durable", step=verdict.step, uri=uri,
+                 saved=verdict.manifest.time.isoformat(), files=len(verdict.manifest.files))  # type: ignore[union-attr]
         return DurableResult(durable=True, step=verdict.step, manifest=verdict.manifest,
                              waited_s=time.monotonic() - started, export_tasks=tuple(tasks),
                              details={"export_mode": mode, "newest_seen_step": looker.newest_seen})
@@ -360,7 +360,7 @@ async def wait_durable(
             steps = await looker.look()
             return await looker.newest(after=notice_time, before=None, steps=steps)
         except BackendUnavailable as e:
-            log.warning("durable: S3 did not answer (%s); looking again in %.1fs", e, poll_interval)
+            log.warning("durable: S3 did not answer; looking again", error=str(e), delay_s=poll_interval)
             notes_s3.append(str(e))
             return None
 
@@ -383,7 +383,7 @@ async def wait_durable(
             task = await _follow(export, task, poll_interval=poll_interval, left=left)
             if task.lifecycle in ("FAILED", "CANCELED"):
                 notes.append(await _task_failure(store, task))
-                log.warning("%s", notes[-1])
+                log.warning("durable: export task", note=notes[-1])
             elif task.lifecycle != "SUCCEEDED":
                 notes.append(f"export task {task.task_id} still {task.lifecycle} at the deadline")
                 break
@@ -392,8 +392,8 @@ async def wait_durable(
                 return done(verdict)
             if task.lifecycle != "SUCCEEDED":
                 break  # a failed export fails again; a cancelled one was stopped on purpose
-            log.info("export task %s SUCCEEDED but no post-notice checkpoint is durable yet; "
-                     "exporting again", task.task_id)
+            log.info("export task SUCCEEDED but no post-notice checkpoint is durable yet; exporting again",
+                     task_id=task.task_id)
             if left() > 0:
                 await asyncio.sleep(min(poll_interval, max(left(), 0.0)))
 
@@ -422,8 +422,8 @@ async def wait_durable(
         steps_lost = None
     else:
         steps_lost = max(0, newest_seen - (fallback_step if fallback_step is not None else 0))
-    log.warning("%s; fallback: %s", reason,
-                f"step {fallback_step} (at least {steps_lost} steps lost)" if fallback else "none")
+    log.warning("durable: none by the deadline", reason=reason, fallback_step=fallback_step,
+                steps_lost=steps_lost)
     return DurableResult(
         durable=False, step=None, manifest=None, waited_s=time.monotonic() - started,
         fallback_step=fallback_step, fallback_manifest=fallback.manifest if fallback else None,
