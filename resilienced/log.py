@@ -90,9 +90,23 @@ def _route_stdlib(stream: Any) -> None:
     root.setLevel(logging.WARNING)
 
 
+class _Named:
+    """A structlog logger whose lines carry ``logger=name``, bound at each call.
+
+    Binding at each call (not once) keeps it lazy: a module-level logger, made at import, follows
+    a later :func:`configure` (structlog's ``bind`` fixes the configuration of the time it runs).
+    """
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+
+    def __getattr__(self, attr: str) -> Any:
+        return getattr(structlog.get_logger(self._name).bind(logger=self._name), attr)
+
+
 def get(name: str = "resilienced") -> Any:
     """The structlog logger of module ``name``: its lines carry ``logger=name``."""
-    return structlog.get_logger(name).bind(logger=name)
+    return _Named(name)
 
 
 def decision(logger: Any, *, outcome: Outcome, verdict: Verdict, message_id: str | None,

@@ -60,3 +60,14 @@ def test_the_level_filters_the_projects_lines(stream: io.StringIO) -> None:
     logger.warning("kubernetes cache: retrying", resource="pods")
     (line,) = lines(stream)
     assert (line["event"], line["level"], line["resource"]) == ("kubernetes cache: retrying", "warning", "pods")
+
+
+def test_a_logger_made_before_configure_follows_it(stream: io.StringIO) -> None:
+    structlog.reset_defaults()
+    early = log.get("resilienced.kube.cluster")  # as a module-level logger is, at import
+    log.configure(level="warning", stream=stream)
+    early.info("dropped at warning")
+    early.warning("kubernetes discovery failed", error="boom")
+    (line,) = lines(stream)
+    assert (line["event"], line["logger"], line["error"]) == (
+        "kubernetes discovery failed", "resilienced.kube.cluster", "boom")

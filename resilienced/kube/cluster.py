@@ -235,7 +235,7 @@ class KubeCluster:
         for informer in found.values():
             informer.start()
         self.informers = (*self.informers, *found.values())
-        log.info("kubernetes: optional resources served", resources=found)
+        log.info("kubernetes: optional resources served", resources=list(found))
 
     def _source(self, resource: CustomResource) -> Source:
         ns = self.options.namespace
