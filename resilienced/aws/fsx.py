@@ -27,7 +27,6 @@ moto does not implement these calls; the tests drive this adapter through botoco
 from __future__ import annotations
 
 import asyncio
-import logging
 import re
 import time
 from collections.abc import Sequence
@@ -35,9 +34,10 @@ from typing import Any
 
 from resilienced.aws import errors
 from resilienced.errors import BackendUnavailable, PermanentError, ResilienceError
+from resilienced.log import get as get_logger
 from resilienced.ports import ExportTask
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 BACKEND = "fsx"
 RUNNING = ("PENDING", "EXECUTING")
@@ -140,12 +140,12 @@ class FsxExportTasks:
                         f"{self._busy_timeout:.0f}s",
                         delay=self._poll,
                     ) from e
-                log.info("fsx %s busy with %s; waiting before exporting %s", file_system_id,
-                         [t.task_id for t in running] or "a task", rel)
+                log.info("fsx busy; waiting before exporting", file_system_id=file_system_id,
+                         running=[t.task_id for t in running] or "a task", path=rel)
                 await self._wait_out(running, until=give_up)
                 continue
             task = self._task(response["DataRepositoryTask"])
-            log.info("fsx export task %s for %s: %s", task.task_id, rel, task.lifecycle)
+            log.info("fsx export task", task_id=task.task_id, path=rel, lifecycle=task.lifecycle)
             return task
 
     async def describe(self, *, task_id: str) -> ExportTask:

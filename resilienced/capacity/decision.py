@@ -218,47 +218,59 @@ def decide(
         policy=policy, unavailable=unavailable, prefer=current_reservation_id, selectable=selectable)
     passed_over = f"; {why_no_block}" if blocks and why_no_block else ""
 
-    def block_decision(prefix: str) -> CapacityDecision:
-        block = blocks[0]
-        usable_until = block.end - policy.block_end_margin  # type: ignore[operator]
-        return CapacityDecision(
-            Capacity.CAPACITY_BLOCK,
-            f"{prefix}; Capacity Block {block.reservation_id} has {block.available_instances} of "
-            f"{block.total_instances} instances free, usable until {usable_until.isoformat()}"
-            f"{passed_over}",
-            reservation_id=block.reservation_id,
-            details={**details, "reservation_available": block.available_instances,
-                     "reservation_end": block.end.isoformat()},  # type: ignore[union-attr]
-        )
-
-    if blocks and policy.prefer_blocks:
-        return block_decision("prefer_blocks is on")
+    if blocks and (policy.prefer_blocks or spot_reason is None):
+        prefix = "prefer_blocks is on" if policy.prefer_blocks else why_not_spot
+        return _block_decision(blocks[0], f"{prefix}; ", passed_over, policy=policy, details=details)
     if spot_reason is not None:
         return CapacityDecision(Capacity.SPOT, spot_reason, details=details)
-    if blocks:
-        return block_decision(why_not_spot)
 
     if policy.purchase_blocks and offerings:
         offering, why_no_offering = choose_offering(
             offerings, pool=pool, instance_count=instance_count, now=now, run_needs=run_needs,
             policy=policy)
         if offering is not None:
-            return CapacityDecision(
-                Capacity.CAPACITY_BLOCK,
-                f"{why_not_spot}; {why_no_block}; buy offering {offering.offering_id} "
-                f"({offering.instance_count} x {offering.instance_type} in "
-                f"{offering.availability_zone} from {offering.start.isoformat()}) for "
-                f"{offering.upfront_fee} {offering.currency} (cap {policy.price_cap})",
-                offering=offering, details=details)
+            return _purchase(offering, f"{why_not_spot}; {why_no_block}", policy=policy, details=details)
         why_no_block = f"{why_no_block}; {why_no_offering}"
+    return _no_block(f"{why_not_spot}; {why_no_block}", why_not_spot, why_no_block, spot_soft=spot_soft,
+                     unavailable=unavailable, policy=policy, details=details)
 
+
+def _block_decision(block: CapacityReservation, prefix: str, passed_over: str, *,
+                    policy: CapacityPolicy, details: dict[str, Any]) -> CapacityDecision:
+    usable_until = block.end - policy.block_end_margin  # type: ignore[operator]
+    return CapacityDecision(
+        Capacity.CAPACITY_BLOCK,
+        f"{prefix}Capacity Block {block.reservation_id} has {block.available_instances} of "
+        f"{block.total_instances} instances free, usable until {usable_until.isoformat()}"
+        f"{passed_over}",
+        reservation_id=block.reservation_id,
+        details={**details, "reservation_available": block.available_instances,
+                 "reservation_end": block.end.isoformat()},  # type: ignore[union-attr]
+    )
+
+
+def _purchase(offering: CapacityOffering, why_not_others: str, *, policy: CapacityPolicy,
+              details: dict[str, Any]) -> CapacityDecision:
+    return CapacityDecision(
+        Capacity.CAPACITY_BLOCK,
+        f"{why_not_others}; buy offering {offering.offering_id} "
+        f"({offering.instance_count} x {offering.instance_type} in "
+        f"{offering.availability_zone} from {offering.start.isoformat()}) for "
+        f"{offering.upfront_fee} {offering.currency} (cap {policy.price_cap})",
+        offering=offering, details=details)
+
+
+def _no_block(why_not_others: str, why_not_spot: str, why_no_block: str, *, spot_soft: bool,
+              unavailable: frozenset[str], policy: CapacityPolicy,
+              details: dict[str, Any]) -> CapacityDecision:
+    """No Spot by choice and no Capacity Block: On-Demand, else Spot after all, else wait."""
     why_not_on_demand = None
     if not policy.allow_on_demand:
         why_not_on_demand = "On-Demand is not allowed"
     elif Capacity.ON_DEMAND.value in unavailable:
         why_not_on_demand = "On-Demand has no capacity (ICE)"
     if why_not_on_demand is None:
-        return CapacityDecision(Capacity.ON_DEMAND, f"{why_not_spot}; {why_no_block}", details=details)
+        return CapacityDecision(Capacity.ON_DEMAND, why_not_others, details=details)
     if spot_soft:
         # The cool-down only keeps a run off Spot while somewhere else would take it.
         return CapacityDecision(
@@ -266,7 +278,7 @@ def decide(
             f"{why_not_spot}, but {why_no_block}; {why_not_on_demand}: Spot rather than waiting",
             details=details)
     return CapacityDecision(
-        Capacity.WAIT, f"{why_not_spot}; {why_no_block}; {why_not_on_demand}",
+        Capacity.WAIT, f"{why_not_others}; {why_not_on_demand}",
         retry_after=policy.wait_retry, details=details)
 
 

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-import logging
 import socket
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -72,10 +71,11 @@ from resilienced.kube.locate import (
     volcano_job_of,
 )
 from resilienced.kube.tokens import RayTokens, auth_mode
+from resilienced.log import get as get_logger
 from resilienced.model import Target
 from resilienced.ports import Location, RayControl, RayNode
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 TAINT_KEY = "resilienced.io/interruption"
 DEADLINE_ANNOTATION = "resilienced.io/interruption-deadline"
@@ -216,7 +216,7 @@ class KubeCluster:
         try:
             await self._discover()
         except BackendUnavailable as err:  # asked again by wait_ready(): locate retries meanwhile
-            log.warning("kubernetes discovery failed: %s", err)
+            log.warning("kubernetes discovery failed", error=str(err))
         for informer in self.informers:
             if not informer.running:
                 informer.start()
@@ -235,7 +235,7 @@ class KubeCluster:
         for informer in found.values():
             informer.start()
         self.informers = (*self.informers, *found.values())
-        log.info("kubernetes: optional resources served: %s", ", ".join(found) or "none")
+        log.info("kubernetes: optional resources served", resources=list(found))
 
     def _source(self, resource: CustomResource) -> Source:
         ns = self.options.namespace
@@ -585,7 +585,7 @@ class KubeCluster:
             if node is None:
                 node = await self._read_node(target.node)
                 if node is None:
-                    log.info("cordon: Node %s is gone", target.node)
+                    log.info("cordon: Node gone", node=target.node)
                     return
             taints = list((node.get("spec") or {}).get("taints") or [])
             if any(t.get("key") == TAINT_KEY and t.get("effect") == "NoSchedule" for t in taints):

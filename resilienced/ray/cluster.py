@@ -15,16 +15,16 @@
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
 from resilienced.aws.errors import translate  # the one AWS error translation
+from resilienced.log import get as get_logger
 from resilienced.model import Target
 from resilienced.ports import Location, RayControl, RayNode
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 #: The node labels of ray mode (``ray start --labels=...``); the local drill uses them too.
 #: The EC2 instance a Ray node runs on:
@@ -196,15 +196,13 @@ class RayModeCluster:
 
     async def cordon(self, target: Target, *, reason: str, deadline: datetime | None) -> None:
         """Nothing to do in ray mode: a draining Ray node takes no new work already."""
-        log.info(
-            "ray mode: no cordon for %s (%s): the drain keeps new work off its Ray nodes",
-            target.instance_id, reason,
-        )
+        log.info("ray mode: no cordon; the drain keeps new work off its Ray nodes",
+                 instance_id=target.instance_id, reason=reason)
 
     async def record(
         self, target: Target, *, reason: str, message: str, warning: bool = False
     ) -> None:
         (log.warning if warning else log.info)(
-            "%s: %s [instance %s, ray %s, nodes %s]",
-            reason, message, target.instance_id, target.ray_address, ",".join(target.ray_node_ids),
+            message, reason=reason, instance_id=target.instance_id, ray_address=target.ray_address,
+            ray_node_ids=list(target.ray_node_ids),
         )

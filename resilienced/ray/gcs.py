@@ -61,7 +61,6 @@ from __future__ import annotations
 import asyncio
 import atexit
 import json
-import logging
 import os
 import re
 import shutil
@@ -75,9 +74,10 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from resilienced.errors import BackendUnavailable, RayAuthError, RayVersionMismatch
+from resilienced.log import get as get_logger
 from resilienced.ports import RayNode
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 T = TypeVar("T")
 
@@ -303,7 +303,7 @@ class RayGcs:
             f"drain node {node_id}", lambda c: self._drain_sync(c, node_id, deadline_ms, message)
         )
         log_fn = log.info if result.accepted else log.warning
-        log_fn("ray drain %s on %s: %s %s", node_id, self.address, result.outcome, result.detail)
+        log_fn("ray drain", node_id=node_id, address=self.address, outcome=result.outcome, detail=result.detail)
         return result
 
     # ------------------------------------------------------------------ internal KV

@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import copy
 import json
-import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -50,12 +49,13 @@ from resilienced.capacity.request import (
 )
 from resilienced.kube.api import JsonObj
 from resilienced.kube.locate import instance_id_of
+from resilienced.log import get as get_logger
 from resilienced.model import Event, Target
 from resilienced.requeue.objects import RAYCLUSTER, Objects, annotations_of, modify
 from resilienced.requeue.placement import Placement
 from resilienced.requeue.result import RequeueResult
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 ELASTIC_OF_LABEL = "resilienced.io/elastic-of"
 CLUSTER_LABEL = "ray.io/cluster"
@@ -84,7 +84,8 @@ def replaced_of(obj: Mapping[str, Any]) -> dict[str, str]:
     except ValueError:
         value = None
     if not isinstance(value, dict):
-        log.warning("annotation %s=%r is not a JSON object; starting afresh", ANNOTATION_ELASTIC_REPLACED, raw)
+        log.warning("annotation not a JSON object; starting afresh", annotation=ANNOTATION_ELASTIC_REPLACED,
+                    value=raw)
         return {}
     return {str(k): str(v) for k, v in value.items()}
 

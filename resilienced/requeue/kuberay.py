@@ -110,8 +110,8 @@ def bookkeeping(obj: Mapping[str, Any], *, decision: CapacityDecision, event: Ev
     return out
 
 
-class KubeRayRequeuer:
-    """:class:`~resilienced.requeue.result.Requeuer` for KubeRay RayClusters / RayJobs without Kueue.
+class PlacingRequeuer:
+    """What the requeuers that edit a run's pod templates share (KubeRay, Volcano).
 
     Args:
         api_client: a kubernetes_asyncio ApiClient (the caller's).
@@ -119,8 +119,6 @@ class KubeRayRequeuer:
         request_timeout_s: time allowed for one Kubernetes request.
         clock: the current tz-aware time (for the moved-at annotation).
     """
-
-    kind = "kuberay"
 
     def __init__(
         self,
@@ -133,6 +131,18 @@ class KubeRayRequeuer:
         self.objects = Objects(api_client, request_timeout_s=request_timeout_s)
         self._tolerations = tolerations
         self._clock = clock
+
+
+class KubeRayRequeuer(PlacingRequeuer):
+    """:class:`~resilienced.requeue.result.Requeuer` for KubeRay RayClusters / RayJobs without Kueue.
+
+    Takes :class:`PlacingRequeuer`'s arguments.
+    """
+
+    kind = "kuberay"
+
+    def __init__(self, api_client: k8s.ApiClient, **kwargs: Any) -> None:
+        super().__init__(api_client, **kwargs)
         self._elastic = ElasticKubeRay(self.objects)
 
     async def requeue(

@@ -17,7 +17,6 @@ decision applied again) is neither counted nor recorded; a dry run never is.
 
 from __future__ import annotations
 
-import logging
 from dataclasses import replace
 
 from kubernetes_asyncio import client as k8s
@@ -26,6 +25,7 @@ from prometheus_client import CollectorRegistry, Counter
 from resilienced.capacity.decision import Capacity, CapacityDecision
 from resilienced.capacity.request import ATTR_ELASTIC, ATTR_ELASTIC_ERROR, ATTR_ELASTIC_FALLBACK, ATTR_VOLCANO_JOB
 from resilienced.errors import PermanentError, ResilienceError
+from resilienced.log import get as get_logger
 from resilienced.model import Event, Target
 from resilienced.ports import Cluster
 from resilienced.requeue.elastic import with_fallback
@@ -35,7 +35,7 @@ from resilienced.requeue.objects import RAYCLUSTER, RAYJOB, Objects, split_key
 from resilienced.requeue.result import Requeuer, RequeueResult
 from resilienced.requeue.volcano import VolcanoRequeuer
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 REASON_REQUEUED = "Requeued"
 REASON_WAITING = "RequeueWaiting"
@@ -164,4 +164,4 @@ class Requeue:
         try:
             await self.cluster.record(target, reason=reason, message=message, warning=warning)
         except ResilienceError as e:  # an Event is a courtesy: the requeue itself is done
-            log.warning("requeue: recording the Event for %s failed: %s", target.run_key, e)
+            log.warning("requeue event not recorded", run=target.run_key, error=str(e))
