@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
 from datetime import timedelta
@@ -40,7 +40,7 @@ from resilienced.errors import ConfigError, ResilienceError
 from resilienced.metrics import Metrics
 from resilienced.model import Target
 from resilienced.notify import Notifier, NotifyMetrics, load_template
-from resilienced.ports import CapacitySource, ClaimStore, RayControl, Responder
+from resilienced.ports import CapacitySource, ClaimStore, Cluster, NodeProvider, RayControl, Requeuer, Responder
 from resilienced.recovery.plan_only import PlanLogger
 from resilienced.recovery.responder import Lifecycle, Recovery, RecoveryMetrics, RecoveryOptions
 from resilienced.settings import Mode, Settings
@@ -134,7 +134,7 @@ async def open_runtime(
     *,
     metrics: Metrics,
     replica: str,
-    provider: Any | None = None,
+    provider: NodeProvider | None = None,
     capacity_source: CapacitySource | None = None,
 ) -> AsyncIterator[Runtime]:
     """The responder and claim store for ``settings.mode``; every adapter is closed on exit.
@@ -198,10 +198,11 @@ async def open_runtime(
 
             api = await connect(kubeconfig=settings.mode.kubeconfig, context=settings.mode.kube_context)
             stack.push_async_callback(api.close)
-            cluster: Any = KubeCluster(api, ray_control_factory=lambda addr, tok: RayGcs(addr, token=tok),
-                                       replica=replica)
-            await cluster.start()
-            stack.push_async_callback(cluster.stop)
+            kube = KubeCluster(api, ray_control_factory=lambda addr, tok: RayGcs(addr, token=tok),
+                               replica=replica)
+            await kube.start()
+            stack.push_async_callback(kube.stop)
+            cluster: Cluster = kube
             claims: ClaimStore = KubeLeaseClaims(api, namespace=settings.mode.claims_namespace)
             sweeper = tasks.spawn(_sweep_leases(claims, older_than=settings.intake.dedupe_seconds),
                                   name="resilienced.lease-sweep")
@@ -209,8 +210,9 @@ async def open_runtime(
             workload_version: str | None = settings.mode.kueue_api_version
             if workload_version == "auto":
                 workload_version = await discover_workload_version(api)
-            requeuer: Any = KubernetesRequeuer(api, kueue=KueueRequeuer(api, workload_version=workload_version))
-            ray_control = cluster.ray_control
+            requeuer: Requeuer | None = KubernetesRequeuer(
+                api, kueue=KueueRequeuer(api, workload_version=workload_version))
+            ray_control: Callable[[Target], Awaitable[RayControl]] = kube.ray_control
         else:
             from resilienced.ray.claims import RayKvClaims
             from resilienced.ray.cluster import RayModeCluster
@@ -225,8 +227,10 @@ async def open_runtime(
                                         instance_type=settings.mode.instance_type)
                         if provider is not None else None)
 
-            async def ray_control(target: Target) -> RayControl:
+            async def ray_mode_control(target: Target) -> RayControl:
                 return ray
+
+            ray_control = ray_mode_control
 
         requeue = (Requeue(requeuer, cluster=cluster, metrics=groups.requeue)
                    if requeuer is not None else None)

@@ -38,7 +38,6 @@ from botocore.exceptions import BotoCoreError, ClientError
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from resilienced import log
-from resilienced.capacity.decision import Capacity
 from resilienced.recovery.durable import DurableResult, newest_durable, wait_durable
 from resilienced.errors import (
     BackendUnavailable,
@@ -47,9 +46,18 @@ from resilienced.errors import (
     TemporaryError,
     backends_of,
 )
-from resilienced.model import Kind, Outcome, Plan, Result, Step, Target
+from resilienced.model import Capacity, Kind, Outcome, Plan, Result, Step, Target
 from resilienced.notify import Notifier
-from resilienced.ports import CapacitySource, ClaimStore, Cluster, ExportTasks, ObjectStore, RayControl
+from resilienced.ports import (
+    CapacitySource,
+    ClaimStore,
+    Cluster,
+    ExportTasks,
+    ObjectStore,
+    Planner,
+    RayControl,
+    Requeuer,
+)
 from resilienced.runs import record as runs_record
 from resilienced.runs import summary
 
@@ -185,8 +193,8 @@ class Recovery:
         claims: ClaimStore,
         ray_control: Callable[[Target], Awaitable[RayControl]],
         store: ObjectStore | None = None,
-        planner: Any | None = None,
-        requeue: Any | None = None,
+        planner: Planner | None = None,
+        requeue: Requeuer | None = None,
         capacity: CapacitySource | None = None,
         export: ExportTasks | None = None,
         lifecycle: Lifecycle | None = None,
@@ -236,7 +244,7 @@ class Recovery:
                 permanent.append(f"{run.run_key}: {got}")
                 reports.append({"run": run.run_key, "failed": str(got)})
                 self._tell(runs_record(event, {"run": run.run_key, "instances": list(
-                    run.attributes.get("instance_ids", []))}, outcome="failed", at=self.clock(),
+                    run.facts.instance_ids)}, outcome="failed", at=self.clock(),
                     reason=str(got)))
             elif isinstance(got, BaseException):
                 raise got
@@ -274,26 +282,22 @@ class Recovery:
         runs: dict[str, Target] = {}
         for target in targets:
             have = runs.get(target.run_key)
+            lost = target.facts.lost_instance_ids or (target.instance_id,)
             if have is None:
-                lost = list(target.attributes.get("lost_instance_ids") or [target.instance_id])
-                runs[target.run_key] = replace(target, attributes={
-                    **target.attributes, "lost_instance_ids": lost,
-                    "instance_ids": [target.instance_id]})
+                runs[target.run_key] = replace(target, facts=replace(
+                    target.facts, lost_instance_ids=lost, instance_ids=(target.instance_id,)))
                 continue
-            attrs = dict(have.attributes)
-            attrs["instance_ids"] = [*attrs["instance_ids"], target.instance_id]
-            attrs["lost_instance_ids"] = list(dict.fromkeys(
-                [*attrs["lost_instance_ids"], *(target.attributes.get("lost_instance_ids")
-                                                or [target.instance_id])]))
+            facts = replace(have.facts, instance_ids=(*have.facts.instance_ids, target.instance_id),
+                            lost_instance_ids=tuple(dict.fromkeys((*have.facts.lost_instance_ids, *lost))))
             runs[target.run_key] = replace(
                 have, ray_node_ids=tuple(dict.fromkeys((*have.ray_node_ids, *target.ray_node_ids))),
-                attributes=attrs)
+                facts=facts)
         return list(runs.values())
 
     # ------------------------------------------------------------------ one run
     async def _run(self, plan: Plan, target: Target, *, holder: str) -> RunReport:
         event = plan.event
-        report = RunReport(run=target.run_key, instances=list(target.attributes.get("instance_ids", [])))
+        report = RunReport(run=target.run_key, instances=list(target.facts.instance_ids))
         key = f"run/{event.event_id}/{target.run_key}"
         ttl = self.options.claim_ttl_seconds
         claim = await self.claims.acquire(key, holder=holder, ttl_seconds=ttl)
@@ -385,13 +389,10 @@ class Recovery:
         report.steps["signal"] = {"deadline": deadline.isoformat(), "drained": drained}
 
     async def _drain(self, ray: RayControl, node_id: str, *, deadline: datetime, message: str) -> str:
-        drain_node = getattr(ray, "drain_node", None)
-        if drain_node is not None:  # RayGcs says whether the node was already draining
-            result = await drain_node(node_id, deadline=deadline, message=message)
-            if getattr(result, "skipped", False):
-                return "already_draining"
-            return "accepted" if result.accepted else "rejected"
-        return "accepted" if await ray.drain(node_id, deadline=deadline, message=message) else "rejected"
+        result = await ray.drain(node_id, deadline=deadline, message=message)
+        if result.outcome == "already_draining":
+            return "already_draining"
+        return "accepted" if result.accepted else "rejected"
 
     async def _durable(self, plan: Plan, target: Target, report: RunReport) -> None:
         event = plan.event
@@ -453,6 +454,7 @@ class Recovery:
             newest = await newest_durable(store=self.store, uri=target.checkpoint_uri,
                                           before=event.time)
             notice = event.time or self.clock()
+            resume: dict[str, Any]
             if newest is None:
                 resume = {"resume_step": None, "reason": "no durable checkpoint: the run starts over"}
             else:
