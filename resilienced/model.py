@@ -168,7 +168,7 @@ class Target:
     prefix (``s3://bucket/prefix``), or ``None`` when nobody said where its checkpoints go.
     ``facts`` are what the capacity decision and the requeue read (:class:`RunFacts`);
     ``attributes`` hold what the locate step saw besides, for the logs and the operator
-    (``head_on_instance``, ``gcs_error``, ``groups``, ``matched_by``, ...).
+    (``head_on_instance``, ``gcs_error``, ``unmapped_pods``, ``matched_by``, ...).
     """
 
     instance_id: str

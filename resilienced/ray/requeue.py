@@ -1,9 +1,10 @@
 """Ray mode: requeue a run on a Ray cluster without Kubernetes by adding replacement nodes.
 
 In ray mode the capacity type is a node label (``resilienced.io/capacity-type``: ``spot`` |
-``capacity-block`` | ``on-demand``).  Requeueing asks the cluster's :class:`NodeProvider` for as
-many replacement nodes as the run lost, from the decided pool; Ray Train then restarts the worker
-group on them and resumes from the newest complete checkpoint.
+``capacity-block`` | ``on-demand``).  Requeueing asks the cluster's
+:class:`~resilienced.ports.NodeProvider` for as many replacement nodes as the run lost, from the
+decided pool; Ray Train then restarts the worker group on them and resumes from the newest
+complete checkpoint.
 
 All or nothing: when the provider has no capacity there (:class:`NoCapacity`) or gives fewer
 nodes than needed, the requeuer releases what it got, marks the pool unavailable in the planner's
