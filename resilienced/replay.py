@@ -49,7 +49,7 @@ from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from resilienced import intake, log
 from resilienced.capacity.policy import CapacityPolicy
@@ -61,11 +61,14 @@ from resilienced.errors import (
 )
 from resilienced.intake import Reading
 from resilienced.model import Plan, Step, Target
-from resilienced.ports import CapacityReservation, Cluster, RayNode, Responder
+from resilienced.ports import CapacityReservation, Cluster, DrainResult, RayNode, Responder
 from resilienced.recovery.plan_only import PlanLogger
 from resilienced.recovery.targets import find_targets
 from resilienced.settings import IntakeSettings, Mode, ModeSettings, QueueSettings
 from resilienced.validate import isoformat
+
+if TYPE_CHECKING:  # imported where it is built (its dependencies load on use)
+    from resilienced.capacity.planner import CapacityPlanner
 
 #: The ModeSettings flags replay takes: where the runs are (the mode follows from which is given).
 MODE_FLAGS = ("kubeconfig", "kube_context", "ray_address", "ray_token_file", "instance_label",
@@ -314,7 +317,7 @@ class ReadOnlyRay:
         except TimeoutError:
             raise BackendUnavailable("ray-gcs", f"{self.address}: no answer within {self._timeout_s:g}s") from None
 
-    async def drain(self, node_id: str, *, deadline: datetime, message: str) -> bool:
+    async def drain(self, node_id: str, *, deadline: datetime, message: str) -> DrainResult:
         raise PermanentError(f"replay only reads: it does not drain Ray node {node_id}")
 
 
@@ -364,7 +367,7 @@ class ReadOnlyCapacity:
 class Finder:
     """Targets of one plan, with each run's dry-run capacity decision (see :meth:`find`)."""
 
-    def __init__(self, *, cluster: Cluster, planner: Any, capacity: ReadOnlyCapacity,
+    def __init__(self, *, cluster: Cluster, planner: CapacityPlanner, capacity: ReadOnlyCapacity,
                  gcs_errors: Mapping[str, str]) -> None:
         self.cluster = cluster
         self.planner = planner

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
 from datetime import timedelta
@@ -40,10 +40,22 @@ from resilienced.errors import ConfigError, ResilienceError
 from resilienced.metrics import Metrics
 from resilienced.model import Target
 from resilienced.notify import Notifier, NotifyMetrics, load_template
-from resilienced.ports import CapacitySource, ClaimStore, RayControl, Responder
+from resilienced.ports import (
+    CapacitySource,
+    ClaimStore,
+    Cluster,
+    NodeProvider,
+    Planner,
+    RayControl,
+    Requeuer,
+    Responder,
+)
 from resilienced.recovery.plan_only import PlanLogger
 from resilienced.recovery.responder import Recovery, RecoveryMetrics, RecoveryOptions
 from resilienced.settings import Mode, Settings
+
+#: how the recovery reaches a run's Ray GCS (kubernetes mode: per RayCluster; ray mode: the one GCS)
+RayControlFor = Callable[[Target], Awaitable[RayControl]]
 
 
 @dataclass(frozen=True)
@@ -136,7 +148,7 @@ def _recovery_options(settings: Settings, *, export: Any | None) -> RecoveryOpti
 
 
 async def _kubernetes(settings: Settings, stack: AsyncExitStack, *,
-                      replica: str) -> tuple[Any, ClaimStore, Any, Any]:
+                      replica: str) -> tuple[Cluster, ClaimStore, Requeuer | None, RayControlFor]:
     """kubernetes mode: (cluster, claims, requeuer, ray control), closed by ``stack``."""
     from resilienced.kube.api import connect
     from resilienced.kube.cluster import KubeCluster
@@ -162,8 +174,8 @@ async def _kubernetes(settings: Settings, stack: AsyncExitStack, *,
     return cluster, claims, requeuer, cluster.ray_control
 
 
-def _ray_mode(settings: Settings, *, ec2: Any, planner: Any,
-              provider: Any | None) -> tuple[Any, ClaimStore, Any, Any]:
+def _ray_mode(settings: Settings, *, ec2: Any, planner: Planner,
+              provider: NodeProvider | None) -> tuple[Cluster, ClaimStore, Requeuer | None, RayControlFor]:
     """ray mode: (cluster, claims, requeuer or None without a node provider, ray control)."""
     from resilienced.ray.claims import RayKvClaims
     from resilienced.ray.cluster import RayModeCluster
@@ -190,7 +202,7 @@ async def open_runtime(
     *,
     metrics: Metrics,
     replica: str,
-    provider: Any | None = None,
+    provider: NodeProvider | None = None,
     capacity_source: CapacitySource | None = None,
 ) -> AsyncIterator[Runtime]:
     """The responder and claim store for ``settings.mode``; every adapter is closed on exit.

@@ -27,29 +27,19 @@ Nothing here does I/O or reads a clock: ``now`` is an argument.
 
 from __future__ import annotations
 
-import enum
-from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
 from datetime import datetime, timedelta
-from decimal import Decimal
 from typing import Any
 
 from resilienced.capacity.policy import CapacityPolicy
+from resilienced.model import Capacity, CapacityDecision, CapacityOffering
 from resilienced.ports import CapacityReservation
 
 #: ``CapacityReservation.reservation_type`` of a Capacity Block.
 CAPACITY_BLOCK_TYPE = "capacity-block"
 #: The only reservation state whose instances can be launched into.
 ACTIVE = "active"
-
-
-class Capacity(str, enum.Enum):
-    """Where a run can be placed (``wait``: nowhere right now)."""
-
-    SPOT = "spot"
-    CAPACITY_BLOCK = "capacity-block"
-    ON_DEMAND = "on-demand"
-    WAIT = "wait"
 
 
 #: Capacity types that place a run (everything but ``wait``).
@@ -93,67 +83,6 @@ class Selectable:
 
     def describe(self) -> str:
         return ", ".join(self.sources) if self.sources else "no NodePool able to serve it"
-
-
-@dataclass(frozen=True)
-class CapacityOffering:
-    """One Capacity Block offering (DescribeCapacityBlockOfferings), in the decision's terms."""
-
-    offering_id: str
-    instance_type: str
-    availability_zone: str
-    instance_count: int
-    start: datetime
-    end: datetime
-    upfront_fee: Decimal
-    currency: str = "USD"
-
-
-@dataclass(frozen=True)
-class CapacityDecision:
-    """Where the run goes, and why.
-
-    ``reservation_id`` is set for ``capacity-block`` on an existing reservation;
-    ``offering`` is set instead when the block is to be bought first.  ``details`` holds the
-    numbers behind the reason (JSON-serialisable) for the decision line and the dry-run plan.
-    """
-
-    capacity: Capacity
-    reason: str
-    reservation_id: str | None = None
-    offering: CapacityOffering | None = None
-    retry_after: timedelta | None = None
-    details: Mapping[str, Any] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "capacity", Capacity(self.capacity))
-        if self.capacity is not Capacity.CAPACITY_BLOCK and (self.reservation_id or self.offering):
-            raise ValueError(f"a {self.capacity.value} decision has no reservation or offering")
-
-    @property
-    def places(self) -> bool:
-        """Whether the decision puts the run somewhere (not ``wait``)."""
-        return self.capacity is not Capacity.WAIT
-
-    def as_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"capacity": self.capacity.value, "reason": self.reason}
-        if self.reservation_id:
-            out["reservation_id"] = self.reservation_id
-        if self.offering:
-            out["offering"] = {
-                "offering_id": self.offering.offering_id,
-                "availability_zone": self.offering.availability_zone,
-                "instance_count": self.offering.instance_count,
-                "start": self.offering.start.isoformat(),
-                "end": self.offering.end.isoformat(),
-                "upfront_fee": str(self.offering.upfront_fee),
-                "currency": self.offering.currency,
-            }
-        if self.retry_after is not None:
-            out["retry_after_seconds"] = self.retry_after.total_seconds()
-        if self.details:
-            out["details"] = dict(self.details)
-        return out
 
 
 # --------------------------------------------------------------------------- the decision

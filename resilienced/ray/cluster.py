@@ -21,7 +21,7 @@ from typing import Any
 
 from resilienced.aws.errors import translate  # the one AWS error translation
 from resilienced.log import get as get_logger
-from resilienced.model import Target
+from resilienced.model import RunFacts, Target
 from resilienced.ports import Location, RayControl, RayNode
 
 log = get_logger(__name__)
@@ -144,23 +144,20 @@ class RayModeCluster:
                 "matched_by": matched_by,
                 "dead_node_ids": [n.node_id for n in dead],
                 "head_on_instance": any(n.is_head for n in alive),
-                **self._capacity_facts(shown),
             },
+            facts=self._capacity_facts(shown),
         )
 
-    def _capacity_facts(self, nodes: list[RayNode]) -> dict[str, Any]:
+    def _capacity_facts(self, nodes: list[RayNode]) -> RunFacts:
         """What the capacity decision needs, from the node labels (else the configured type)."""
         node_labels = nodes[0].labels if nodes else {}
-        facts: dict[str, Any] = {}
-        instance_type = node_labels.get(INSTANCE_TYPE_LABEL) or self.instance_type
-        if instance_type:
-            facts["instance_type"] = instance_type
-        for key, label in (("availability_zone", ZONE_LABEL), ("capacity_type", CAPACITY_TYPE_LABEL),
-                           ("reservation_id", RESERVATION_LABEL)):
-            if node_labels.get(label):
-                facts[key] = node_labels[label]
-        facts["elastic"] = str(node_labels.get(ELASTIC_LABEL, "")).strip().lower() == "true"
-        return facts
+        return RunFacts(
+            instance_type=node_labels.get(INSTANCE_TYPE_LABEL) or self.instance_type or None,
+            availability_zone=node_labels.get(ZONE_LABEL) or None,
+            capacity_type=node_labels.get(CAPACITY_TYPE_LABEL) or None,
+            reservation_id=node_labels.get(RESERVATION_LABEL) or None,
+            elastic=str(node_labels.get(ELASTIC_LABEL, "")).strip().lower() == "true",
+        )
 
     async def _private_addresses(self, instance_ids: list[str]) -> dict[str, set[str]]:
         """instance id -> its private IPv4 addresses, for the instances EC2 knows.

@@ -39,7 +39,6 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from resilienced import log
 from resilienced.aws.autoscaling import Lifecycle
-from resilienced.capacity.decision import Capacity
 from resilienced.recovery.durable import DurableResult, newest_durable, wait_durable
 from resilienced.recovery.targets import find_targets
 from resilienced.errors import (
@@ -48,9 +47,18 @@ from resilienced.errors import (
     TemporaryError,
     backends_of,
 )
-from resilienced.model import Kind, Outcome, Plan, Result, Step, Target
+from resilienced.model import Capacity, Kind, Outcome, Plan, Result, Step, Target
 from resilienced.notify import Notifier
-from resilienced.ports import CapacitySource, ClaimStore, Cluster, ExportTasks, ObjectStore, RayControl
+from resilienced.ports import (
+    CapacitySource,
+    ClaimStore,
+    Cluster,
+    ExportTasks,
+    ObjectStore,
+    Planner,
+    RayControl,
+    Requeuer,
+)
 from resilienced.runs import record as runs_record
 from resilienced.runs import summary
 
@@ -155,8 +163,8 @@ class Recovery:
         claims: ClaimStore,
         ray_control: Callable[[Target], Awaitable[RayControl]],
         store: ObjectStore | None = None,
-        planner: Any | None = None,
-        requeue: Any | None = None,
+        planner: Planner | None = None,
+        requeue: Requeuer | None = None,
         capacity: CapacitySource | None = None,
         export: ExportTasks | None = None,
         lifecycle: Lifecycle | None = None,
@@ -198,7 +206,7 @@ class Recovery:
                 permanent.append(f"{run.run_key}: {got}")
                 reports.append({"run": run.run_key, "failed": str(got)})
                 self._tell(runs_record(event, {"run": run.run_key, "instances": list(
-                    run.attributes.get("instance_ids", []))}, outcome="failed", at=self.clock(),
+                    run.facts.instance_ids)}, outcome="failed", at=self.clock(),
                     reason=str(got)))
             elif isinstance(got, BaseException):
                 raise got
@@ -233,7 +241,7 @@ class Recovery:
     # ------------------------------------------------------------------ one run
     async def _run(self, plan: Plan, target: Target, *, holder: str) -> RunReport:
         event = plan.event
-        report = RunReport(run=target.run_key, instances=list(target.attributes.get("instance_ids", [])))
+        report = RunReport(run=target.run_key, instances=list(target.facts.instance_ids))
         key = f"run/{event.event_id}/{target.run_key}"
         ttl = self.options.claim_ttl_seconds
         claim = await self.claims.acquire(key, holder=holder, ttl_seconds=ttl)
@@ -325,13 +333,10 @@ class Recovery:
         report.steps["signal"] = {"deadline": deadline.isoformat(), "drained": drained}
 
     async def _drain(self, ray: RayControl, node_id: str, *, deadline: datetime, message: str) -> str:
-        drain_node = getattr(ray, "drain_node", None)
-        if drain_node is not None:  # RayGcs says whether the node was already draining
-            result = await drain_node(node_id, deadline=deadline, message=message)
-            if getattr(result, "skipped", False):
-                return "already_draining"
-            return "accepted" if result.accepted else "rejected"
-        return "accepted" if await ray.drain(node_id, deadline=deadline, message=message) else "rejected"
+        result = await ray.drain(node_id, deadline=deadline, message=message)
+        if result.outcome == "already_draining":
+            return "already_draining"
+        return "accepted" if result.accepted else "rejected"
 
     async def _durable(self, plan: Plan, target: Target, report: RunReport) -> None:
         event = plan.event
@@ -393,6 +398,7 @@ class Recovery:
             newest = await newest_durable(store=self.store, uri=target.checkpoint_uri,
                                           before=event.time)
             notice = event.time or self.clock()
+            resume: dict[str, Any]
             if newest is None:
                 resume = {"resume_step": None, "reason": "no durable checkpoint: the run starts over"}
             else:

@@ -79,18 +79,14 @@ def group(targets: Sequence[Target]) -> list[Target]:
     runs: dict[str, Target] = {}
     for target in targets:
         have = runs.get(target.run_key)
+        lost = target.facts.lost_instance_ids or (target.instance_id,)
         if have is None:
-            lost = list(target.attributes.get("lost_instance_ids") or [target.instance_id])
-            runs[target.run_key] = replace(target, attributes={
-                **target.attributes, "lost_instance_ids": lost,
-                "instance_ids": [target.instance_id]})
+            runs[target.run_key] = replace(target, facts=replace(
+                target.facts, lost_instance_ids=lost, instance_ids=(target.instance_id,)))
             continue
-        attrs = dict(have.attributes)
-        attrs["instance_ids"] = [*attrs["instance_ids"], target.instance_id]
-        attrs["lost_instance_ids"] = list(dict.fromkeys(
-            [*attrs["lost_instance_ids"], *(target.attributes.get("lost_instance_ids")
-                                            or [target.instance_id])]))
+        facts = replace(have.facts, instance_ids=(*have.facts.instance_ids, target.instance_id),
+                        lost_instance_ids=tuple(dict.fromkeys((*have.facts.lost_instance_ids, *lost))))
         runs[target.run_key] = replace(
             have, ray_node_ids=tuple(dict.fromkeys((*have.ray_node_ids, *target.ray_node_ids))),
-            attributes=attrs)
+            facts=facts)
     return list(runs.values())

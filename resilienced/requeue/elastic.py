@@ -1,7 +1,7 @@
 """Elastic runs: capacity for the lost workers only; the survivors are never stopped.
 
 A run is elastic when its RayJob/RayCluster is annotated ``resilienced.io/elastic: "true"`` (read by
-the locate step into ``Target.attributes["elastic"]``; in ray mode a node label, see
+the locate step into ``Target.facts.elastic``; in ray mode a node label, see
 :mod:`resilienced.ray.requeue`).  The notice still drains the lost node's Ray node with the
 deadline and the checkpoint is still checked for durability; only the requeue differs.
 
@@ -41,12 +41,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from resilienced.capacity.decision import Capacity, CapacityDecision
-from resilienced.capacity.request import (
-    ANNOTATION_ELASTIC_REPLACED,
-    ANNOTATION_REQUEUED_FOR,
-    ATTR_CAPACITY_TYPE,
-    ATTR_LOST_INSTANCE_IDS,
-)
+from resilienced.capacity.request import ANNOTATION_ELASTIC_REPLACED, ANNOTATION_REQUEUED_FOR
 from resilienced.kube.api import JsonObj
 from resilienced.kube.locate import instance_id_of
 from resilienced.log import get as get_logger
@@ -212,7 +207,7 @@ def settled(target: Target, kind: str, cluster: JsonObj, decision: CapacityDecis
 
 def current_capacity(target: Target) -> Capacity:
     """The capacity the run is on (Karpenter's ``reserved`` is a block; unknown: Spot)."""
-    value = str(target.attributes.get(ATTR_CAPACITY_TYPE) or "spot")
+    value = str(target.facts.capacity_type or "spot")
     if value == "reserved":
         return Capacity.CAPACITY_BLOCK
     try:
@@ -223,7 +218,7 @@ def current_capacity(target: Target) -> Capacity:
 
 
 def lost_ids(target: Target) -> tuple[str, ...]:
-    return tuple(dict.fromkeys(target.attributes.get(ATTR_LOST_INSTANCE_IDS) or (target.instance_id,)))
+    return tuple(dict.fromkeys(target.facts.lost_instance_ids or (target.instance_id,)))
 
 
 class ElasticKubeRay:
@@ -268,7 +263,7 @@ class ElasticKubeRay:
         if early is not None:
             return early, details, [], []
         workers, no_worker = await self.lost_workers(
-            cluster, todo, groups_hint=list(target.attributes.get("groups") or []))
+            cluster, todo, groups_hint=list(target.facts.groups))
         return None, details, workers, no_worker
 
     async def requeue(self, target: Target, cluster: JsonObj, *, decision: CapacityDecision, placement: Placement | None,

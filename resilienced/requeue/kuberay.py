@@ -46,7 +46,6 @@ from resilienced.capacity.request import (
     ANNOTATION_MOVED_AT,
     ANNOTATION_REQUEUED_FOR,
     ANNOTATION_RESERVATION,
-    ATTR_ELASTIC,
 )
 from resilienced.errors import PermanentError
 from resilienced.kube.api import JsonObj
@@ -149,7 +148,7 @@ class KubeRayRequeuer(PlacingRequeuer):
         self, target: Target, *, decision: CapacityDecision, event: Event, dry_run: bool = False
     ) -> RequeueResult:
         fallback = None
-        if target.attributes.get(ATTR_ELASTIC) is True:
+        if target.facts.elastic is True:
             cluster = await self._cluster_of(target)
             if cluster is None:
                 fallback = f"the RayCluster of {target.run_key} is gone (a RayJob retrying); requeued as a gang"

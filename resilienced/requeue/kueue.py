@@ -62,7 +62,6 @@ from typing import Any
 from kubernetes_asyncio import client as k8s
 
 from resilienced.capacity.decision import Capacity, CapacityDecision
-from resilienced.capacity.request import ATTR_ELASTIC
 from resilienced.errors import PermanentError, TemporaryError
 from resilienced.kube.api import JsonObj
 from resilienced.kube.discovery import served_version
@@ -232,7 +231,7 @@ class KueueRequeuer:
         self, target: Target, *, decision: CapacityDecision, event: Event, dry_run: bool = False
     ) -> RequeueResult:
         fallback = None
-        if target.attributes.get(ATTR_ELASTIC) is True:
+        if target.facts.elastic is True:
             kind, namespace, name, _path = self._job_ref(target)
             if kind is RAYJOB:
                 fallback = (f"Kueue manages RayJob {namespace}/{name}: Kueue (v0.14 - v0.19) scales a RayJob's "

@@ -35,7 +35,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from resilienced.capacity.decision import CapacityDecision
-from resilienced.capacity.request import ANNOTATION_REQUEUED_FOR, ATTR_VOLCANO_JOB
+from resilienced.capacity.request import ANNOTATION_REQUEUED_FOR
 from resilienced.errors import PermanentError
 from resilienced.kube.api import JsonObj, KubeStatusError
 from resilienced.model import Event, Target
@@ -70,7 +70,7 @@ def placed_tasks(tasks: Sequence[Mapping[str, Any]], placement: Placement) -> tu
 
 
 class VolcanoRequeuer(PlacingRequeuer):
-    """:class:`~resilienced.requeue.result.Requeuer` for Volcano Jobs (``attributes["volcano_job"]``).
+    """:class:`~resilienced.requeue.result.Requeuer` for Volcano Jobs (``Target.facts.volcano_job``).
 
     Takes :class:`~resilienced.requeue.kuberay.PlacingRequeuer`'s arguments.
     """
@@ -80,10 +80,10 @@ class VolcanoRequeuer(PlacingRequeuer):
     async def requeue(
         self, target: Target, *, decision: CapacityDecision, event: Event, dry_run: bool = False
     ) -> RequeueResult:
-        key = target.attributes.get(ATTR_VOLCANO_JOB)
+        key = target.facts.volcano_job
         if not key:
-            raise PermanentError(f"requeue: target {target.run_key} has no attributes[{ATTR_VOLCANO_JOB!r}]")
-        namespace, name = split_key(str(key), what=f"attributes[{ATTR_VOLCANO_JOB!r}]")
+            raise PermanentError(f"requeue: target {target.run_key} has no facts.volcano_job")
+        namespace, name = split_key(str(key), what="facts.volcano_job")
         job = await self.objects.find(VOLCANO_JOB, namespace, name)
         if job is None:
             raise PermanentError(f"requeue: Volcano Job {key} no longer exists")

@@ -65,7 +65,7 @@ async def test_locate_by_instance_label(ray_cluster: LocalRayCluster) -> None:
     assert target == Target(
         instance_id=WORKER_INSTANCE, node=target.node, ray_cluster=None, ray_job=None,
         ray_node_ids=(worker.node_id,), checkpoint_uri=URI, ray_address=ray_cluster.address,
-        attributes=target.attributes,
+        attributes=target.attributes, facts=target.facts,
     )
     assert target.node  # the Ray node's address
     assert target.attributes["matched_by"] == "label"

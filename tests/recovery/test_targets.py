@@ -89,5 +89,5 @@ def test_instances_of_one_run_are_one_gang() -> None:
     assert [r.run_key for r in runs] == [target("i-1", "n1").run_key, target("i-3", "n3", job="other").run_key]
     gang = runs[0]
     assert gang.ray_node_ids == ("n1", "n2")
-    assert gang.attributes["instance_ids"] == ["i-1", "i-2"]
-    assert gang.attributes["lost_instance_ids"] == ["i-1", "i-2"]
+    assert gang.facts.instance_ids == ("i-1", "i-2")
+    assert gang.facts.lost_instance_ids == ("i-1", "i-2")
