@@ -124,12 +124,12 @@ class ElasticCallback(ControllerCallback):
             while time.monotonic() - asked < self.save_timeout_s:
                 step = resize.answered(self.root, request_id)
                 if step is not None:
-                    log.info("elastic: step %d saved %.1fs after the request; resizing %d -> %d workers",
-                             step, time.monotonic() - asked, self._workers, workers)
+                    log.info(f"elastic: saved before the resize step={step} "
+                             f"seconds={time.monotonic() - asked:.1f} workers={self._workers}->{workers}")
                     return
                 time.sleep(0.1)
-            log.warning("elastic: no save within %.0fs of the resize request; resizing anyway "
-                        "(steps since the last checkpoint will be trained again)", self.save_timeout_s)
+            log.warning(f"elastic: no save before the resize; resizing anyway (steps since the last "
+                        f"checkpoint will be trained again) timeout_s={self.save_timeout_s:.0f}")
         finally:
             resize.clear(self.root)
 
@@ -143,12 +143,12 @@ class ElasticCallback(ControllerCallback):
         while time.monotonic() < end:
             alive = {n["NodeID"] for n in ray.nodes() if n.get("Alive")}
             if not nodes & alive:
-                log.info("elastic: the preempted node(s) are gone (waited %.1fs); restarting with the "
-                         "workers the cluster has", time.monotonic() - started)
+                log.info(f"elastic: the preempted nodes are gone; restarting with the workers the cluster "
+                         f"has waited_s={time.monotonic() - started:.1f}")
                 return
             time.sleep(0.25)
-        log.warning("elastic: preempted node(s) %s still alive after %.0fs; restarting anyway",
-                    sorted(nodes & alive), self.node_gone_timeout_s)
+        log.warning(f"elastic: preempted nodes still alive; restarting anyway nodes={sorted(nodes & alive)} "
+                    f"timeout_s={self.node_gone_timeout_s:.0f}")
 
     def _refresh(self, *, force: bool = False) -> None:
         """Make the AutoscalingCoordinator look at the cluster now (it does every 20 s)."""

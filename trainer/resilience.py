@@ -344,7 +344,7 @@ class Checkpointer:
 
     def _hold_for_resize(self, entries: dict[str, Any]) -> NoReturn:
         """Ray Train is about to resize the run: save this step, answer, wait to be torn down."""
-        log.warning("Ray Train resizes the run: saving step %d before the restart", self.step)
+        log.warning(f"Ray Train resizes the run: saving before the restart step={self.step}")
         self._event("resize_requested", step=self.step)
         # answered as soon as the step is committed, before it is reported: Ray Train's controller
         # waits for the answer and consumes no report meanwhile, so a report could block (its

@@ -264,18 +264,7 @@ def report_from(
                   and notice is not None and e["time"] >= notice), None)
     committed = [e for e in events if e.get("event") == "checkpoint_committed" and heard is not None
                  and e["time"] >= notice and e.get("step", -1) >= heard.get("step", 0)]
-    final: dict[int, list[float]] = {}
-    for m in metrics:
-        final.setdefault(int(m["step"]), []).append(float(m["loss"]))
-    every_step = all(s in final for s in range(1, options.steps + 1))
-    trained_twice = sum(len(v) - 1 for v in final.values())
-    losses_match = bool(reference) and every_step and all(
-        reference.get(step) is not None and all(loss == reference[step] for loss in losses)
-        for step, losses in final.items())
-    within = bool(reference) and every_step and all(
-        reference.get(step) is not None and all(abs(loss - reference[step]) <= LOSS_TOLERANCE * abs(reference[step])
-                                                for loss in losses)
-        for step, losses in final.items())
+    every_step, trained_twice, losses_match, within = loss_facts(options, metrics, reference)
     idle = idle_facts(options=options, metrics=metrics, notice=notice, node_spans=node_spans)
     finished = any(e.get("event") == "finished" for e in events)
 
@@ -291,10 +280,7 @@ def report_from(
                                                    and resumed_at == checkpoint_step + 1),
     }
     if options.scenario == "elastic":
-        checks[f"losses within rel {LOSS_TOLERANCE:g} of the uninterrupted run"] = within
-        checks[f"resumed at world size {options.min_workers}"] = idle["resumed_world_size"] == options.min_workers
-        checks[f"back at world size {options.workers}"] = idle["back_to_full_s"] is not None
-        checks["no step trained twice"] = trained_twice == 0
+        checks.update(elastic_checks(options, within=within, idle=idle, trained_twice=trained_twice))
     else:
         checks["losses match the uninterrupted run"] = losses_match
     if options.scenario in ("spot", "elastic") and options.daemon:
@@ -324,6 +310,32 @@ def report_from(
         "loss_tolerance": LOSS_TOLERANCE,
         **idle,
         "checks": checks,
+    }
+
+
+def loss_facts(options: DrillOptions, metrics: list[dict[str, Any]],
+               reference: dict[int, float]) -> tuple[bool, int, bool, bool]:
+    """(every step trained, steps trained twice, losses equal the reference, within the tolerance)."""
+    final: dict[int, list[float]] = {}
+    for m in metrics:
+        final.setdefault(int(m["step"]), []).append(float(m["loss"]))
+    every_step = all(s in final for s in range(1, options.steps + 1))
+
+    def all_losses(close: Callable[[float, float], bool]) -> bool:
+        return bool(reference) and every_step and all(
+            reference.get(step) is not None and all(close(loss, reference[step]) for loss in losses)
+            for step, losses in final.items())
+
+    return (every_step, sum(len(v) - 1 for v in final.values()), all_losses(lambda a, b: a == b),
+            all_losses(lambda a, b: abs(a - b) <= LOSS_TOLERANCE * abs(b)))
+
+
+def elastic_checks(options: DrillOptions, *, within: bool, idle: dict[str, Any], trained_twice: int) -> dict[str, bool]:
+    return {
+        f"losses within rel {LOSS_TOLERANCE:g} of the uninterrupted run": within,
+        f"resumed at world size {options.min_workers}": idle["resumed_world_size"] == options.min_workers,
+        f"back at world size {options.workers}": idle["back_to_full_s"] is not None,
+        "no step trained twice": trained_twice == 0,
     }
 
 
