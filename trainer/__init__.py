@@ -20,12 +20,14 @@ Modules, top to bottom:
                ``write_manifest``, ``verify`` (docs/your-trainer.md)
 ``state``      a user's ``state`` dict (modules, optimizers, state_dict objects) as DCP entries
 ``runtime``    what differs between Ray Train workers and local processes (signal, report)
+``elastic``    elastic runs on Ray Train 2.60: ``ElasticCallback`` (controller side), ``scaling_kwargs``
+``resize``     the save-before-a-resize request and answer under the checkpoint root
 ``loop``       ``python -m trainer``'s train function: a user of ``resilience.Checkpointer``
 ``preemption`` the SIGTERM flag, the per-step agreed decision, the deadline plan
 ``checkpoint`` save / commit / verify / resume / clean up; the manifest
 ``journal``    rank 0's JSON-lines files: per-step metrics and lifecycle events
 ``model``      the decoder-only transformer and its FSDP2 sharding
-``data``       synthetic tokens, a pure function of (seed, step)
+``data``       synthetic tokens, a pure function of (seed, step); a rank's share of the global batch
 ``config``     the flags, validated once; ``errors``: what can go wrong, said plainly
 =============  ==================================================================================
 """

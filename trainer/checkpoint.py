@@ -13,7 +13,7 @@ Layout under the checkpoint root (the contract with the daemon, which exports it
 
     {"format": "resilienced-checkpoint/1", "step": N, "world_size": W,
      "time": "2026-11-30T00:00:00.123456Z", "saved_at_unix": 1796083200.123456,
-     "reason": "preemption" | "periodic" | "final",
+     "reason": "preemption" | "periodic" | "final" | "resize",
      "files": [{"path": "__0_0.distcp", "size": 123, "sha256": "<hex>"}, ...]}
 
 ``files`` lists every file of the directory except ``manifest.json`` itself, by posix path
@@ -62,7 +62,7 @@ from trainer.errors import CheckpointError, CorruptCheckpoint
 
 FORMAT = "resilienced-checkpoint/1"
 MANIFEST = "manifest.json"
-REASONS = ("preemption", "periodic", "final")
+REASONS = ("preemption", "periodic", "final", "resize")
 _COMMITTED = re.compile(r"^step-(0|[1-9][0-9]*)$")
 _PARTIAL = re.compile(r"^step-([0-9]+)\.partial$")
 _HASH_CHUNK = 8 * 1024 * 1024

@@ -79,7 +79,17 @@ class TrainConfig:
     """Checkpoint root (the FSx mount in production).  ``step-<N>/`` and ``step-<N>.partial/``
     live here; with Ray it is also the Ray Train run directory."""
     num_workers: int = 2
-    """Ranks (Ray Train workers, or local processes)."""
+    """Ranks (Ray Train workers, or local processes); with ``min_workers``, the most ranks."""
+    min_workers: int | None = None
+    """Elastic run (Ray only): Ray Train 2.60 ``ScalingConfig(num_workers=(min_workers,
+    num_workers))`` restarts a preempted run with the workers it can place, at least this many,
+    and grows it back towards ``num_workers`` as nodes join.  None: a fixed world size."""
+    resize_interval_s: float = 60.0
+    """Elastic run: ``ScalingConfig.elastic_resize_monitor_interval_s``, how often Ray Train
+    considers growing a running worker group (Ray's default, 60 s)."""
+    resize_save_timeout_s: float = 60.0
+    """Elastic run: how long Ray Train's controller waits for the ranks to save the step they
+    are on before it restarts them at a larger size (``trainer.elastic``)."""
     steps: int = 40
     """Total optimizer steps of the run, counted from 1."""
     checkpoint_every: int = 10
@@ -94,7 +104,8 @@ class TrainConfig:
     seed: int = 0
     """Seeds the initial weights, the data (a pure function of seed and step) and dropout."""
     batch_size: int = 8
-    """Global batch (sequences per step), split evenly over the ranks."""
+    """Global batch (sequences per step), the same at every world size.  A fixed run splits it
+    evenly; an elastic run may split it unevenly (``trainer.data.batch_share``)."""
     metrics_out: Path | None = None
     """Rank 0 appends one JSON line per trained step."""
     events_out: Path | None = None
@@ -150,6 +161,10 @@ class TrainConfig:
     def is_local(self) -> bool:
         return self.ray_address == LOCAL
 
+    @property
+    def elastic(self) -> bool:
+        return self.min_workers is not None
+
     # ------------------------------------------------------------------ validation
     def validate(self) -> None:
         """Raise ConfigError naming the first flag that cannot work."""
@@ -158,7 +173,8 @@ class TrainConfig:
         _at_least("--checkpoint-every", self.checkpoint_every, 0)
         _positive("--keep", self.keep)
         _positive("--batch-size", self.batch_size)
-        if self.batch_size % self.num_workers:
+        self._validate_elastic()
+        if not self.elastic and self.batch_size % self.num_workers:
             raise ConfigError(
                 "--batch-size",
                 f"{self.batch_size} sequences cannot be split evenly over {self.num_workers} workers",
@@ -197,6 +213,21 @@ class TrainConfig:
             raise ConfigError("--checkpoint-dir", f"{self.checkpoint_dir} exists and is not a directory")
 
 
+    def _validate_elastic(self) -> None:
+        if self.min_workers is None:
+            return
+        if not 1 <= self.min_workers <= self.num_workers:
+            raise ConfigError("--min-workers", f"must be between 1 and --num-workers ({self.num_workers}), "
+                                               f"got {self.min_workers}")
+        if self.is_local:
+            raise ConfigError("--min-workers", "needs Ray (--ray-address local runs a fixed number of processes)")
+        if self.batch_size < self.num_workers:
+            raise ConfigError("--batch-size", f"{self.batch_size} sequences leave some of {self.num_workers} "
+                                              "workers without a sequence")
+        _at_least("--resize-interval-s", self.resize_interval_s, 0.0)
+        _finite_positive("--resize-save-timeout-s", self.resize_save_timeout_s)
+
+
 def _positive(flag: str, value: int) -> None:
     if value < 1:
         raise ConfigError(flag, f"must be at least 1, got {value}")
@@ -220,7 +251,14 @@ def build_parser() -> argparse.ArgumentParser:
         "and resumes it exactly.",
     )
     run = p.add_argument_group("run")
-    run.add_argument("--num-workers", type=int, default=2, help="ranks (default 2)")
+    run.add_argument("--num-workers", type=int, default=2, help="ranks (default 2); elastic: the most")
+    run.add_argument("--min-workers", type=int, default=None,
+                     help="elastic run (Ray): go on with at least this many workers after a node is "
+                          "lost, grow back to --num-workers when nodes join (default: fixed size)")
+    run.add_argument("--resize-interval-s", type=float, default=60.0,
+                     help="elastic: how often Ray Train considers growing the run (default 60)")
+    run.add_argument("--resize-save-timeout-s", type=float, default=60.0,
+                     help="elastic: how long to wait for the save before a resize (default 60)")
     run.add_argument("--steps", type=int, default=40, help="total optimizer steps (default 40)")
     run.add_argument("--seed", type=int, default=0, help="seed of weights, data and dropout")
     run.add_argument("--ray-address", default=None,
@@ -277,6 +315,9 @@ def parse_args(argv: list[str] | None = None) -> TrainConfig:
     config = TrainConfig(
         checkpoint_dir=ns.checkpoint_dir.absolute(),
         num_workers=ns.num_workers,
+        min_workers=ns.min_workers,
+        resize_interval_s=ns.resize_interval_s,
+        resize_save_timeout_s=ns.resize_save_timeout_s,
         steps=ns.steps,
         checkpoint_every=ns.checkpoint_every,
         keep=ns.keep,

@@ -2,8 +2,15 @@
 
 A resumed run reads exactly the batches the uninterrupted run would have read, with no data
 loader state to save: the "data position" is the step number.  The global batch of a step is the
-same whatever the world size; each rank takes its contiguous slice of rows, so a checkpoint saved
-by 2 ranks resumes on 1 (or the other way round) on the same data.
+same whatever the world size; each rank takes its contiguous share of rows (:func:`batch_share`),
+so a checkpoint saved by 3 ranks resumes on 2 (or the other way round) on the same data: an
+elastic run trains the samples of an uninterrupted one.
+
+When the global batch does not divide evenly over the ranks (8 rows over 3 ranks), the shares are
+uneven (3, 3, 2: the first ``batch % world`` ranks take one row more) and each rank weights its
+mean loss by :func:`loss_weight` (its rows x world size / batch), so that the gradient averaged
+over the ranks (FSDP2's and DDP's reduction) is the gradient of the mean over the whole batch, as
+on any other world size.  When it divides evenly the weight is exactly 1.0 and nothing changes.
 
 Each row is an arithmetic progression modulo the vocabulary (random start and stride) with a
 little noise, so the loss has something to learn and goes down.
@@ -42,13 +49,37 @@ def global_batch(*, seed: int, step: int, batch_size: int, seq_len: int, vocab_s
     return torch.where(noise, random_tokens, tokens)
 
 
+def batch_share(batch_size: int, rank: int, world_size: int) -> tuple[int, int]:
+    """Rows ``[start, stop)`` of a global batch of ``batch_size`` that ``rank`` of ``world_size`` trains.
+
+    Contiguous, in rank order, every row exactly once; the first ``batch_size % world_size`` ranks
+    take one row more.  Raises ``ValueError`` when a rank would get no row (``batch_size <
+    world_size``) or the rank is not in ``[0, world_size)``.
+    """
+    if world_size < 1 or not 0 <= rank < world_size:
+        raise ValueError(f"rank {rank} is not a rank of a world of {world_size}")
+    if batch_size < world_size:
+        raise ValueError(f"a global batch of {batch_size} leaves ranks of a world of {world_size} without a row")
+    base, extra = divmod(batch_size, world_size)
+    start = rank * base + min(rank, extra)
+    return start, start + base + (1 if rank < extra else 0)
+
+
+def loss_weight(batch_size: int, rank: int, world_size: int) -> float:
+    """The factor of this rank's mean loss that makes the ranks' average the whole batch's mean.
+
+    ``rows x world_size / batch_size``: exactly 1.0 when the batch divides evenly.
+    """
+    start, stop = batch_share(batch_size, rank, world_size)
+    rows = stop - start
+    return 1.0 if rows * world_size == batch_size else rows * world_size / batch_size
+
+
 def rank_batch(
     *, seed: int, step: int, batch_size: int, seq_len: int, vocab_size: int, rank: int, world_size: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """This rank's (inputs, targets) for the step: its contiguous slice of the global batch."""
-    if batch_size % world_size:
-        raise ValueError(f"batch size {batch_size} is not divisible by world size {world_size}")
-    per_rank = batch_size // world_size
+    """This rank's (inputs, targets) for the step: its share of the global batch (:func:`batch_share`)."""
+    start, stop = batch_share(batch_size, rank, world_size)
     rows = global_batch(seed=seed, step=step, batch_size=batch_size, seq_len=seq_len, vocab_size=vocab_size)
-    mine = rows[rank * per_rank : (rank + 1) * per_rank]
+    mine = rows[start:stop]
     return mine[:, :-1].contiguous(), mine[:, 1:].contiguous()

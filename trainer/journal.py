@@ -33,6 +33,7 @@ EVENTS = (
     "preemption_notice",
     "checkpoint_committed",
     "checkpoint_rejected",
+    "resize_requested",
     "waiting_for_teardown",
     "finished",
 )

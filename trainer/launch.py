@@ -3,7 +3,8 @@
 ``run_with_ray``: joins the Ray cluster at ``--ray-address`` (or ``RAY_ADDRESS``; with neither,
 starts a local Ray sized for the workers), ships this package to the workers
 (``runtime_env.py_modules``) and runs ``trainer.loop.ray_train_fn`` on ``--num-workers`` workers
-(1 CPU each; with ``--use-gpu`` 1 GPU each and ``cpu:gloo,cuda:nccl``).  Ray Train's run
+(1 CPU each; with ``--use-gpu`` 1 GPU each and ``cpu:gloo,cuda:nccl``); with ``--min-workers``
+an elastic run (``ScalingConfig(num_workers=(min, max))`` and ``trainer.elastic.ElasticCallback``).  Ray Train's run
 directory is ``<checkpoint root>/.ray-train/<run name>``; it receives a small pointer per
 committed checkpoint (see ``trainer.runtime``).  A preemption is not
 charged to ``--max-failures`` (Ray Train's ``max_preemption_failures``, ``--max-preemptions``).
@@ -54,6 +55,7 @@ def run_with_ray(cfg: TrainConfig) -> int:
     from ray.train.torch import TorchConfig, TorchTrainer
 
     import trainer
+    from trainer.elastic import scaling_kwargs
     from trainer.loop import ray_train_fn
 
     for key, value in RAY_ENV_DEFAULTS.items():
@@ -78,6 +80,12 @@ def run_with_ray(cfg: TrainConfig) -> int:
     root = cfg.checkpoint_dir
     root.mkdir(parents=True, exist_ok=True)
     resources = {"CPU": 1, **({"GPU": 1} if cfg.use_gpu else {})}
+    callbacks = []
+    if cfg.elastic:
+        from trainer.elastic import ElasticCallback
+
+        callbacks.append(ElasticCallback(root, max_workers=cfg.num_workers,
+                                         save_timeout_s=cfg.resize_save_timeout_s))
     trainer_ = TorchTrainer(
         ray_train_fn,
         train_loop_config=cfg.as_dict(),
@@ -86,7 +94,9 @@ def run_with_ray(cfg: TrainConfig) -> int:
             timeout_s=int(timedelta(minutes=10).total_seconds()),
         ),
         scaling_config=ScalingConfig(
-            num_workers=cfg.num_workers, use_gpu=cfg.use_gpu, resources_per_worker=resources
+            **scaling_kwargs(min_workers=cfg.min_workers, max_workers=cfg.num_workers,
+                             resize_interval_s=cfg.resize_interval_s),
+            use_gpu=cfg.use_gpu, resources_per_worker=resources,
         ),
         run_config=RunConfig(
             name=cfg.run_name or root.name,
@@ -97,6 +107,7 @@ def run_with_ray(cfg: TrainConfig) -> int:
             # Ray Train keeps pointers to the checkpoints (and prunes them itself); the
             # checkpoints' own retention is the trainer's (it knows which are complete).
             checkpoint_config=CheckpointConfig(num_to_keep=cfg.keep),
+            callbacks=callbacks,
         ),
     )
     try:

@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 
 from trainer.config import TrainConfig
-from trainer.data import rank_batch, step_seed
+from trainer.data import loss_weight, rank_batch, step_seed
 from trainer.errors import EXIT_CRASHED, CheckpointError
 from trainer.journal import Journal
 from trainer.model import build_model, shard_model
@@ -94,6 +94,9 @@ def _train_step(cfg: TrainConfig, model, optimizer, *, step: int, device: torch.
     )
     model.train()
     loss = model.loss(inputs.to(device), targets.to(device))
+    weight = loss_weight(cfg.batch_size, rank, world_size)  # 1.0 unless the batch splits unevenly
+    if weight != 1.0:
+        loss = loss * weight
     loss.backward()
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)

@@ -14,9 +14,10 @@ Two sources can announce a preemption:
 At every step boundary (every ``k`` steps before a notice, see ``trainer.resilience``) each rank
 contributes its view to one small all-reduce (MAX over a float64
 vector) on a dedicated gloo group, so every rank acts on the same step with the same deadline:
-``[ray notice, sigterm, -deadline_ms, stop, async save still writing, step, -step, next]`` (step
-and -step say whether every rank is at the same step; ``next`` is rank 0's proposal for the step
-of the next boundary, the others send 0).
+``[ray notice, sigterm, -deadline_ms, stop, async save still writing, step, -step, next, resize]``
+(step and -step say whether every rank is at the same step; ``next`` is rank 0's proposal for the
+step of the next boundary, the others send 0; ``resize``: rank 0 found a request to save before
+Ray Train resizes an elastic run, ``trainer.resize``).
 
 **The margin.**  After a notice the run saves at once (the notice is best effort: the node may go
 earlier than announced), then keeps training while, for every rank,
@@ -84,6 +85,7 @@ class Agreed:
     step_min: int = 0
     step_max: int = 0
     next_step: int = 0
+    resize: bool = False
 
     @property
     def notice(self) -> bool:
@@ -95,7 +97,7 @@ class Agreed:
 
 
 class Agreement:
-    """One MAX all-reduce per step boundary over a gloo group (cheap: eight float64)."""
+    """One MAX all-reduce per step boundary over a gloo group (cheap: nine float64)."""
 
     def __init__(self, *, group: dist.ProcessGroup | None, world_size: int) -> None:
         self._group = group
@@ -111,6 +113,7 @@ class Agreement:
         async_writing: bool = False,
         step: int = 0,
         propose_next: int = 0,
+        resize: bool = False,
     ) -> Agreed:
         vec = torch.tensor(
             [
@@ -122,6 +125,7 @@ class Agreement:
                 float(step),
                 -float(step),
                 float(propose_next),
+                float(resize),
             ],
             dtype=torch.float64,
         )
@@ -132,6 +136,7 @@ class Agreement:
         return Agreed(
             ray_notice=v[0] > 0, sigterm=v[1] > 0, deadline_ms=deadline, stop=v[3] > 0,
             async_writing=v[4] > 0, step_min=int(-v[6]), step_max=int(v[5]), next_step=int(v[7]),
+            resize=v[8] > 0,
         )
 
     def agree_stop(self, stop: bool, *, step: int = 0) -> bool:

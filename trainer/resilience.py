@@ -46,13 +46,15 @@ from trainer.checkpoint import (
     verify,
     write_manifest,
 )
+from trainer import resize
 from trainer.config import PreemptionConfig
+from trainer.data import batch_share, loss_weight
 from trainer.errors import CheckpointError, CorruptCheckpoint, UsageError
 from trainer.preemption import SIGTERM, Agreed, Agreement, DeadlinePlan
 from trainer.runtime import Runtime, detect_runtime
 from trainer.state import RESERVED, dcp_entries
 
-__all__ = ["Checkpointer", "Manifest", "verify", "write_manifest"]
+__all__ = ["Checkpointer", "Manifest", "batch_share", "loss_weight", "verify", "write_manifest"]
 
 log = logging.getLogger(__name__)
 
@@ -160,6 +162,7 @@ class Checkpointer:
         self._source = ""
         self._deadline_ms: int | None = None
         self._ray_first_seen: float | None = None
+        self._resize_id: str | None = None  # rank 0: the resize request it found (trainer.resize)
         self._metrics: dict[str, Any] = {}
         self._entries_key: tuple[tuple[str, int], ...] = ()
         self._entries: dict[str, Any] = {}
@@ -220,6 +223,8 @@ class Checkpointer:
             stop = self._on_notice(agreed, entries) if agreed.notice else agreed.stop
             if self._noticed and stop and not last:
                 self._hold(entries)
+            if agreed.resize and not self._noticed and not last:
+                self._hold_for_resize(entries)
         else:
             self._plan.record_step(time.perf_counter() - self._left)
         if self.every and not (self._noticed or last) and step // self.every > (previous or 0) // self.every:
@@ -289,11 +294,14 @@ class Checkpointer:
         if self._deadline_ms is not None:
             candidates.append(float(self._deadline_ms))
         stop = self._noticed and not self._plan.room_for_another_step(now=time.time(), deadline_ms=self._deadline_ms)
+        if self.rank == 0:
+            self._resize_id = resize.pending(self.root)
         agreed = self._agreement.agree(
             ray_notice=info is not None, sigterm=SIGTERM.received_at is not None,
             deadline_ms=min(candidates) if candidates else None, stop=stop,
             async_writing=self._pending is not None and not self._pending.written(), step=step,
             propose_next=self._propose_next(step) if self.rank == 0 else 0,
+            resize=self._resize_id is not None,
         )
         if agreed.step_min != agreed.step_max:
             raise UsageError(
@@ -334,14 +342,31 @@ class Checkpointer:
             deadline_ms=self._deadline_ms, timeout_s=self._grace["teardown"] if self._source == "ray" else 0.0,
         )
 
+    def _hold_for_resize(self, entries: dict[str, Any]) -> NoReturn:
+        """Ray Train is about to resize the run: save this step, answer, wait to be torn down."""
+        log.warning(f"Ray Train resizes the run: saving before the restart step={self.step}")
+        self._event("resize_requested", step=self.step)
+        # answered as soon as the step is committed, before it is reported: Ray Train's controller
+        # waits for the answer and consumes no report meanwhile, so a report could block (its
+        # queue holds one) and the answer would never come
+        self._save_now("resize", entries, saved=self._answer_resize)
+        self._event("waiting_for_teardown", step=self.step)
+        self._runtime.wait_for_teardown(deadline_ms=None, timeout_s=self._grace["teardown"])
+
+    def _answer_resize(self) -> None:
+        if self._resize_id is not None:  # rank 0
+            resize.answer(self.root, request_id=self._resize_id, step=self.step or 0)
+
     # ------------------------------------------------------------------ saving
-    def _commit(self, pending: PendingSave) -> Committed:
+    def _commit(self, pending: PendingSave, *, saved: Callable[[], None] | None = None) -> Committed:
         committed = self._store.commit(pending)
         self._last_saved = committed.step
         if pending.future is None:  # only synchronous saves say how long a save blocks
             self._plan.record_save(committed.save_seconds)
         self._event("checkpoint_committed", step=committed.step, reason=committed.reason,
                     path=str(committed.path), save_seconds=committed.save_seconds)
+        if saved is not None:
+            saved()
         self._runtime.report(committed, metrics={**self._metrics, "step": committed.step, "reason": committed.reason})
         if self.rank == 0:
             prune(self.root, keep=self.keep)
@@ -352,13 +377,16 @@ class Checkpointer:
             pending, self._pending = self._pending, None
             self._commit(pending)
 
-    def _save_now(self, reason: str, entries: dict[str, Any]) -> None:
-        """Synchronous save of the current step, unless it is saved already."""
+    def _save_now(self, reason: str, entries: dict[str, Any], *, saved: Callable[[], None] | None = None) -> None:
+        """Synchronous save of the current step, unless it is saved already; ``saved()`` once it is
+        committed (before it is reported)."""
         self._commit_pending()
         if self._last_saved == self.step:
+            if saved is not None:
+                saved()
             return
         assert self.step is not None
-        self._commit(self._store.start(self._dcp_state(entries), step=self.step, reason=reason))
+        self._commit(self._store.start(self._dcp_state(entries), step=self.step, reason=reason), saved=saved)
 
     def _periodic_save(self, entries: dict[str, Any]) -> None:
         self._commit_pending()

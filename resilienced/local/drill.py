@@ -38,12 +38,13 @@ import asyncio
 import contextlib
 import json
 import os
+import secrets
 import shutil
 import signal
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -52,6 +53,7 @@ from urllib.parse import urlsplit
 
 from resilienced.errors import ConfigError, ResilienceError
 from resilienced.ray.cluster import CAPACITY_TYPE_LABEL as CAPACITY_LABEL
+from resilienced.ray.cluster import ELASTIC_LABEL
 from resilienced.ray.cluster import INSTANCE_ID_LABEL as INSTANCE_LABEL
 from resilienced.settings import NotifySettings
 
@@ -60,6 +62,16 @@ BUCKET = "resilienced-drill"
 PREFIX = "runs/drill"
 INSTANCE_TYPE = "drill.cpu"
 BLOCK_ID = "cr-0d1e2a3b4c5d6e7f8"
+SCENARIOS = ("spot", "abrupt", "elastic")
+#: An elastic run's losses against the uninterrupted run's (relative): the world size changes, so
+#: the float32 reduction order does (dropout is off in that scenario); measured: docs/benchmarks.md.
+LOSS_TOLERANCE = 1e-4
+#: ``--resize-interval-s`` of an elastic drill run: how often Ray Train considers growing it
+#: (time is compressed, as the notice is; Ray's default is 60 s).
+RESIZE_INTERVAL_S = 2.0
+#: Defaults of ``--scenario elastic`` where the flag is not given (3 workers, min 2; a replacement
+#: that joins after the lost node is gone; a run long enough to grow back before it ends).
+ELASTIC_DEFAULTS = {"workers": 3, "steps": 300, "node_boot_seconds": 60.0}
 
 
 class DrillError(ResilienceError):
@@ -84,6 +96,12 @@ class DrillOptions:
     timeout: float = 300.0
     workdir: str | None = None
     notify_webhook: str | None = None
+    node_boot_seconds: float = 0.0
+
+    @property
+    def min_workers(self) -> int | None:
+        """The elastic run's minimum (one node may go): ``--min-workers`` of the trainer."""
+        return self.workers - 1 if self.scenario == "elastic" else None
 
     def validate(self) -> DrillOptions:
         if self.workers < 1:
@@ -95,8 +113,12 @@ class DrillOptions:
                                                      f"({self.steps - 1}), got {self.interrupt_at_step}")
         if self.spot_capacity < 0:
             raise ConfigError("--spot-capacity", f"must be >= 0, got {self.spot_capacity}")
-        if self.scenario not in ("spot", "abrupt"):
-            raise ConfigError("--scenario", f"expected spot or abrupt, got {self.scenario!r}")
+        if self.scenario not in SCENARIOS:
+            raise ConfigError("--scenario", f"expected one of {', '.join(SCENARIOS)}, got {self.scenario!r}")
+        if self.scenario == "elastic" and self.workers < 2:
+            raise ConfigError("--workers", f"an elastic run needs at least 2 workers (one goes), got {self.workers}")
+        if not 0 <= self.node_boot_seconds <= 600:
+            raise ConfigError("--node-boot-seconds", f"must be between 0 and 600, got {self.node_boot_seconds}")
         if not 5 <= self.notice_seconds <= 120:
             raise ConfigError("--notice-seconds", f"must be between 5 and 120, got {self.notice_seconds}")
         if self.checkpoint_every < 0:
@@ -111,6 +133,12 @@ class DrillOptions:
                 f"the run would finish before the deadline ({self.steps - self.interrupt_at_step} steps "
                 f"of at least {self.step_seconds:g}s after the notice <= {self.notice_seconds:g}s): "
                 "raise --steps or --step-seconds, or lower --notice-seconds"))
+        if (self.scenario == "elastic" and self.step_seconds > 0 and (self.steps - self.interrupt_at_step)
+                * self.step_seconds <= self.notice_seconds + self.node_boot_seconds + 30):
+            raise ConfigError("--steps", (
+                f"the elastic run would finish before it grows back ({self.steps - self.interrupt_at_step} steps of "
+                f"{self.step_seconds:g}s after the notice <= notice {self.notice_seconds:g}s + node boot "
+                f"{self.node_boot_seconds:g}s + 30s): raise --steps"))
         if self.notify_webhook is not None:
             NotifySettings(notify_webhook=self.notify_webhook).validate()
         if self.workdir is not None and len(str(Path(self.workdir).absolute() / "ray")) > 45:
@@ -214,8 +242,12 @@ def report_from(
     durable_at: float | None,
     capacity: str | None,
     trainer_exit: int | None,
+    node_spans: Sequence[tuple[float, float | None]] = (),
 ) -> dict[str, Any]:
-    """The drill's report, from what the trainer, the daemon and the reference wrote."""
+    """The drill's report, from what the trainer, the daemon and the reference wrote.
+
+    ``node_spans``: (joined, gone or None) of every worker node, for ``worker_seconds_idle``.
+    """
     starts = sorted((e for e in events if e.get("event") == "started"), key=lambda e: e["time"])
     resumed = next((e for e in starts if e.get("resumed_from_step") is not None and
                     notice is not None and e["time"] >= notice), None)
@@ -232,14 +264,8 @@ def report_from(
                   and notice is not None and e["time"] >= notice), None)
     committed = [e for e in events if e.get("event") == "checkpoint_committed" and heard is not None
                  and e["time"] >= notice and e.get("step", -1) >= heard.get("step", 0)]
-    final: dict[int, list[float]] = {}
-    for m in metrics:
-        final.setdefault(int(m["step"]), []).append(float(m["loss"]))
-    every_step = all(s in final for s in range(1, options.steps + 1))
-    trained_twice = sum(len(v) - 1 for v in final.values())
-    losses_match = bool(reference) and every_step and all(
-        reference.get(step) is not None and all(loss == reference[step] for loss in losses)
-        for step, losses in final.items())
+    every_step, trained_twice, losses_match, within = loss_facts(options, metrics, reference)
+    idle = idle_facts(options=options, metrics=metrics, notice=notice, node_spans=node_spans)
     finished = any(e.get("event") == "finished" for e in events)
 
     def since(t: float | None) -> float | None:
@@ -252,9 +278,12 @@ def report_from(
         "run resumed from a checkpoint": checkpoint_step is not None,
         "resumed_at_step == checkpoint_step + 1": (resumed_at is not None and checkpoint_step is not None
                                                    and resumed_at == checkpoint_step + 1),
-        "losses match the uninterrupted run": losses_match,
     }
-    if options.scenario == "spot" and options.daemon:
+    if options.scenario == "elastic":
+        checks.update(elastic_checks(options, within=within, idle=idle, trained_twice=trained_twice))
+    else:
+        checks["losses match the uninterrupted run"] = losses_match
+    if options.scenario in ("spot", "elastic") and options.daemon:
         checks["no step lost"] = steps_lost == 0
         checks["requeued on capacity that exists"] = capacity in ("spot", "capacity-block", "on-demand")
     return {
@@ -277,15 +306,91 @@ def report_from(
         "notice_to_resumed_s": since(min((m["time"] for m in after), default=None)),
         "capacity": capacity,
         "losses_match_uninterrupted": losses_match,
+        "losses_within_tolerance": within,
+        "loss_tolerance": LOSS_TOLERANCE,
+        **idle,
         "checks": checks,
     }
+
+
+def loss_facts(options: DrillOptions, metrics: list[dict[str, Any]],
+               reference: dict[int, float]) -> tuple[bool, int, bool, bool]:
+    """(every step trained, steps trained twice, losses equal the reference, within the tolerance)."""
+    final: dict[int, list[float]] = {}
+    for m in metrics:
+        final.setdefault(int(m["step"]), []).append(float(m["loss"]))
+    every_step = all(s in final for s in range(1, options.steps + 1))
+
+    def all_losses(close: Callable[[float, float], bool]) -> bool:
+        return bool(reference) and every_step and all(
+            reference.get(step) is not None and all(close(loss, reference[step]) for loss in losses)
+            for step, losses in final.items())
+
+    return (every_step, sum(len(v) - 1 for v in final.values()), all_losses(lambda a, b: a == b),
+            all_losses(lambda a, b: abs(a - b) <= LOSS_TOLERANCE * abs(b)))
+
+
+def elastic_checks(options: DrillOptions, *, within: bool, idle: dict[str, Any], trained_twice: int) -> dict[str, bool]:
+    return {
+        f"losses within rel {LOSS_TOLERANCE:g} of the uninterrupted run": within,
+        f"resumed at world size {options.min_workers}": idle["resumed_world_size"] == options.min_workers,
+        f"back at world size {options.workers}": idle["back_to_full_s"] is not None,
+        "no step trained twice": trained_twice == 0,
+    }
+
+
+def training_spans(metrics: list[dict[str, Any]]) -> list[tuple[float, float, int]]:
+    """(start, end, world size) of each attempt's training, from its metric lines.
+
+    A line is written when a step ends; the attempt trained from one step (the median step time)
+    before its first line to its last line.
+    """
+    by_attempt: dict[Any, list[dict[str, Any]]] = {}
+    for m in metrics:
+        by_attempt.setdefault(m.get("attempt"), []).append(m)
+    spans = []
+    for lines in by_attempt.values():
+        times = sorted(float(m["time"]) for m in lines)
+        gaps = sorted(b - a for a, b in zip(times, times[1:]))
+        step = gaps[len(gaps) // 2] if gaps else 0.0
+        spans.append((times[0] - step, times[-1], int(lines[0].get("world_size") or 0)))
+    return sorted(spans)
+
+
+def _overlap(a: tuple[float, float], b: tuple[float, float]) -> float:
+    return max(0.0, min(a[1], b[1]) - max(a[0], b[0]))
+
+
+def idle_facts(*, options: DrillOptions, metrics: list[dict[str, Any]], notice: float | None,
+               node_spans: Sequence[tuple[float, float | None]]) -> dict[str, Any]:
+    """What an interruption cost in worker time, from the notice until the run is back at full size.
+
+    ``worker_seconds_idle``: the seconds worker nodes were up (the lost one until it went, the
+    replacement from when it joined) minus the seconds of ranks training (world size x time),
+    between the notice and the start of the first attempt at ``--workers`` after it.
+    ``resumed_world_size``: the world size of the first attempt after the notice.
+    """
+    spans = training_spans(metrics)
+    after = [s for s in spans if notice is not None and s[0] >= notice]
+    full = next((s for s in after if s[2] == options.workers), None)
+    facts: dict[str, Any] = {"resumed_world_size": after[0][2] if after else None,
+                             "back_to_full_s": None, "worker_seconds_idle": None}
+    if notice is None or full is None:
+        return facts
+    window = (notice, full[0])
+    up = sum(_overlap((joined, gone if gone is not None else float("inf")), window) for joined, gone in node_spans)
+    training = sum(ws * _overlap((start, end), window) for start, end, ws in spans)
+    facts["back_to_full_s"] = round(full[0] - notice, 3)
+    facts["worker_seconds_idle"] = round(up - training, 1) if node_spans else None
+    return facts
 
 
 def table(report: dict[str, Any]) -> str:
     keys = ("ok", "scenario", "interrupted_at_step", "checkpoint_step", "resumed_at_step",
             "steps_lost", "steps_trained_twice", "notice_to_trainer_s", "notice_to_checkpoint_s",
             "notice_to_durable_s",
-            "notice_to_resumed_s", "capacity", "losses_match_uninterrupted")
+            "notice_to_resumed_s", "capacity", "losses_match_uninterrupted", "losses_within_tolerance",
+            "resumed_world_size", "back_to_full_s", "worker_seconds_idle")
     width = max(len(k) for k in keys)
     lines = [f"  {k:<{width}}  {report.get(k)}" for k in keys]
     lines += [f"  {'check':<{width}}  {'passed' if v else 'FAILED'}: {name}"
@@ -294,6 +399,63 @@ def table(report: dict[str, Any]) -> str:
 
 
 # --------------------------------------------------------------------------- the drill
+class BootingProvider:
+    """The local node provider with a boot time: a node joins ``boot_seconds`` after it is asked for.
+
+    EC2 (or Karpenter) answers a launch at once with an instance that runs Ray minutes later; the
+    local provider starts a node in seconds.  This wrapper answers at once with the booting
+    node (listed by :meth:`nodes`, so a second event for the same lost instance finds its
+    replacement, as it would find a pending EC2 instance) and starts it ``boot_seconds`` later,
+    so that the replacement joins after the lost node is gone, as it does on AWS.
+    """
+
+    def __init__(self, inner: Any, *, boot_seconds: float) -> None:
+        self._inner = inner
+        self._boot_seconds = boot_seconds
+        self._booting: dict[str, tuple[Any, asyncio.Task[Any]]] = {}
+
+    async def available(self, capacity: Any) -> int | None:
+        have = await self._inner.available(capacity)
+        booting = sum(1 for node, _ in self._booting.values() if node.capacity == capacity)
+        return None if have is None else max(0, have - booting)
+
+    async def launch(self, *, capacity: Any, node_labels: Sequence[Mapping[str, str]],
+                     reservation_id: str | None = None) -> list[Any]:
+        from resilienced.ray.requeue import ProvidedNode
+
+        n = min(len(node_labels), await self.available(capacity) or 0)
+        if n == 0:  # the inner provider says NoCapacity, in its words
+            return await self._inner.launch(capacity=capacity, node_labels=node_labels, reservation_id=reservation_id)
+        started = []
+        for labels in node_labels[:n]:
+            node = ProvidedNode(f"i-booting-{secrets.token_hex(4)}", capacity, dict(labels))
+            task = asyncio.create_task(self._boot(node, reservation_id), name="drill.boot")
+            self._booting[node.instance_id] = (node, task)
+            started.append(node)
+        return started
+
+    async def _boot(self, node: Any, reservation_id: str | None) -> None:
+        try:
+            await asyncio.sleep(self._boot_seconds)
+            await self._inner.launch(capacity=node.capacity, node_labels=[node.labels], reservation_id=reservation_id)
+        finally:
+            self._booting.pop(node.instance_id, None)
+
+    async def nodes(self) -> list[Any]:
+        return [*await self._inner.nodes(), *(node for node, _ in self._booting.values())]
+
+    async def release(self, nodes: Sequence[Any]) -> None:
+        started = []
+        for node in nodes:
+            entry = self._booting.pop(node.instance_id, None)
+            if entry is not None:
+                entry[1].cancel()
+            else:
+                started.append(node)
+        if started:
+            await self._inner.release(started)
+
+
 class Drill:
     """One run of the drill; :meth:`run` returns the report."""
 
@@ -311,18 +473,33 @@ class Drill:
         self.capacity: str | None = None
         self._trainer: asyncio.subprocess.Process | None = None
         self._nodes: dict[str, Any] = {}
+        self._cluster: Any = None
+        self._spans: dict[str, list[float | None]] = {}  # worker node name -> [joined, gone]
 
     # ------------------------------------------------------------------ parts
     def _trainer_args(self, *, ray_address: str, checkpoint_dir: Path, metrics: Path,
                       events: Path | None, pad: bool) -> list[str]:
+        reference = ray_address == "local"
+        workers = self.o.workers
+        if self.o.scenario == "elastic":
+            # no dropout: the RNG streams are per rank, so they change with the world size; the
+            # reference is one process (the same global batch at any world size)
+            workers = 1 if reference else workers
         args = [sys.executable, "-m", "trainer", "--ray-address", ray_address,
-                "--num-workers", str(self.o.workers), "--steps", str(self.o.steps),
+                "--num-workers", str(workers), "--steps", str(self.o.steps),
                 "--seed", str(self.o.seed), "--checkpoint-dir", str(checkpoint_dir),
-                "--checkpoint-every", str(self.o.checkpoint_every), "--metrics-out", str(metrics)]
+                "--checkpoint-every", str(self.o.checkpoint_every), "--metrics-out", str(metrics),
+                # 4 sequences per worker (8 for the default 2): any --workers splits it evenly, and an
+                # elastic run's smaller size too for 3 workers (12 over 2)
+                "--batch-size", str(4 * self.o.workers)]
         if events is not None:
             args += ["--events-out", str(events)]
         if pad and self.o.step_seconds:
             args += ["--min-step-seconds", str(self.o.step_seconds)]
+        if self.o.scenario == "elastic":
+            args += ["--dropout", "0"]
+            if not reference:
+                args += ["--min-workers", str(self.o.min_workers), "--resize-interval-s", str(RESIZE_INTERVAL_S)]
         return args
 
     async def _provision_aws(self, endpoint: str) -> str:
@@ -400,6 +577,8 @@ class Drill:
                 elif kind == "checkpoint_committed":
                     text = (f"checkpoint step {e.get('step')} committed ({e.get('reason')}, "
                             f"{float(e.get('save_seconds') or 0):.2f}s)")
+                elif kind == "resize_requested":
+                    text = f"Ray Train grows the run: saving step {e.get('step')} before the restart"
                 elif kind == "waiting_for_teardown":
                     text = f"trained up to step {e.get('step')}; waiting to be torn down"
                 elif kind == "finished":
@@ -409,9 +588,19 @@ class Drill:
                 self.timeline.add("trainer", text, at=e.get("time"))
             for m in self.metrics.read_new():
                 if m["step"] - last_step_shown >= 10 or m["step"] == self.o.interrupt_at_step:
-                    self.timeline.add("trainer", f"step {m['step']} loss {m['loss']:.4f}", at=m.get("time"))
+                    self.timeline.add("trainer", f"step {m['step']} loss {m['loss']:.4f} "
+                                                 f"(world size {m.get('world_size')})", at=m.get("time"))
                     last_step_shown = m["step"]
+            self._note_joins()
             await asyncio.sleep(0.2)
+
+    def _note_joins(self) -> None:
+        """Worker nodes that joined since the last look (the replacement): when, for the report."""
+        for node in list(self._cluster.workers if self._cluster is not None else ()):
+            if node.name not in self._spans:
+                self._spans[node.name] = [time.time(), None]
+                self.timeline.add("ray", f"node {node.labels.get(INSTANCE_LABEL)} joined "
+                                         f"({node.labels.get(CAPACITY_LABEL)})")
 
     async def _until(self, predicate: Callable[[], bool], *, what: str, timeout: float) -> None:
         end = time.monotonic() + timeout
@@ -454,7 +643,7 @@ class Drill:
             await self._until(lambda: any(m["step"] >= self.o.interrupt_at_step for m in self.metrics.lines),
                               what=f"step {self.o.interrupt_at_step}", timeout=self.o.timeout)
             victim = self.instance_ids[0]
-            if self.o.scenario == "spot":
+            if self.o.scenario in ("spot", "elastic"):
                 await self._play_spot(moto.endpoint_url, cluster, victim)
             else:
                 await self._play_abrupt(moto.endpoint_url, cluster, victim)
@@ -476,7 +665,8 @@ class Drill:
             reference = await self._reference()
         report = report_from(options=self.o, metrics=self.metrics.lines, events=self.events.lines,
                              reference=reference, notice=self.timeline.notice,
-                             durable_at=self.durable_at, capacity=self.capacity, trainer_exit=code)
+                             durable_at=self.durable_at, capacity=self.capacity, trainer_exit=code,
+                             node_spans=[(span[0], span[1]) for span in self._spans.values()])
         return report
 
     async def _start_ray(self, stack: contextlib.AsyncExitStack) -> Any:
@@ -486,10 +676,13 @@ class Drill:
             "RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S": str(self.o.preemption_poll)})
         stack.callback(cluster.stop)
         await asyncio.to_thread(cluster.start)
+        self._cluster = cluster
+        elastic = {ELASTIC_LABEL: "true"} if self.o.scenario == "elastic" else {}
         for instance_id in self.instance_ids:
             node = await asyncio.to_thread(cluster.add_node, labels={
-                INSTANCE_LABEL: instance_id, CAPACITY_LABEL: "spot"}, num_cpus=1)
+                INSTANCE_LABEL: instance_id, CAPACITY_LABEL: "spot", **elastic}, num_cpus=1)
             self._nodes[instance_id] = node
+            self._spans[node.name] = [time.time(), None]
         self.timeline.add("ray", f"cluster at {cluster.address}: head + {self.o.workers} spot node(s) "
                                  f"{', '.join(self.instance_ids)}")
         return cluster
@@ -538,8 +731,10 @@ class Drill:
             reservation_id=BLOCK_ID, instance_type=INSTANCE_TYPE, availability_zone=f"{REGION}a",
             reservation_type="capacity-block", state="active", available_instances=self.o.workers,
             total_instances=self.o.workers, start=now - timedelta(hours=1), end=now + timedelta(days=1))
-        provider = LocalNodeProvider(cluster, capacity={
+        provider: Any = LocalNodeProvider(cluster, capacity={
             "spot": self.o.spot_capacity, "capacity-block": self.o.workers, "on-demand": 0})
+        if self.o.node_boot_seconds:
+            provider = BootingProvider(provider, boot_seconds=self.o.node_boot_seconds)
         daemon_log = open(self.workdir / "daemon.log", "a")
         stack.callback(daemon_log.close)
         log.configure(level="info", stream=daemon_log)
@@ -573,6 +768,9 @@ class Drill:
         env.update(cluster.env)
         env["RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S"] = str(self.o.preemption_poll)
         env["PYTHONUNBUFFERED"] = "1"
+        if self.o.node_boot_seconds:  # a fixed-size run waits for the replacement to place its workers
+            env["RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"] = str(
+                max(60.0, self.o.notice_seconds + self.o.node_boot_seconds + 60))
         log_file = open(self.workdir / "trainer.log", "ab")
         stack.callback(log_file.close)
         self._trainer = await asyncio.create_subprocess_exec(
@@ -599,11 +797,13 @@ class Drill:
 
     async def _terminate(self, endpoint: str, cluster: Any, victim: str) -> None:
         await asyncio.to_thread(cluster.kill_node, self._nodes[victim])
+        self._spans[self._nodes[victim].name][1] = time.time()
         self.timeline.add("aws", f"instance {victim} terminated (its Ray node is gone)")
         await self._put(endpoint, state_change(victim, "terminated", datetime.now(timezone.utc)),
                         f"state change: {victim} terminated")
         if not self.o.daemon:  # nobody requeues: play the autoscaler that replaces the node
             replacement = made_up_ids(self.o.workers + 1, seed=self.o.seed)[-1]
+            await asyncio.sleep(self.o.node_boot_seconds)
             await asyncio.to_thread(cluster.add_node, labels={
                 INSTANCE_LABEL: replacement, CAPACITY_LABEL: "on-demand"}, num_cpus=1)
             self.capacity = "on-demand"
@@ -671,17 +871,25 @@ async def _stop_process(proc: asyncio.subprocess.Process) -> None:
 # --------------------------------------------------------------------------- the command
 def configure(parser: argparse.ArgumentParser) -> None:
     d = DrillOptions()
-    parser.add_argument("--workers", type=int, default=d.workers, help="ranks, one per Ray worker node")
-    parser.add_argument("--steps", type=int, default=d.steps, help="optimizer steps of the run")
+    parser.add_argument("--workers", type=int, default=None,
+                        help=f"ranks, one per Ray worker node (default {d.workers}; elastic: "
+                             f"{ELASTIC_DEFAULTS['workers']}, min one less)")
+    parser.add_argument("--steps", type=int, default=None,
+                        help=f"optimizer steps of the run (default {d.steps}; elastic: {ELASTIC_DEFAULTS['steps']})")
     parser.add_argument("--interrupt-at-step", type=int, default=d.interrupt_at_step,
                         help="the interruption comes once the run has trained this step")
     parser.add_argument("--spot-capacity", type=int, default=d.spot_capacity,
                         help="replacement Spot nodes the local provider has (0: none, so the run "
                              "goes to the Capacity Block)")
     parser.add_argument("--seed", type=int, default=d.seed)
-    parser.add_argument("--scenario", choices=("spot", "abrupt"), default=d.scenario,
+    parser.add_argument("--scenario", choices=SCENARIOS, default=d.scenario,
                         help="spot: rebalance, notice, termination at the deadline; abrupt: the "
-                             "instance is gone with no notice (a state change only)")
+                             "instance is gone with no notice (a state change only); elastic: the "
+                             "spot story for an elastic run (python -m trainer --min-workers): the "
+                             "survivors go on, the replacement joins, the run grows back")
+    parser.add_argument("--node-boot-seconds", type=float, default=None,
+                        help="a replacement node joins this long after it is asked for (AWS: minutes; "
+                             f"default {d.node_boot_seconds:g}, elastic: {ELASTIC_DEFAULTS['node_boot_seconds']:g})")
     parser.add_argument("--notice-seconds", type=float, default=d.notice_seconds,
                         help="time from the notice to the termination (EC2: 120)")
     parser.add_argument("--checkpoint-every", type=int, default=d.checkpoint_every,
@@ -704,9 +912,18 @@ def configure(parser: argparse.ArgumentParser) -> None:
                              "does (env RESILIENCED_NOTIFY_WEBHOOK)")
 
 
+def _scenario_default(args: argparse.Namespace, name: str) -> Any:
+    value = getattr(args, name)
+    if value is not None:
+        return value
+    return ELASTIC_DEFAULTS[name] if args.scenario == "elastic" else getattr(DrillOptions(), name)
+
+
 def main(args: argparse.Namespace) -> int:
     options = DrillOptions(
-        workers=args.workers, steps=args.steps, interrupt_at_step=args.interrupt_at_step,
+        workers=_scenario_default(args, "workers"), steps=_scenario_default(args, "steps"),
+        node_boot_seconds=_scenario_default(args, "node_boot_seconds"),
+        interrupt_at_step=args.interrupt_at_step,
         spot_capacity=args.spot_capacity, seed=args.seed, scenario=args.scenario, keep=args.keep,
         json_report=args.json_report, notice_seconds=args.notice_seconds,
         checkpoint_every=args.checkpoint_every, preemption_poll=args.preemption_poll,

@@ -439,28 +439,17 @@ class LocalRayCluster:
 
     @contextlib.contextmanager
     def _gcs(self) -> Iterator[object]:
-        """A GCS client for this cluster; the auth env is swapped in only if it differs."""
+        """A GCS client for this cluster, under the process-wide token switch of
+        ``resilienced.ray.gcs``: the drill runs the daemon's GCS calls (another token handling) in
+        this process, and two threads swapping Ray's auth environment at once end the process."""
         from ray._raylet import GcsClient
+
+        from resilienced.ray.gcs import _SWITCH
 
         if not self.address:
             raise LocalRayError("the cluster is not started")
-        wanted = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": self.auth_token}
-        saved = {k: os.environ.get(k) for k in (*wanted, "RAY_AUTH_TOKEN_PATH")}
-        swap = any(os.environ.get(k) != v for k, v in wanted.items())
-        if swap:
-            os.environ.update(wanted)
-            os.environ.pop("RAY_AUTH_TOKEN_PATH", None)
-            _reset_ray_auth()
-        try:
+        with _SWITCH.using(self.auth_token, wait_s=60.0, address=self.address):
             yield GcsClient(address=self.address)
-        finally:
-            if swap:
-                for k, v in saved.items():
-                    if v is None:
-                        os.environ.pop(k, None)
-                    else:
-                        os.environ[k] = v
-                _reset_ray_auth()
 
     # ------------------------------------------------------------------ teardown
     def stop(self) -> None:
@@ -580,13 +569,6 @@ def _sweep(marker_prefix: str) -> None:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
     _wait_gone(found)
-
-
-def _reset_ray_auth() -> None:
-    from ray._raylet import AuthenticationTokenLoader, Config
-
-    Config.initialize("")
-    AuthenticationTokenLoader.instance().reset_cache()
 
 
 def _tail(path: Path, lines: int = 20) -> str:

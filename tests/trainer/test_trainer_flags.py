@@ -27,6 +27,11 @@ REPO = Path(__file__).resolve().parents[2]
         (["--ray-address", "local", "--use-gpu"], "--use-gpu"),
         (["--crash-at", "nowhere:3"], "--crash-at"),
         (["--crash-at", "committed"], "--crash-at"),
+        (["--num-workers", "3", "--min-workers", "0"], "--min-workers"),
+        (["--num-workers", "3", "--min-workers", "4"], "--min-workers"),
+        (["--num-workers", "3", "--min-workers", "2", "--ray-address", "local"], "--min-workers"),
+        (["--num-workers", "3", "--min-workers", "2", "--batch-size", "2"], "--batch-size"),
+        (["--num-workers", "3", "--min-workers", "2", "--resize-save-timeout-s", "0"], "--resize-save-timeout-s"),
     ],
     ids=lambda v: " ".join(v) if isinstance(v, list) else v,
 )
@@ -45,6 +50,14 @@ def test_the_config_survives_the_trip_to_the_ranks(tmp_path: Path) -> None:
     again = TrainConfig.from_dict(cfg.as_dict())
     assert again == cfg
     assert again.crash_at == ("manifest-written", 6) and again.model.d_model == 32
+
+
+def test_an_elastic_run_takes_a_batch_that_splits_unevenly(tmp_path: Path) -> None:
+    cfg = parse_args(["--checkpoint-dir", str(tmp_path), "--num-workers", "3", "--min-workers", "2",
+                      "--resize-interval-s", "5"])
+    assert cfg.elastic and (cfg.min_workers, cfg.num_workers, cfg.batch_size) == (2, 3, 8)
+    assert TrainConfig.from_dict(cfg.as_dict()) == cfg
+    assert not parse_args(["--checkpoint-dir", str(tmp_path)]).elastic
 
 
 def test_the_cli_exits_2_and_names_the_flag(tmp_path: Path) -> None:
