@@ -96,10 +96,10 @@ def run_objects(n: int, *, job_uid: str, head_ip: str = "127.0.0.1") -> list[dic
     """Run ``trial-n/train``: the Node, RayCluster and head pod of RayJob ``job_uid`` (:func:`run_job`)."""
     ns = f"trial-{n}"
     spec = _ray_spec()
+    # every run's Node is in the same pool (p5.48xlarge x us-east-1a): the replicas' in-memory
+    # interruption histories of that pool differ, so a replica taking a run over after its requeue
+    # must keep the move already applied rather than decide again (docs/reliability.md)
     host = node(f"node-{n}", instance(n))
-    # a pool (instance type x zone) of its own: trials do not share interruption history, which each
-    # replica keeps in memory (docs/reliability.md, "open findings")
-    host["metadata"]["labels"]["node.kubernetes.io/instance-type"] = f"p5.{n}xlarge"
     return [
         host,
         {"apiVersion": "ray.io/v1", "kind": "RayCluster",
