@@ -307,7 +307,8 @@ class Recovery:
             # sooner (each look is a receive, and the redrive policy counts them)
             raise TemporaryError(f"run {target.run_key} for event {event.event_id} is being "
                                  f"handled by {who}", delay=ttl)
-        keeper = asyncio.create_task(self._keep_claim(key, holder=holder), name=f"claim-keeper:{key}")
+        stop = asyncio.Event()
+        keeper = asyncio.create_task(self._keep_claim(key, holder=holder, stop=stop), name=f"claim-keeper:{key}")
         try:
             if Step.NOTIFY in plan.steps:
                 await self._notify(plan, target, report)
@@ -318,13 +319,13 @@ class Recovery:
             if Step.REQUEUE in plan.steps:
                 await self._requeue(plan, target, report)
         except BaseException:
-            keeper.cancel()
+            await _stop_keeper(keeper, stop)
             try:
                 await asyncio.shield(self.claims.release(key, holder=holder))
             except ResilienceError as e:
                 self._log.warning("claim release failed", key=key, error=str(e))
             raise
-        keeper.cancel()
+        await _stop_keeper(keeper, stop)  # no renewal may land after the completion
         report.record = runs_record(event, report.as_json(), outcome="done", at=self.clock())
         await self.claims.complete(key, holder=holder, details=report.record)
         return report
@@ -334,11 +335,16 @@ class Recovery:
         if self.notifier is not None:
             self.notifier.submit(summary(record))
 
-    async def _keep_claim(self, key: str, *, holder: str) -> None:
-        """Renew the run claim every third of its TTL while the run's steps go on."""
+    async def _keep_claim(self, key: str, *, holder: str, stop: asyncio.Event) -> None:
+        """Renew the run claim every third of its TTL while the run's steps go on, until ``stop``
+        (checked between renewals: a renewal is never cut off mid-request, see :func:`_stop_keeper`)."""
         ttl = self.options.claim_ttl_seconds
         while True:
-            await asyncio.sleep(ttl / 3)
+            try:
+                await asyncio.wait_for(stop.wait(), ttl / 3)
+                return
+            except TimeoutError:
+                pass
             try:
                 await self.claims.acquire(key, holder=holder, ttl_seconds=ttl)
             except ResilienceError as e:
@@ -487,3 +493,14 @@ class Recovery:
         except ResilienceError as e:  # an Event is a courtesy; the step itself is done
             self._log.warning("recording an event failed", run=target.run_key, reason=reason,
                               error=str(e))
+
+
+async def _stop_keeper(keeper: asyncio.Task[None], stop: asyncio.Event) -> None:
+    """Stop a claim keeper and wait until it has ended, a renewal in flight included.
+
+    Cancelling it instead would leave that renewal's write to land after the claim is completed
+    or released: in ray mode (GCS KV: no compare-and-set, calls on threads a cancel does not
+    stop) it would turn the done claim back into a held one (issue #14, the keeper race).
+    """
+    stop.set()
+    await asyncio.gather(keeper, return_exceptions=True)

@@ -137,7 +137,7 @@ def scenario_flood(workdir: Path, *, total: int, runs: int, moto: Any = None) ->
     with world(workdir, moto=moto) as w:
         for n in plan.runs:
             w.seed_run(n)
-        a, _b = w.start_replica(), w.start_replica()
+        a, _b = w.start_replicas(2)
         w.send(plan.bodies)
         now = datetime.now(timezone.utc)
         for n in plan.runs:  # the trainers' saves, after the notices
@@ -261,7 +261,7 @@ def kill_trial(w: World, n: int, phase: str, *, pause: float) -> float:
     ended = time.monotonic()
     if phase == "durability-wait":
         w.put_checkpoint(n, step=3, saved=datetime.now(timezone.utc))
-    w.start_replica()  # the pod is restarted, as its Deployment would
+    w.start_replica(wait=False)  # the pod is restarted, as its Deployment would (the other replica goes on)
     w.wait(lambda: run_counts(w, n)["requeued_events"] >= 1 and w.queue_counts() == (0, 0),
            timeout=float(os.environ.get("CHAOS_TRIAL_TIMEOUT", "900")), what=f"trial {n} ({phase}) to be requeued and its message deleted")
     return time.monotonic() - ended
@@ -287,7 +287,7 @@ def scenario_kill(workdir: Path, *, repeats: int, moto: Any = None) -> Tally:
     tally = Tally("kill", "SIGKILL of the replica holding the run, at " + ", ".join(PHASES))
     trials: list[int] = []
     with world(workdir, moto=moto) as w:
-        w.start_replica(), w.start_replica()
+        w.start_replicas(2)
         for r in range(repeats):
             for k, phase in enumerate(PHASES):
                 n = 1 + r * len(PHASES) + k
@@ -368,7 +368,7 @@ def scenario_backends(workdir: Path, *, quick: bool, moto: Any = None) -> Tally:
     tally = Tally("backends", "; ".join(f"{k}: {BACKEND_FAULTS[k][0]}" for k in names))
     trials: list[int] = []
     with world(workdir, moto=moto) as w:
-        w.start_replica(), w.start_replica()
+        w.start_replicas(2)
         for k, name in enumerate(names, start=1):
             trials.append(k)
             tally.injected += 1

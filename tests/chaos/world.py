@@ -160,7 +160,8 @@ class World:
         self._decided = 0
 
     # ------------------------------------------------------------------ daemons
-    def start_replica(self, *extra: str) -> DaemonProcess:
+    def start_replica(self, *extra: str, wait: bool = True) -> DaemonProcess:
+        """One more replica; ``wait``: until it has logged ``started``."""
         env = dict(FAKE_CREDENTIALS, AWS_DEFAULT_REGION=REGION, PYTHONUNBUFFERED="1",  # as the image sets it
                    HOSTNAME=f"replica-{len(self.replicas) + len(self.retired)}")
         argv = ["-m", "resilienced", "run", "--queue-url", self.queue_url, "--region", REGION,
@@ -172,8 +173,20 @@ class World:
         daemon = DaemonProcess(argv, env=env)
         daemon.hostname = env["HOSTNAME"]  # type: ignore[attr-defined]  # the prefix of its claims' holder
         self.replicas.append(daemon)
-        daemon.wait_for(lambda lines: any(line.get("event") == "started" for line in lines), timeout=120)
+        if wait:
+            self.wait_started(daemon)
         return daemon
+
+    def start_replicas(self, count: int) -> list[DaemonProcess]:
+        """``count`` replicas started side by side (their imports overlap), each waited for."""
+        daemons = [self.start_replica(wait=False) for _ in range(count)]
+        for daemon in daemons:
+            self.wait_started(daemon)
+        return daemons
+
+    @staticmethod
+    def wait_started(daemon: DaemonProcess) -> None:
+        daemon.wait_for(lambda lines: any(line.get("event") == "started" for line in lines), timeout=120)
 
     def kill(self, daemon: DaemonProcess) -> None:
         """SIGKILL: no shutdown path runs."""
