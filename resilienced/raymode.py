@@ -219,7 +219,8 @@ class RayModeCluster:
         )
 
     async def record(
-        self, target: Target, *, reason: str, message: str, warning: bool = False
+        self, target: Target, *, reason: str, message: str, warning: bool = False,
+        once: str | None = None,
     ) -> None:
         (log.warning if warning else log.info)(
             "%s: %s [instance %s, ray %s, nodes %s]",

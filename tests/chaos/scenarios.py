@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 import uuid
 from collections import Counter
@@ -92,7 +93,8 @@ def run_counts(w: World, n: int) -> dict[str, int]:
 
 
 def check_runs(w: World, runs: list[int], tally: Tally) -> None:
-    """Each run drained once and requeued once; repeated Events (a taker-over re-recording) counted apart."""
+    """Each run drained once and requeued once, each of its Events recorded once (a replica taking
+    it over, or a retry, does not record the work again)."""
     repeated = 0
     for n in runs:
         got = run_counts(w, n)
@@ -106,6 +108,8 @@ def check_runs(w: World, runs: list[int], tally: Tally) -> None:
         if 0 in (got["drained_events"], got["durable_events"], got["requeued_events"]):
             tally.extra.setdefault("missing_events", []).append(f"trial-{n}: {got}")
     tally.extra["repeated_events"] = tally.extra.get("repeated_events", 0) + repeated
+    if repeated:  # each Event is recorded once per (run, reason, notice), whoever does the work
+        tally.violations.append(f"{repeated} repeated Events (Draining / CheckpointDurable / Requeued)")
 
 
 def _verified(w: World, n: int) -> bool:
@@ -204,6 +208,18 @@ def _check_flood(w: World, plan: flood_mod.Flood, dead: list[dict[str, Any]], ta
     unexplained = [d for d in decisions if d.get("outcome") in flood_mod.BAD and not d.get("reason")]
     if unexplained:
         tally.violations.append(f"{len(unexplained)} bad messages without a logged reason")
+    why = {d["message_id"]: d.get("reason") or "" for d in decisions if d.get("outcome") in flood_mod.BAD}
+    tally.extra["dlq_by_reason"] = dict(Counter(
+        _reason_kind(why[m["MessageId"]]) if m["MessageId"] in why else "no decision line" for m in dead
+    ).most_common())
+
+
+def _reason_kind(reason: str) -> str:
+    """A logged reason without its particulars (quoted values, numbers, the parenthesised detail):
+    what the DLQ contents are grouped by."""
+    reason = re.sub(r"\s*\(.*$", "", reason.splitlines()[0] if reason else "")
+    reason = re.sub(r"'[^']*'?|\"[^\"]*\"?", "…", reason)
+    return re.sub(r"\b\d+\b", "N", reason)[:100] or "(empty)"
 
 
 # --------------------------------------------------------------------------- scenario 1
