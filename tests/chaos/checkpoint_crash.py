@@ -25,6 +25,7 @@ import asyncio
 import os
 import signal
 import time
+from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
@@ -130,14 +131,18 @@ class Trial:
         self.killed_at = 0.0
         self.notice: datetime | None = None
 
-    def crash(self, view: DaemonView) -> bool:
-        """Steps 1-3: the kill, where it landed, what the daemon sees; False when not killed."""
+    def kill(self) -> bool:
+        """Step 1: train and be killed; False when the trainer was not killed as meant."""
         died = run_ranks(ckpt_ranks.train_and_die, WORLD, str(self.root), self.phase, AT, EVERY, self.nth,
                          timeout=300)
         self.killed_at = time.monotonic()
         if not _killed(died):
             self.problems.append(f"the trainer was not SIGKILLed at {self.phase}: {died}")
             return False
+        return True
+
+    def inspect(self, view: DaemonView) -> None:
+        """Steps 2-3: where the kill landed, what the daemon sees."""
         if (why := landed(self.root, self.phase)) is not None:
             self.problems.append(f"the kill did not land at {self.phase}: {why}")
         view.run(view.export(self.root, self.name))
@@ -151,7 +156,6 @@ class Trial:
                                  f"fallback {waited.fallback_step} ({waited.reason})")
         if newest is None or newest.step != self.want:
             self.problems.append(f"daemon: newest durable checkpoint {newest and newest.step}, want {self.want}")
-        return True
 
     def resumed(self, view: DaemonView, got: list[dict[str, Any]]) -> float:
         """Step 4, given what each rank's restart returned; the seconds from the kill to whole again."""
@@ -198,9 +202,10 @@ def scenario_checkpoint(workdir: Path, *, repeats: int, batch: bool = False,
                         moto: MotoServer | None = None) -> Tally:
     """Scenario 5: every phase ``repeats`` times (the shard cut after a different tensor each time).
 
-    ``batch``: restart the trainers of all phases of a repeat in one set of rank processes, one
-    after the other (the quick form: fewer process starts); the time to recover then includes
-    the other phases' kills. Otherwise each trial is resumed on its own, right after its kill.
+    ``batch`` (the quick form): the trainers of a repeat's phases run side by side (three at a
+    time), and are restarted in one set of rank processes, one root after the other (fewer
+    process starts); the time to recover then includes the other phases. Otherwise each trial is
+    killed, checked and resumed on its own before the next.
     """
     tally = Tally("checkpoint", "SIGKILL of the trainer (2 gloo ranks) at " + ", ".join(ckpt_ranks.PHASES))
     for key, value in FAKE_CREDENTIALS.items():
@@ -215,15 +220,17 @@ def scenario_checkpoint(workdir: Path, *, repeats: int, batch: bool = False,
         view.run(_make_bucket(server.endpoint_url))
         for r in range(repeats):
             trials = [Trial(workdir, phase, r) for phase in ckpt_ranks.PHASES]
-            killed = []
-            for trial in trials:
-                if trial.crash(view):
-                    killed.append(trial)
-                    if not batch:
-                        trial_times = resume(view, [trial])
-                        tally.recover_s.append(round(trial_times[0], 1))
-            if batch and killed:
-                tally.recover_s += [round(t, 1) for t in resume(view, killed)]
+            if batch:  # the trainers side by side (each its own ranks and root), then one restart of all
+                with ThreadPoolExecutor(max_workers=3) as pool:
+                    killed = [t for t, ok in zip(trials, pool.map(Trial.kill, trials)) if ok]
+                for trial in killed:
+                    trial.inspect(view)
+                tally.recover_s += [round(t, 1) for t in resume(view, killed)] if killed else []
+            else:
+                for trial in trials:
+                    if trial.kill():
+                        trial.inspect(view)
+                        tally.recover_s += [round(t, 1) for t in resume(view, [trial])]
             for trial in trials:
                 tally.injected += 1
                 tally.violations += [f"{trial.name}: {p}" for p in trial.problems]

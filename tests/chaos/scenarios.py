@@ -326,13 +326,14 @@ def _sqs(*actions: str) -> Any:
 
 
 #: fault name -> (how it is injected, arm(world) -> rule with ``hits``/``times``); ``quick``: in --quick
+#: (one fault per backend: SQS, S3, EC2, the Kubernetes API and its watches; the full form runs all)
 BACKEND_FAULTS: dict[str, tuple[str, Callable[[World], Any], bool]] = {
     "sqs-503": ("proxy: 503 ServiceUnavailable on 12 SQS ReceiveMessage/DeleteMessage",
                 lambda w: w.kube.call(w.aws_proxy.fail, 503, code="ServiceUnavailable", times=12,
                                       match=_sqs("ReceiveMessage", "DeleteMessage")), True),
     "sqs-reset": ("proxy: connection reset on 8 SQS requests",
                   lambda w: w.kube.call(w.aws_proxy.reset, times=8, match=_sqs(
-                      "ReceiveMessage", "DeleteMessage", "ChangeMessageVisibility")), True),
+                      "ReceiveMessage", "DeleteMessage", "ChangeMessageVisibility")), False),
     "s3-500": ("proxy: 500 InternalError on 10 S3 requests",
                lambda w: w.kube.call(w.aws_proxy.fail, 500, times=10, match=path_contains(f"/{BUCKET}")), True),
     "s3-stall": ("proxy: 2 S3 requests held 35 s (past the 30 s read timeout)",
@@ -341,11 +342,11 @@ BACKEND_FAULTS: dict[str, tuple[str, Callable[[World], Any], bool]] = {
                      lambda w: w.kube.call(w.aws_proxy.fail, 503, code="RequestLimitExceeded", times=6,
                                            match=aws_action("DescribeCapacityReservations")), True),
     "kube-500-node": ("emulator: 500 on 4 Node patches", lambda w: w.kube.call(
-        w.kube.server.fail, verb="patch", resource="nodes", status=500, times=4), True),
+        w.kube.server.fail, verb="patch", resource="nodes", status=500, times=4), False),
     "kube-429-rayjob": ("emulator: 429 Retry-After 1 on 4 RayJob patches", lambda w: w.kube.call(
         w.kube.server.fail, verb="patch", resource="rayjobs.ray.io", status=429, retry_after=1, times=4), True),
     "kube-drop-lease": ("emulator: connection dropped on 4 Lease creates", lambda w: w.kube.call(
-        w.kube.server.fail, verb="create", resource="leases", status=0, times=4), True),
+        w.kube.server.fail, verb="create", resource="leases", status=0, times=4), False),
     "kube-stall-events": ("emulator: 2 Event creates held 70 s", lambda w: w.kube.call(
         w.kube.server.delay, 70, verb="create", resource="events", times=2), False),
 }
@@ -364,18 +365,51 @@ BACKEND_FAULTS["kube-watch-410"] = (
     lambda w: _Once(lambda: w.kube.call(w.kube.server.expire_watches)), True)
 
 
-def fault_trial(w: World, n: int, name: str) -> float:
-    """Arm ``name``, send a notice for a new run n; once the fault is spent, the seconds to recover."""
+#: the faults during which a replica may say it is not ready: /readyz is about the queue (SQS)
+UNREADY_OK = ("sqs-",)
+
+
+def fault_trial(w: World, n: int, name: str) -> tuple[float, dict[str, Any]]:
+    """Arm ``name``, send a notice for a new run n; once the fault is spent, the seconds to recover.
+
+    Also what the replicas' ``/readyz`` said while the fault lasted (polled), and after.
+    """
     rule = BACKEND_FAULTS[name][1](w)
     w.seed_run(n)
     w.put_checkpoint(n, step=3, saved=datetime.now(timezone.utc) + timedelta(seconds=1))
     w.send([json.dumps(notice_for(n))])
-    w.wait(lambda: rule.hits >= rule.times, timeout=600, what=f"fault {name} to be spent")
+    seen: list[tuple[int, str]] = []
+
+    def spent() -> bool:
+        seen.extend(w.readyz(d) for d in w.replicas)
+        return rule.hits >= rule.times
+    w.wait(spent, timeout=600, what=f"fault {name} to be spent", every=0.2)
     ended = time.monotonic()
     w.wait(lambda: run_counts(w, n)["requeued_events"] >= 1 and w.queue_counts() == (0, 0),
            timeout=float(os.environ.get("CHAOS_TRIAL_TIMEOUT", "900")),
            what=f"trial {n} ({name}) to be requeued and its message deleted")
-    return time.monotonic() - ended
+    took = time.monotonic() - ended
+    unready = [(status, reason) for status, reason in seen if status != 200]
+    # a replica whose last receive failed says so until its next receive, after its backoff
+    try:
+        w.wait(lambda: all(w.readyz(d)[0] == 200 for d in w.replicas), timeout=120,
+               what=f"every replica ready again after {name}", every=0.2)
+        ready_again = round(time.monotonic() - ended, 1)
+    except AssertionError:
+        ready_again = None
+    return took, {"polls": len(seen), "unready": len(unready), "reasons": sorted({r[:160] for _, r in unready})[:3],
+                  "ready_again_s": ready_again}
+
+
+def check_readyz(name: str, readyz: dict[str, Any], tally: Tally) -> None:
+    """Unready only for a queue fault, and then saying why; ready again once it is over (the time
+    from the fault's end to every replica ready is ``ready_again_s``)."""
+    if readyz["unready"] and not name.startswith(UNREADY_OK):
+        tally.violations.append(f"{name}: /readyz said not ready during a fault of another backend: {readyz}")
+    if any(not reason for reason in readyz["reasons"]):
+        tally.violations.append(f"{name}: /readyz said not ready without a reason: {readyz}")
+    if readyz["ready_again_s"] is None:
+        tally.violations.append(f"{name}: /readyz not ready 120 s after the fault ended: {readyz}")
 
 
 def scenario_backends(workdir: Path, *, quick: bool, moto: Any = None) -> Tally:
@@ -389,10 +423,14 @@ def scenario_backends(workdir: Path, *, quick: bool, moto: Any = None) -> Tally:
             trials.append(k)
             tally.injected += 1
             try:
-                tally.recover_s.append(round(fault_trial(w, k, name), 1))
-                tally.survived += 1
+                took, readyz = fault_trial(w, k, name)
             except AssertionError as e:
                 tally.violations.append(f"{name}: {e}")
+                continue
+            tally.recover_s.append(round(took, 1))
+            tally.survived += 1
+            tally.extra.setdefault("readyz", {})[name] = readyz
+            check_readyz(name, readyz, tally)
         _finish(w, trials, tally)
         tally.extra["faults"] = names
     return tally

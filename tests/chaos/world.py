@@ -23,6 +23,8 @@ import json
 import os
 import threading
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from contextlib import contextmanager
@@ -187,6 +189,24 @@ class World:
     @staticmethod
     def wait_started(daemon: DaemonProcess) -> None:
         daemon.wait_for(lambda lines: any(line.get("event") == "started" for line in lines), timeout=120)
+        daemon.http_port = daemon.events("started")[0]["http_port"]  # type: ignore[attr-defined]
+
+    @staticmethod
+    def readyz(daemon: DaemonProcess) -> tuple[int, str]:
+        """A replica's ``/readyz``: (HTTP status, the reason it gives; 0 and the error if no answer)."""
+        port = getattr(daemon, "http_port", None)
+        if port is None:
+            return 0, "not started"
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=5) as answer:
+                return answer.status, ""
+        except urllib.error.HTTPError as e:
+            try:
+                return e.code, str(json.loads(e.read() or b"{}").get("reason", ""))
+            except ValueError:
+                return e.code, "(no JSON body)"
+        except OSError as e:
+            return 0, str(e)
 
     def kill(self, daemon: DaemonProcess) -> None:
         """SIGKILL: no shutdown path runs."""
