@@ -385,16 +385,24 @@ def fault_trial(w: World, n: int, name: str) -> tuple[float, dict[str, Any]]:
         return rule.hits >= rule.times
     w.wait(spent, timeout=600, what=f"fault {name} to be spent", every=0.2)
     ended = time.monotonic()
-    w.wait(lambda: run_counts(w, n)["requeued_events"] >= 1 and w.queue_counts() == (0, 0),
-           timeout=float(os.environ.get("CHAOS_TRIAL_TIMEOUT", "900")),
+    ready: list[float] = []  # when every replica first said ready after the fault ended
+
+    def all_ready() -> bool:
+        if not ready and all(w.readyz(d)[0] == 200 for d in w.replicas):
+            ready.append(time.monotonic() - ended)
+        return bool(ready)
+
+    def recovered() -> bool:
+        all_ready()
+        return run_counts(w, n)["requeued_events"] >= 1 and w.queue_counts() == (0, 0)
+    w.wait(recovered, timeout=float(os.environ.get("CHAOS_TRIAL_TIMEOUT", "900")),
            what=f"trial {n} ({name}) to be requeued and its message deleted")
     took = time.monotonic() - ended
     unready = [(status, reason) for status, reason in seen if status != 200]
     # a replica whose last receive failed says so until its next receive, after its backoff
     try:
-        w.wait(lambda: all(w.readyz(d)[0] == 200 for d in w.replicas), timeout=120,
-               what=f"every replica ready again after {name}", every=0.2)
-        ready_again = round(time.monotonic() - ended, 1)
+        w.wait(all_ready, timeout=120, what=f"every replica ready again after {name}", every=0.2)
+        ready_again: float | None = round(ready[0], 1)
     except AssertionError:
         ready_again = None
     return took, {"polls": len(seen), "unready": len(unready), "reasons": sorted({r[:160] for _, r in unready})[:3],
