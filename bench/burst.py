@@ -81,16 +81,16 @@ from kubernetes_asyncio import client as k8s  # noqa: E402
 from prometheus_client import CollectorRegistry  # noqa: E402
 
 from resilienced import log  # noqa: E402
+from resilienced.aws.sqs import SqsQueue  # noqa: E402
 from resilienced.claims import MemoryClaims  # noqa: E402
 from resilienced.consumer import Consumer  # noqa: E402
 from resilienced.kube import KubeCluster, KubeLeaseClaims, KubeOptions  # noqa: E402
 from resilienced.kube.api import call  # noqa: E402
-from resilienced.localaws import FAKE_CREDENTIALS, MotoServer, create_queue_with_dlq  # noqa: E402
+from resilienced.local.aws import FAKE_CREDENTIALS, MotoServer, create_queue_with_dlq  # noqa: E402
 from resilienced.model import Result  # noqa: E402
 from resilienced.ports import Message, RayNode  # noqa: E402
-from resilienced.recovery import Recovery, RecoveryMetrics  # noqa: E402
+from resilienced.recovery.responder import Recovery, RecoveryMetrics  # noqa: E402
 from resilienced.settings import IntakeSettings, QueueSettings  # noqa: E402
-from resilienced.sqs import SqsQueue  # noqa: E402
 
 REGION = "us-east-1"
 ZONES = ("us-east-1a", "us-east-1b", "us-east-1c")

@@ -193,7 +193,7 @@ def _nearest_rank(values: list[float], q: float) -> float:
 
 
 def _labels(n: int) -> dict[str, str]:
-    from resilienced.localray import CAPACITY_TYPE_LABEL, INSTANCE_ID_LABEL
+    from resilienced.ray.cluster import CAPACITY_TYPE_LABEL, INSTANCE_ID_LABEL
 
     return {INSTANCE_ID_LABEL: f"i-{n:017x}", CAPACITY_TYPE_LABEL: "spot"}
 
@@ -209,7 +209,7 @@ def bench_drains(args: argparse.Namespace, workdir: Path) -> dict:
 
 
 def _drain_loop(args: argparse.Namespace, *, cluster_dir: Path, out: Path) -> dict:
-    from resilienced.localray import LocalRayCluster
+    from resilienced.local.raycluster import LocalRayCluster
 
     labels = _labels
     metrics, events = out / "metrics.jsonl", out / "events.jsonl"
@@ -358,7 +358,7 @@ def _after_step_driver(address: str, out: str, blocks: int) -> int:
 
 
 def bench_after_step(args: argparse.Namespace, workdir: Path) -> dict:
-    from resilienced.localray import LocalRayCluster
+    from resilienced.local.raycluster import LocalRayCluster
 
     cluster_dir = Path(tempfile.mkdtemp(prefix="ba", dir="/tmp"))
     out = workdir / "after-step.json"

@@ -2,7 +2,7 @@
 
     python bench/notify.py [--runs 30]
 
-The recovery is the real :class:`~resilienced.recovery.Recovery` acting on a Spot notice for one
+The recovery is the real :class:`~resilienced.recovery.responder.Recovery` acting on a Spot notice for one
 run, with a stand-in cluster (one target on the instance; cordon and Events do nothing) and
 in-memory claims, so that what is timed is the recovery's own path plus the notifier's part in
 it.  The checkpoint and requeue steps are off (no store, no planner): they do not touch the
@@ -38,7 +38,7 @@ from resilienced.claims import MemoryClaims
 from resilienced.model import Target
 from resilienced.notify import Notifier, NotifyMetrics
 from resilienced.ports import Location
-from resilienced.recovery import Recovery
+from resilienced.recovery.responder import Recovery
 from resilienced.settings import IntakeSettings
 
 INSTANCE = "i-0123456789abcdef0"

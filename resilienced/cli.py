@@ -1,8 +1,12 @@
 """The ``resilienced`` command line: a registry of subcommands.
 
-Each subcommand is a module with ``configure(parser)`` and ``main(args) -> int``,
-registered below by one line.  Only the chosen subcommand's module is imported, so a heavy
-one (``drill`` imports Ray) costs nothing to the others.
+Each subcommand is a module with ``configure(parser)`` and ``main(args) -> int``.  The daemon's
+own commands are registered below by one line each; the local stand-ins' commands (``demo``,
+``drill``: ``resilienced.local``) are plugins, found through the ``resilienced.commands`` entry
+points of the installed distribution (pyproject.toml), so nothing here imports
+``resilienced.local``.  An entry point names a ``(module, one-line help)`` pair.  Only the
+chosen subcommand's module is imported, so a heavy one (``drill`` imports Ray) costs nothing to
+the others.
 
 Errors: a :class:`~resilienced.errors.ConfigError` (bad flag, environment value or path) prints
 ``resilienced: error: <setting>: <message>`` and exits 2, as argparse does for usage errors;
@@ -15,19 +19,32 @@ import argparse
 import importlib
 import sys
 from collections.abc import Sequence
+from importlib import metadata
 
 from resilienced import __version__
 from resilienced.errors import ConfigError, ResilienceError
 
-#: name -> (module, one-line help).  Adding a subcommand is one line here.
+#: The group of the entry points that add subcommands (``name = "package.module:PAIR"``).
+ENTRY_POINT_GROUP = "resilienced.commands"
+
+#: name -> (module, one-line help): the daemon's own commands.  Adding one is one line here.
 COMMANDS: dict[str, tuple[str, str]] = {
     "run": ("resilienced.daemon", "the daemon: consume the queue until SIGTERM"),
     "replay": ("resilienced.replay", "say what the daemon would decide for message bodies in files"),
     "status": ("resilienced.status", "what the daemon did to which run, read back from its claims"),
     "inject": ("resilienced.inject", "put events on a queue or an event bus, as AWS would (game days)"),
-    "demo": ("resilienced.demo", "EventBridge -> SQS -> daemon on an embedded moto, over the samples"),
-    "drill": ("resilienced.drill", "the local drill: a Spot interruption played end to end on this machine"),
 }
+
+
+def commands() -> dict[str, tuple[str, str]]:
+    """Every subcommand: :data:`COMMANDS`, then the plugins of :data:`ENTRY_POINT_GROUP` by name
+    (a plugin may not replace a command of the daemon)."""
+    found = dict(COMMANDS)
+    for entry in sorted(metadata.entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name):
+        if entry.name not in found:
+            module_name, help_text = entry.load()
+            found[entry.name] = (module_name, help_text)
+    return found
 
 
 def parser_for(argv: Sequence[str]) -> argparse.ArgumentParser:
@@ -38,7 +55,7 @@ def parser_for(argv: Sequence[str]) -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"resilienced {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     chosen = next((a for a in argv if not a.startswith("-")), None)
-    for name, (module_name, help_text) in COMMANDS.items():
+    for name, (module_name, help_text) in commands().items():
         command = sub.add_parser(name, help=help_text, description=help_text)
         if name == chosen:
             module = importlib.import_module(module_name)

@@ -7,7 +7,7 @@ Per message (``Consumer._process``):
    ``stale_after_seconds`` ago, or whose time is more than ``future_skew_seconds`` ahead, is not
    actionable (deleted with a ``stale: ...`` reason, counted in ``resilienced_stale_events_total``);
 2. not decodable / invalid / not actionable: an outcome at once; actionable: claim the event
-   id (idempotency), then hand the plan to the :class:`~resilienced.respond.Responder`,
+   id (idempotency), then hand the plan to the :class:`~resilienced.ports.Responder`,
    while a keeper extends the message's visibility (and renews the claim) every
    visibility/3 seconds, for as long as the responder runs;
 3. settle: :func:`resilienced.ack.verdict` decides delete / keep / dead-letter; one
@@ -45,8 +45,7 @@ from resilienced.errors import BackendUnavailable, PermanentError, TemporaryErro
 from resilienced.http import Readiness
 from resilienced.metrics import Metrics
 from resilienced.model import Kind, Outcome, Plan, Result, Verdict
-from resilienced.ports import ClaimStore, Message, Queue
-from resilienced.respond import Responder
+from resilienced.ports import ClaimStore, Message, Queue, Responder
 from resilienced.settings import IntakeSettings, QueueSettings
 
 #: Longest wait between receives after queue errors, in seconds.

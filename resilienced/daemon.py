@@ -5,8 +5,8 @@ unless ``--allow-no-dlq``.  Then the consumer loop runs until SIGTERM or SIGINT,
 receiving and drain within ``--shutdown-timeout``; the process then exits 0.
 
 The responder and the claim store come from :func:`resilienced.wiring.open_runtime` for the
-configured ``--mode`` (plan: :class:`~resilienced.respond.PlanLogger`; kubernetes or ray:
-:class:`~resilienced.recovery.Recovery` with that mode's adapters); :func:`serve` takes them.
+configured ``--mode`` (plan: :class:`~resilienced.recovery.plan_only.PlanLogger`; kubernetes or ray:
+:class:`~resilienced.recovery.responder.Recovery` with that mode's adapters); :func:`serve` takes them.
 """
 
 from __future__ import annotations
@@ -18,15 +18,15 @@ import signal
 from typing import Any
 
 from resilienced import log, tasks
+from resilienced.aws.sqs import SqsQueue
 from resilienced.claims import MemoryClaims
 from resilienced.consumer import Consumer
 from resilienced.errors import BackendUnavailable, ConfigError, ResilienceError
 from resilienced.http import HttpServer, Readiness
 from resilienced.metrics import QUEUE_STATES, Metrics
-from resilienced.ports import ClaimStore
-from resilienced.respond import PlanLogger, Responder
+from resilienced.ports import ClaimStore, Responder
+from resilienced.recovery.plan_only import PlanLogger
 from resilienced.settings import Settings
-from resilienced.sqs import SqsQueue
 
 #: Seconds between readiness pings of the queue (receives also count).
 PING_INTERVAL = 15.0

@@ -28,10 +28,10 @@ from typing import Any
 from aiobotocore.session import get_session
 
 from resilienced import intake, validate
+from resilienced.aws.sqs import SqsQueue, translate
 from resilienced.errors import BackendUnavailable, ConfigError, EventError
 from resilienced.model import Wrapping
 from resilienced.settings import QueueSettings
-from resilienced.sqs import SqsQueue, translate
 
 
 def configure(parser: argparse.ArgumentParser) -> None:

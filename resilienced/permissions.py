@@ -112,7 +112,7 @@ NAMESPACED_RBAC_RULES: Mapping[str, tuple[Rule, ...]] = {
 #: the RayCluster.  The daemon never sends this verb itself.
 CONDITIONAL_RBAC_RULES: Mapping[str, tuple[Rule, ...]] = {
     "k8s-token-auth": (
-        Rule("ray.io", "rayclusters", ("ray:write",), "resilienced.raygcs",
+        Rule("ray.io", "rayclusters", ("ray:write",), "resilienced.ray.gcs",
              "drain a RayCluster that delegates Ray auth to Kubernetes"),
     ),
 }
@@ -140,13 +140,13 @@ def grants(rules: Iterable[Rule]) -> set[tuple[str, str, str]]:
 
 # --------------------------------------------------------------------------- AWS
 IAM_ACTIONS: Mapping[str, Call] = {
-    "sqs:ReceiveMessage": Call("sqs", ("ReceiveMessage",), "resilienced.sqs",
+    "sqs:ReceiveMessage": Call("sqs", ("ReceiveMessage",), "resilienced.aws.sqs",
                                "intake: long-poll the interruption queue"),
-    "sqs:DeleteMessage": Call("sqs", ("DeleteMessage",), "resilienced.sqs",
+    "sqs:DeleteMessage": Call("sqs", ("DeleteMessage",), "resilienced.aws.sqs",
                               "ack: delete a message once handled"),
-    "sqs:ChangeMessageVisibility": Call("sqs", ("ChangeMessageVisibility",), "resilienced.sqs",
+    "sqs:ChangeMessageVisibility": Call("sqs", ("ChangeMessageVisibility",), "resilienced.aws.sqs",
                                         "extend visibility while a handler runs; release on shutdown"),
-    "sqs:GetQueueAttributes": Call("sqs", ("GetQueueAttributes",), "resilienced.sqs",
+    "sqs:GetQueueAttributes": Call("sqs", ("GetQueueAttributes",), "resilienced.aws.sqs",
                                    "start-up and readiness: the queue answers, its RedrivePolicy "
                                    "(maxReceiveCount)"),
     "ec2:DescribeInstances": Call("ec2", ("DescribeInstances",), "resilienced.capacity.ec2",
@@ -164,16 +164,16 @@ IAM_ACTIONS: Mapping[str, Call] = {
     "ec2:CreateTags": Call("ec2", ("PurchaseCapacityBlock",), "resilienced.capacity.ec2",
                            "the purchase's TagSpecifications (resilienced.io/purchase-key) on the "
                            "new capacity reservation"),
-    "s3:ListBucket": Call("s3", ("ListObjectsV2",), "resilienced.s3",
+    "s3:ListBucket": Call("s3", ("ListObjectsV2",), "resilienced.aws.s3",
                           "durable: list the run's checkpoint prefix"),
-    "s3:GetObject": Call("s3", ("GetObject", "HeadObject"), "resilienced.s3",
+    "s3:GetObject": Call("s3", ("GetObject", "HeadObject"), "resilienced.aws.s3",
                          "durable: read the checkpoint manifest, check each file"),
-    "fsx:CreateDataRepositoryTask": Call("fsx", ("CreateDataRepositoryTask",), "resilienced.fsx",
+    "fsx:CreateDataRepositoryTask": Call("fsx", ("CreateDataRepositoryTask",), "resilienced.aws.fsx",
                                          "durable, export mode 'task': export the checkpoint path"),
     "fsx:DescribeDataRepositoryTasks": Call("fsx", ("DescribeDataRepositoryTasks",),
-                                            "resilienced.fsx",
+                                            "resilienced.aws.fsx",
                                             "durable, export mode 'task': wait for SUCCEEDED"),
     "autoscaling:CompleteLifecycleAction": Call("autoscaling", ("CompleteLifecycleAction",),
-                                                "resilienced.recovery",
+                                                "resilienced.recovery.responder",
                                                 "asg_lifecycle: CONTINUE once the checkpoint is durable"),
 }

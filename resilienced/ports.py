@@ -4,18 +4,20 @@ Each protocol holds only the calls resilienced makes.  The production adapter an
 double (where one is needed at all: tests prefer the real part over a real connection) both
 implement it; everything above the adapters is written against these protocols only.
 
-==================  ==========================================  ===============================
-port                production adapter                          in tests and the drill
-==================  ==========================================  ===============================
-Queue               ``resilienced.sqs.SqsQueue`` (aiobotocore)   moto server over HTTP
-Cluster             ``resilienced.kube.KubeCluster``             emulated API server over HTTP
-                    ``resilienced.raymode.RayModeCluster``       real local Ray cluster
-RayControl          ``resilienced.raygcs.RayGcs``                real local Ray cluster
-ObjectStore         ``resilienced.s3.S3Store`` (aiobotocore)     moto server over HTTP
-ExportTasks         ``resilienced.fsx.FsxExportTasks``           botocore Stubber
-CapacitySource      ``resilienced.capacity.Ec2Capacity``         botocore Stubber
-ClaimStore          per mode (Kubernetes Lease, Ray GCS KV)      the same, real
-==================  ==========================================  ===============================
+================  ==============================================  ==================================
+port              production adapter                              in tests and the drill
+================  ==============================================  ==================================
+Queue             ``resilienced.aws.sqs.SqsQueue`` (aiobotocore)  moto server over HTTP
+Cluster           ``resilienced.kube.KubeCluster``                emulated API server over HTTP
+                  ``resilienced.ray.cluster.RayModeCluster``      real local Ray cluster
+RayControl        ``resilienced.ray.gcs.RayGcs``                  real local Ray cluster
+ObjectStore       ``resilienced.aws.s3.S3Store`` (aiobotocore)    moto server over HTTP
+ExportTasks       ``resilienced.aws.fsx.FsxExportTasks``          botocore Stubber
+CapacitySource    ``resilienced.capacity.Ec2Capacity``            botocore Stubber
+ClaimStore        per mode (Kubernetes Lease, Ray GCS KV)         the same, real
+Responder         ``resilienced.recovery.responder.Recovery``     the same, real (``--mode plan``:
+                                                                  ``recovery.plan_only.PlanLogger``)
+================  ==============================================  ==================================
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol, runtime_checkable
 
-from resilienced.model import Target
+from resilienced.model import Outcome, Plan, Target
 
 
 # --------------------------------------------------------------------------- queue
@@ -194,3 +196,11 @@ class ClaimStore(Protocol):
     async def complete(self, key: str, *, holder: str, details: Mapping[str, Any]) -> None: ...
 
     async def release(self, key: str, *, holder: str) -> None: ...
+
+
+# --------------------------------------------------------------------------- respond
+@runtime_checkable
+class Responder(Protocol):
+    async def act(self, plan: Plan, *, holder: str) -> Outcome:
+        """Carry out ``plan``; return its outcome or raise TemporaryError / PermanentError."""
+        ...

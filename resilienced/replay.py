@@ -10,7 +10,7 @@ recorded notice replays as it was decided; ``--at now|ISO-TIME`` judges them all
 would at that moment, and each row's ``stale`` says which would be ``past`` or ``future``.
 
 ``--dry-run``: nothing outside the process is touched.  Without it, actionable plans are also
-handed to the responder -- today :class:`~resilienced.respond.PlanLogger`, which only logs them
+handed to the responder -- today :class:`~resilienced.recovery.plan_only.PlanLogger`, which only logs them
 (stderr).  Exit status: 0 when every input was read (invalid events included), 2 on a usage
 error or an unreadable path, 1 when a cluster given does not answer at start-up, and with
 ``--strict`` (for CI) :data:`EXIT_STRICT` (3) when an input is invalid (or not an event) or a
@@ -58,8 +58,8 @@ from resilienced.errors import (
 )
 from resilienced.intake import Reading
 from resilienced.model import Plan, Step, Target
-from resilienced.ports import CapacityReservation, Cluster, RayNode
-from resilienced.respond import PlanLogger, Responder
+from resilienced.ports import CapacityReservation, Cluster, RayNode, Responder
+from resilienced.recovery.plan_only import PlanLogger
 from resilienced.settings import IntakeSettings, Mode, ModeSettings, QueueSettings
 from resilienced.validate import isoformat
 
@@ -373,7 +373,7 @@ class Finder:
         Never raises for an outside system that fails: what could not be found is in
         ``unresolved`` (instance id, or the reservation id, -> why).
         """
-        from resilienced.recovery import Recovery
+        from resilienced.recovery.responder import Recovery
 
         unresolved: dict[str, str] = {}
         ids = list(plan.instance_ids)
@@ -446,7 +446,7 @@ async def open_lookup(settings: LookupSettings) -> AsyncIterator[Finder]:
     from resilienced.capacity.ec2 import Ec2Capacity
     from resilienced.capacity.planner import CapacityPlanner
     from resilienced.capacity.static import StaticCapacity
-    from resilienced.raygcs import RayGcs
+    from resilienced.ray.gcs import RayGcs
     from resilienced.wiring import read_token
 
     mode = settings.mode
@@ -476,7 +476,7 @@ async def open_lookup(settings: LookupSettings) -> AsyncIterator[Finder]:
             stack.push_async_callback(cluster.stop)
             await cluster.wait_ready()
         else:
-            from resilienced.raymode import RayModeCluster
+            from resilienced.ray.cluster import RayModeCluster
 
             try:
                 ray = ReadOnlyRay(RayGcs(mode.ray_address or "", token=read_token(mode.ray_token_file)),

@@ -1,6 +1,6 @@
 """What the daemon did to one run for one event: the record kept in the run's done claim.
 
-:class:`~resilienced.recovery.Recovery` completes the claim ``run/<event id>/<run>`` with
+:class:`~resilienced.recovery.responder.Recovery` completes the claim ``run/<event id>/<run>`` with
 :func:`record` (in kubernetes mode the Lease annotation ``resilienced.io/details``, in ray mode
 the GCS KV record's ``details``).  The record is the run's report (``run``, ``instances``, one
 key per step: ``notify``, ``signal``, ``durable``, ``resume``, ``requeue``) plus the event's

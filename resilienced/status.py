@@ -95,8 +95,8 @@ async def records(mode: ModeSettings) -> list[tuple[str, dict[str, Any]]]:
         finally:
             await api.close()
     else:
-        from resilienced.raygcs import RayGcs
-        from resilienced.raymode import RayKvClaims
+        from resilienced.ray.claims import RayKvClaims
+        from resilienced.ray.gcs import RayGcs
         from resilienced.wiring import read_token
 
         ray = RayGcs(mode.ray_address, token=read_token(mode.ray_token_file))

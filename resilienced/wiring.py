@@ -40,9 +40,9 @@ from resilienced.errors import ConfigError, ResilienceError
 from resilienced.metrics import Metrics
 from resilienced.model import Target
 from resilienced.notify import Notifier, NotifyMetrics, load_template
-from resilienced.ports import CapacitySource, ClaimStore, RayControl
-from resilienced.recovery import Lifecycle, Recovery, RecoveryMetrics, RecoveryOptions
-from resilienced.respond import PlanLogger, Responder
+from resilienced.ports import CapacitySource, ClaimStore, RayControl, Responder
+from resilienced.recovery.plan_only import PlanLogger
+from resilienced.recovery.responder import Lifecycle, Recovery, RecoveryMetrics, RecoveryOptions
 from resilienced.settings import Mode, Settings
 
 
@@ -142,11 +142,11 @@ async def open_runtime(
     ``provider`` (ray mode): a node provider for replacement nodes (the drill's local one).
     ``capacity_source``: overrides EC2 as the source of Capacity Blocks (the drill's static one).
     """
+    from resilienced.aws.s3 import S3Store
     from resilienced.capacity.ec2 import Ec2Capacity
     from resilienced.capacity.planner import CapacityPlanner
-    from resilienced.raygcs import RayGcs
+    from resilienced.ray.gcs import RayGcs
     from resilienced.requeue.router import Requeue
-    from resilienced.s3 import S3Store
 
     mode = settings.mode.kind
     groups = metric_groups(metrics)  # in every mode: the same series for dashboards and alerts
@@ -172,7 +172,7 @@ async def open_runtime(
         export = None
         rs = settings.recovery
         if rs.export_mode == "task":
-            from resilienced.fsx import FsxExportTasks
+            from resilienced.aws.fsx import FsxExportTasks
 
             export = FsxExportTasks(client=await client("fsx"),
                                     report_path=rs.fsx_data_repository_path.rstrip("/") + "/.fsx-reports",
@@ -212,8 +212,9 @@ async def open_runtime(
             requeuer: Any = KubernetesRequeuer(api, kueue=KueueRequeuer(api, workload_version=workload_version))
             ray_control = cluster.ray_control
         else:
-            from resilienced.raymode import RayKvClaims, RayModeCluster
-            from resilienced.requeue.raymode import RayModeRequeuer
+            from resilienced.ray.claims import RayKvClaims
+            from resilienced.ray.cluster import RayModeCluster
+            from resilienced.ray.requeue import RayModeRequeuer
 
             ray = RayGcs(settings.mode.ray_address, token=read_token(settings.mode.ray_token_file))
             cluster = RayModeCluster(ray=ray, checkpoint_uri=settings.mode.checkpoint_uri, ec2=ec2,

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from resilienced.localaws import FAKE_CREDENTIALS, MotoServer
+from resilienced.local.aws import FAKE_CREDENTIALS, MotoServer
 
 REGION = "us-east-1"
 

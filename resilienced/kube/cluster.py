@@ -143,7 +143,7 @@ class KubeCluster:
     """``ports.Cluster`` on Kubernetes with KubeRay: ``await start()``, then ``locate``/``cordon``/``record``.
 
     ``api_client`` is the caller's (closed by the caller); ``ray_control_factory(address, token)``
-    builds the GCS client of one Ray cluster (``resilienced.raygcs.RayGcs`` in production);
+    builds the GCS client of one Ray cluster (``resilienced.ray.gcs.RayGcs`` in production);
     ``replica`` names this daemon replica in Events (``reportingInstance``).
     """
 

@@ -9,9 +9,9 @@ RequeueResult``), one applier per kind of run:
                 tolerations, then the worker pods replaced as a gang.
 * ``volcano``   Volcano Job: a ``RestartJob`` Command (and the tasks' node selectors where
                 Volcano accepts the change).
-* ``raymode``   ray mode: replacement Ray nodes from a :class:`NodeProvider`, all or nothing,
-                deciding again when a pool has no capacity; :class:`LocalNodeProvider` for the
-                local drill.
+
+Ray mode's requeuer (replacement Ray nodes from a ``NodeProvider``, all or nothing, deciding again
+when a pool has no capacity) is :mod:`resilienced.ray.requeue`, beside the other ray-mode adapters.
 
 Elastic runs (``resilienced.io/elastic: "true"``; ray mode: the node label): ``elastic`` asks capacity
 for the lost workers only and never stops the gang (KubeRay: one more replica in a worker group of

@@ -2,7 +2,7 @@
 
 A run is elastic when its RayJob/RayCluster is annotated ``resilienced.io/elastic: "true"`` (read by
 the locate step into ``Target.attributes["elastic"]``; in ray mode a node label, see
-:mod:`resilienced.requeue.raymode`).  The notice still drains the lost node's Ray node with the
+:mod:`resilienced.ray.requeue`).  The notice still drains the lost node's Ray node with the
 deadline and the checkpoint is still checked for durability; only the requeue differs.
 
 KubeRay (ray-project/kuberay ray-operator, v1.4.0 to v1.7.0, ``controllers/ray/raycluster_controller.go``

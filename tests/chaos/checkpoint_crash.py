@@ -32,10 +32,10 @@ from typing import Any
 
 from aiobotocore.session import get_session
 
-from resilienced.durable import newest_durable, wait_durable
-from resilienced.fsxlocal import LocalExporter
-from resilienced.localaws import FAKE_CREDENTIALS, MotoServer
-from resilienced.s3 import S3Store
+from resilienced.aws.s3 import S3Store
+from resilienced.local.aws import FAKE_CREDENTIALS, MotoServer
+from resilienced.local.fsx import LocalExporter
+from resilienced.recovery.durable import newest_durable, wait_durable
 from tests.chaos import ckpt_ranks
 from tests.chaos.scenarios import Tally
 from tests.support.ranks import run_ranks

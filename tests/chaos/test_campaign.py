@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from resilienced.localaws import MotoServer
+from resilienced.local.aws import MotoServer
 from tests.chaos import campaign
 
 pytestmark = pytest.mark.e2e

@@ -34,7 +34,7 @@ from typing import Any
 
 import botocore.session
 
-from resilienced.localaws import FAKE_CREDENTIALS, MotoServer
+from resilienced.local.aws import FAKE_CREDENTIALS, MotoServer
 from tests.intake.process import DaemonProcess
 from tests.recovery.conftest import DAEMON_NS, REGION, node, pod_template, rbac
 from tests.support.faultproxy import EMPTY_CAPACITY_RESERVATIONS, FaultProxy, aws_action

@@ -17,13 +17,13 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_every_registered_command_has_configure_and_main():
     import importlib
-    for name, (module_name, help_text) in cli.COMMANDS.items():
+    for name, (module_name, help_text) in cli.commands().items():
         module = importlib.import_module(module_name)
         assert callable(module.configure) and callable(module.main), name
         assert help_text and module.__doc__
 
 
-@pytest.mark.parametrize("command", sorted(cli.COMMANDS), ids=sorted(cli.COMMANDS))
+@pytest.mark.parametrize("command", sorted(cli.commands()), ids=sorted(cli.commands()))
 def test_each_command_has_help(command, capsys):
     with pytest.raises(SystemExit) as caught:
         cli.main([command, "--help"])

@@ -6,7 +6,8 @@ import json
 
 import boto3
 
-from resilienced import cli, demo
+from resilienced import cli
+from resilienced.local import demo
 from resilienced.model import Kind
 from tests.intake import payloads as p
 from tests.intake.queues import REGION, make_queues

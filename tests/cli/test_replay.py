@@ -10,10 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from resilienced import cli, demo
+import resilienced
+from resilienced import cli
 
 ROOT = Path(__file__).resolve().parents[2]
-SAMPLES = Path(demo.__file__).parent / "samples"
+SAMPLES = Path(resilienced.__file__).parent / "samples"
 KINDS = {"spot_interruption", "capacity_reservation_interruption", "capacity_block_expiry",
          "scheduled_change", "state_change", "rebalance_recommendation", "asg_lifecycle",
          "unknown", "invalid"}

@@ -29,8 +29,8 @@ from botocore.stub import Stubber
 
 from resilienced import cli
 from resilienced import replay as replay_module
-from resilienced.localaws import FAKE_CREDENTIALS
-from resilienced.localray import LocalRayCluster
+from resilienced.local.aws import FAKE_CREDENTIALS
+from resilienced.local.raycluster import LocalRayCluster
 from tests.intake import payloads
 from tests.kube.conftest import KARPENTER_RESOURCES, instance, node, ray_pod, raycluster, rayjob
 from tests.support.kubeapi import KubeApiServer

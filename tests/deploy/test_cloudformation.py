@@ -18,16 +18,16 @@ import pytest
 
 import handlers
 from handlers import asg_lifecycle, scheduled_change, state_change
+from resilienced.aws.sqs import SqsQueue
 from resilienced.capacity.ec2 import PURCHASE_KEY_TAG
 from resilienced.capacity.policy import CapacityPolicy
 from resilienced.claims import MemoryClaims
 from resilienced.consumer import Consumer
-from resilienced.localaws import MotoServer
+from resilienced.local.aws import MotoServer
 from resilienced.model import Kind, Result, Verdict
 from resilienced.permissions import IAM_ACTIONS
-from resilienced.respond import PlanLogger
+from resilienced.recovery.plan_only import PlanLogger
 from resilienced.settings import IntakeSettings, QueueSettings
-from resilienced.sqs import SqsQueue
 
 from .tools import STACK, TEMPLATES, dumps, load_template, run, tool
 

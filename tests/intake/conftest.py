@@ -9,13 +9,13 @@ from typing import Any
 
 import pytest
 
+from resilienced.aws.sqs import SqsQueue
 from resilienced.claims import MemoryClaims
 from resilienced.consumer import Consumer
-from resilienced.localaws import MotoServer
+from resilienced.local.aws import MotoServer
 from resilienced.metrics import Metrics
 from resilienced.model import Outcome, Plan, Result
 from resilienced.settings import IntakeSettings, QueueSettings
-from resilienced.sqs import SqsQueue
 
 from .queues import MAX_RECEIVE_COUNT, REGION, Queues, make_queues
 

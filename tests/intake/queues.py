@@ -8,7 +8,7 @@ from typing import Any
 
 import boto3
 
-from resilienced.localaws import MotoServer
+from resilienced.local.aws import MotoServer
 
 REGION = "us-east-1"
 MAX_RECEIVE_COUNT = 3

@@ -205,7 +205,7 @@ async def test_poison_reaches_the_dlq_after_max_receives(queues, make_consumer, 
 
 async def test_without_a_dlq_poison_is_deleted_after_the_configured_receives(aws, make_consumer):
     bare = make_queues(aws, name="no-dlq", dlq=False)
-    from resilienced.sqs import SqsQueue
+    from resilienced.aws.sqs import SqsQueue
     async with SqsQueue.open(queue_url=bare.url, region=REGION, endpoint_url=bare.endpoint_url) as queue:
         consumer = make_consumer(Recorder(), queue=queue, max_receive_count=None, max_receives_without_dlq=2)
         bare.send("[]")
@@ -258,8 +258,8 @@ async def test_the_loop_handles_messages_until_stopped(queues, make_consumer):
 
 
 async def test_a_queue_that_does_not_answer_makes_the_consumer_unready(aws, queues, make_consumer):
+    from resilienced.aws.sqs import SqsQueue
     from resilienced.errors import BackendUnavailable
-    from resilienced.sqs import SqsQueue
     missing = queues.url.rsplit("/", 1)[0] + "/no-such-queue"
     async with SqsQueue.open(queue_url=missing, region=REGION, endpoint_url=queues.endpoint_url) as queue:
         consumer = make_consumer(Recorder(), queue=queue)

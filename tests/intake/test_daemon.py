@@ -10,7 +10,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from resilienced import cli
-from resilienced.localaws import free_port
+from resilienced.local.aws import free_port
 
 from . import payloads as p
 from .conftest import REGION, make_queues

@@ -7,7 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from resilienced import demo, intake
+import resilienced
+from resilienced import intake
+from resilienced.local import demo
 from resilienced.model import Kind
 from resilienced.settings import IntakeSettings
 
@@ -58,7 +60,7 @@ def test_each_sample_is_read_as_expected(name):
 
 @pytest.mark.skipif(not SHARED.is_dir(), reason="../shared/events is not next to this checkout")
 def test_packaged_samples_are_a_copy_of_the_shared_corpus():
-    package = Path(demo.__file__).parent / "samples"
+    package = Path(resilienced.__file__).parent / "samples"
     shared = sorted(str(f.relative_to(SHARED)) for f in SHARED.rglob("*") if f.is_file())
     assert shared == sorted(str(f.relative_to(package)) for f in package.rglob("*") if f.is_file())
     _, mismatch, errors = filecmp.cmpfiles(SHARED, package, shared, shallow=False)

@@ -5,7 +5,7 @@ two workers at distinct loopback addresses, 127.0.0.2 and 127.0.0.3 (a worker re
 ``--node-ip-address`` as its node manager address), each labelled with the instance id it stands
 for.  The emulated API server holds the KubeRay view of the same cluster: a Node per instance,
 pods whose ``podIP`` are those loopback addresses, a RayCluster whose ``status.head.serviceIP``
-and head container port lead to the real GCS, and the auth Secret.  ``resilienced.localray``
+and head container port lead to the real GCS, and the auth Secret.  ``resilienced.local.raycluster``
 starts workers at distinct loopback addresses (``add_node(node_ip=...)``), so pod IPs tell them
 apart.
 """
@@ -21,9 +21,9 @@ import pytest
 
 from resilienced.errors import RayAuthError
 from resilienced.kube import KubeCluster, KubeOptions
+from resilienced.local.raycluster import LocalRayCluster
 from resilienced.model import Target
-from resilienced.localray import LocalRayCluster
-from resilienced.raygcs import RayGcs
+from resilienced.ray.gcs import RayGcs
 from .conftest import FAST, instance, node, ray_pod, raycluster, rayjob
 from tests.support.kubeapi import KubeApiServer
 

@@ -1,13 +1,14 @@
 """A real local multi-node Ray cluster (token auth) for the RayGcs / ray-mode tests.
 
 One cluster for the whole ``tests/ray`` package (starting a node takes seconds on two cores):
-a head plus one worker labelled with an instance id (``resilienced.localray.LocalRayCluster``).
+a head plus one worker labelled with an instance id (``resilienced.local.raycluster.LocalRayCluster``).
 Tests that drain or kill nodes add their own nodes first.  Every process started here is
 stopped here, also when a test fails; nothing runs ``ray stop``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -15,23 +16,30 @@ from pathlib import Path
 
 import pytest
 
-from resilienced.localray import LocalRayCluster, LocalRayNode
+from resilienced.local.raycluster import LocalRayCluster, LocalRayNode
 
 INSTANCE_LABEL = "resilienced.io/instance-id"
 WORKER_INSTANCE = "i-0123456789abcdef0"
 
 
-@pytest.fixture(scope="package")
-def ray_cluster() -> Iterator[LocalRayCluster]:
-    workdir = Path(tempfile.mkdtemp(prefix="rr-", dir="/tmp"))  # short: Ray's sockets live under it
+@contextlib.contextmanager
+def local_cluster(prefix: str) -> Iterator[LocalRayCluster]:
+    """A started local cluster (a head with no CPUs), stopped and removed at the end."""
+    workdir = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))  # short: Ray's sockets live under it
     cluster = LocalRayCluster(workdir=workdir)
     try:
         cluster.start()
-        cluster.add_node(labels={INSTANCE_LABEL: WORKER_INSTANCE}, num_cpus=1)
         yield cluster
     finally:
         cluster.stop()
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+@pytest.fixture(scope="package")
+def ray_cluster() -> Iterator[LocalRayCluster]:
+    with local_cluster("rr-") as cluster:
+        cluster.add_node(labels={INSTANCE_LABEL: WORKER_INSTANCE}, num_cpus=1)
+        yield cluster
 
 
 @pytest.fixture
@@ -63,14 +71,8 @@ def loopback_node(ray_cluster: LocalRayCluster) -> Iterator[LocalRayNode]:
 @pytest.fixture(scope="package")
 def second_cluster() -> Iterator[LocalRayCluster]:
     """Another cluster (head only) with its own token: one daemon talks to both."""
-    workdir = Path(tempfile.mkdtemp(prefix="rr2-", dir="/tmp"))
-    cluster = LocalRayCluster(workdir=workdir)
-    try:
-        cluster.start()
+    with local_cluster("rr2-") as cluster:
         yield cluster
-    finally:
-        cluster.stop()
-        shutil.rmtree(workdir, ignore_errors=True)
 
 
 from tests.support.ray import busy  # noqa: E402,F401  (re-exported for the tests here)

@@ -12,15 +12,16 @@ from pathlib import Path
 import pytest
 
 from resilienced import cli, intake
-from resilienced.localray import LocalRayCluster
+from resilienced.local.raycluster import LocalRayCluster
 from resilienced.model import Result
-from resilienced.raymode import RayKvClaims, RayModeCluster
-from resilienced.recovery import Recovery
+from resilienced.ray.claims import RayKvClaims
+from resilienced.ray.cluster import RayModeCluster
+from resilienced.recovery.responder import Recovery
 from resilienced.runs import FIELDS
 from resilienced.settings import IntakeSettings
 
 from .conftest import WORKER_INSTANCE
-from .test_raymode import URI, gcs
+from .test_cluster import URI, gcs
 
 pytestmark = pytest.mark.e2e
 

@@ -28,21 +28,21 @@ from typing import Any
 import pytest
 from aiobotocore.session import get_session
 
+from resilienced.aws.s3 import S3Store
+from resilienced.aws.sqs import SqsQueue
 from resilienced.capacity.planner import CapacityPlanner
 from resilienced.capacity.policy import CapacityPolicy
 from resilienced.capacity.static import StaticCapacity
 from resilienced.consumer import Consumer
 from resilienced.kube import KubeCluster
 from resilienced.kube.leases import KubeLeaseClaims
-from resilienced.localaws import create_queue_with_dlq
-from resilienced.localray import LocalRayCluster
+from resilienced.local.aws import create_queue_with_dlq
+from resilienced.local.raycluster import LocalRayCluster
 from resilienced.metrics import Metrics
-from resilienced.raygcs import RayGcs
-from resilienced.recovery import Recovery, RecoveryMetrics, RecoveryOptions
+from resilienced.ray.gcs import RayGcs
+from resilienced.recovery.responder import Recovery, RecoveryMetrics, RecoveryOptions
 from resilienced.requeue.router import KubernetesRequeuer, Requeue, RequeueMetrics
-from resilienced.s3 import S3Store
 from resilienced.settings import IntakeSettings, QueueSettings
-from resilienced.sqs import SqsQueue
 from tests.support.kubeapi import KubeApiServer
 from tests.support.ray import busy
 

@@ -19,6 +19,7 @@ from botocore.stub import Stubber
 from aiobotocore.session import get_session
 
 from resilienced import intake
+from resilienced.aws.s3 import S3Store
 from resilienced.capacity.planner import CapacityPlanner
 from resilienced.capacity.policy import CapacityPolicy
 from resilienced.capacity.static import StaticCapacity
@@ -28,9 +29,8 @@ from resilienced.kube.cache import CacheOptions
 from resilienced.kube.leases import KubeLeaseClaims
 from resilienced.model import Result
 from resilienced.ports import CapacityReservation
-from resilienced.recovery import Lifecycle, Recovery, RecoveryOptions
+from resilienced.recovery.responder import Lifecycle, Recovery, RecoveryOptions
 from resilienced.requeue.router import KubernetesRequeuer, Requeue
-from resilienced.s3 import S3Store
 from resilienced.settings import IntakeSettings
 from tests.support.kubeapi import KubeApiServer
 

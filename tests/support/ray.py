@@ -14,7 +14,7 @@ import sys
 import time
 from collections.abc import Iterator
 
-from resilienced.localray import LocalRayCluster
+from resilienced.local.raycluster import LocalRayCluster
 
 BUSY_DRIVER = """
 import sys, time, ray

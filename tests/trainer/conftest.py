@@ -2,7 +2,7 @@
 
 Every process a test starts is stopped by the test (fixtures with ``finally``), also on failure:
 trainer runs are waited for with a timeout and killed (their whole process group) if they
-overrun; the Ray cluster is a :class:`~resilienced.localray.LocalRayCluster` stopped at the end of
+overrun; the Ray cluster is a :class:`~resilienced.local.raycluster.LocalRayCluster` stopped at the end of
 the session.
 """
 
@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from resilienced.localray import CAPACITY_TYPE_LABEL, INSTANCE_ID_LABEL, LocalRayCluster
+from resilienced.local.raycluster import CAPACITY_TYPE_LABEL, INSTANCE_ID_LABEL, LocalRayCluster
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -1,4 +1,4 @@
-"""``resilienced.localray``: a real local multi-node Ray cluster that cleans up after itself."""
+"""``resilienced.local.raycluster``: a real local multi-node Ray cluster that cleans up after itself."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from resilienced.localray import (
+from resilienced.local.raycluster import (
     CAPACITY_TYPE_LABEL,
     INSTANCE_ID_LABEL,
     LocalRayCluster,

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from conftest import DRAIN_TIMEOUT_S, TrainerRun, node_labels
-from resilienced.localray import LocalRayCluster, LocalRayNode
+from resilienced.local.raycluster import LocalRayCluster, LocalRayNode
 
 pytestmark = pytest.mark.e2e
 

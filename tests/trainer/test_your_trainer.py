@@ -25,7 +25,7 @@ import pytest
 
 import example_ranks
 from conftest import DRAIN_TIMEOUT_S, node_labels
-from resilienced.localray import LocalRayCluster, LocalRayNode
+from resilienced.local.raycluster import LocalRayCluster, LocalRayNode
 from tests.support.ranks import run_ranks
 from trainer.resilience import verify
 

@@ -1,6 +1,6 @@
 """``resilienced demo``: the intake end to end on an embedded moto, over the packaged samples.
 
-1. start moto in server mode (:class:`~resilienced.localaws.MotoServer`) on 127.0.0.1;
+1. start moto in server mode (:class:`~resilienced.local.aws.MotoServer`) on 127.0.0.1;
 2. create an SQS queue with a DLQ (redrive policy, maxReceiveCount 3) and one EventBridge
    rule per event kind (source + detail-types of its handler) targeting the queue;
 3. inject every sample under ``resilienced/samples``: EventBridge events through the bus
@@ -26,15 +26,15 @@ from typing import Any
 from aiobotocore.session import get_session
 
 from resilienced import inject, log, replay
+from resilienced.aws.sqs import SqsQueue
 from resilienced.claims import MemoryClaims
 from resilienced.consumer import Consumer
 from resilienced.errors import ConfigError
-from resilienced.localaws import FAKE_CREDENTIALS, MotoServer, create_queue_with_dlq, create_rules
+from resilienced.local.aws import FAKE_CREDENTIALS, MotoServer, create_queue_with_dlq, create_rules
 from resilienced.model import Outcome, Verdict
 from resilienced.ports import Message
-from resilienced.respond import PlanLogger
+from resilienced.recovery.plan_only import PlanLogger
 from resilienced.settings import IntakeSettings, QueueSettings
-from resilienced.sqs import SqsQueue
 from resilienced.validate import isoformat
 
 REGION = "us-east-1"

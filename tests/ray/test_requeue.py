@@ -2,28 +2,22 @@
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
-from pathlib import Path
 
 import pytest
 
 from resilienced.capacity import Capacity, CapacityDecision, CapacityPlanner, CapacityPolicy, CapacityRequest
 from resilienced.capacity.static import StaticCapacity
-from resilienced.localray import CAPACITY_TYPE_LABEL, INSTANCE_ID_LABEL, LocalRayCluster
+from resilienced.local.provider import LocalNodeProvider
+from resilienced.local.raycluster import LocalRayCluster
 from resilienced.model import Event, Kind, Target
 from resilienced.ports import CapacityReservation
-from resilienced.raygcs import RayGcs
-from resilienced.raymode import RayModeCluster
-from resilienced.requeue.raymode import (
-    REPLACES_LABEL,
-    RESERVATION_LABEL,
-    LocalNodeProvider,
-    NoCapacity,
-    RayModeRequeuer,
-)
+from resilienced.ray.cluster import CAPACITY_TYPE_LABEL, INSTANCE_ID_LABEL, RESERVATION_LABEL, RayModeCluster
+from resilienced.ray.gcs import RayGcs
+from resilienced.ray.requeue import REPLACES_LABEL, NoCapacity, RayModeRequeuer
+
+from .conftest import local_cluster
 
 pytestmark = pytest.mark.e2e
 
@@ -31,14 +25,8 @@ pytestmark = pytest.mark.e2e
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[LocalRayCluster]:
     """A head (no CPUs); every node the tests start is stopped at the end, also on failure."""
-    workdir = Path(tempfile.mkdtemp(prefix="rq", dir="/tmp"))
-    local = LocalRayCluster(workdir=workdir)
-    try:
-        local.start()
+    with local_cluster("rq") as local:
         yield local
-    finally:
-        local.stop()
-        shutil.rmtree(workdir, ignore_errors=True)
 
 
 def block(available: int) -> CapacityReservation:

@@ -35,9 +35,9 @@ from typing import Any
 
 import botocore.exceptions
 
+from resilienced.aws.sqs import translate as _translate_transient
 from resilienced.errors import BackendUnavailable, PermanentError
 from resilienced.ports import ExportTask
-from resilienced.sqs import translate as _translate_transient
 
 log = logging.getLogger(__name__)
 

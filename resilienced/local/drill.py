@@ -51,8 +51,8 @@ from typing import Any, TextIO
 from urllib.parse import urlsplit
 
 from resilienced.errors import ConfigError, ResilienceError
-from resilienced.raymode import CAPACITY_TYPE_LABEL as CAPACITY_LABEL
-from resilienced.raymode import INSTANCE_ID_LABEL as INSTANCE_LABEL
+from resilienced.ray.cluster import CAPACITY_TYPE_LABEL as CAPACITY_LABEL
+from resilienced.ray.cluster import INSTANCE_ID_LABEL as INSTANCE_LABEL
 from resilienced.settings import NotifySettings
 
 REGION = "us-east-1"
@@ -328,7 +328,7 @@ class Drill:
     async def _provision_aws(self, endpoint: str) -> str:
         from aiobotocore.session import get_session
 
-        from resilienced.localaws import create_queue_with_dlq, create_rules
+        from resilienced.local.aws import create_queue_with_dlq, create_rules
 
         session = get_session()
         async with session.create_client("sqs", region_name=REGION, endpoint_url=endpoint) as sqs, \
@@ -425,7 +425,7 @@ class Drill:
 
     # ------------------------------------------------------------------ the story
     async def run(self) -> dict[str, Any]:
-        from resilienced.localaws import FAKE_CREDENTIALS, MotoServer
+        from resilienced.local.aws import FAKE_CREDENTIALS, MotoServer
 
         for key, value in FAKE_CREDENTIALS.items():  # the drill's AWS is a local moto
             os.environ[key] = value
@@ -480,7 +480,7 @@ class Drill:
         return report
 
     async def _start_ray(self, stack: contextlib.AsyncExitStack) -> Any:
-        from resilienced.localray import LocalRayCluster
+        from resilienced.local.raycluster import LocalRayCluster
 
         cluster = LocalRayCluster(workdir=self.workdir, env={
             "RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S": str(self.o.preemption_poll)})
@@ -495,7 +495,7 @@ class Drill:
         return cluster
 
     async def _start_exporter(self, stack: contextlib.AsyncExitStack, endpoint: str) -> Any:
-        from resilienced.fsxlocal import LocalExporter
+        from resilienced.local.fsx import LocalExporter
 
         self.ckpt.mkdir(parents=True, exist_ok=True)
         exporter = LocalExporter(root=self.ckpt, bucket=BUCKET, prefix=PREFIX, endpoint_url=endpoint,
@@ -509,8 +509,8 @@ class Drill:
                             cluster: Any, stop: asyncio.Event) -> asyncio.Task[int]:
         from resilienced import daemon, log
         from resilienced.capacity.static import StaticCapacity
+        from resilienced.local.provider import LocalNodeProvider
         from resilienced.ports import CapacityReservation
-        from resilienced.requeue.raymode import LocalNodeProvider
         from resilienced.settings import (
             HttpSettings,
             IntakeSettings,

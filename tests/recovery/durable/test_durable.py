@@ -15,11 +15,11 @@ from typing import Any
 
 import pytest
 
-from resilienced.durable import MalformedManifest, parse_manifest, wait_durable
+from resilienced.aws.s3 import S3Store
 from resilienced.errors import BackendUnavailable, PermanentError
-from resilienced.s3 import S3Store
+from resilienced.recovery.durable import MalformedManifest, parse_manifest, wait_durable
 
-from .conftest import BUCKET, PREFIX, URI, make_ckpt, put_ckpt
+from tests.support.checkpoints import BUCKET, PREFIX, URI, make_ckpt, put_ckpt
 
 #: The notice, an hour ago (so that a deadline in between has passed by the real clock).
 NOTICE = (datetime.now(timezone.utc) - timedelta(hours=1)).replace(microsecond=0)
@@ -320,7 +320,7 @@ async def test_s3_down_through_the_deadline_is_backend_unavailable(aio_session: 
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     from aiobotocore.config import AioConfig
 
-    from resilienced.localaws import free_port
+    from resilienced.local.aws import free_port
 
     for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
         monkeypatch.setenv(name, "testing")

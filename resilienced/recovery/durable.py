@@ -50,10 +50,10 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
+from resilienced.aws.fsx import parse_failures_csv
+from resilienced.aws.s3 import ObjectNotFound, parse_s3_uri
 from resilienced.errors import BackendUnavailable, PermanentError
-from resilienced.fsx import parse_failures_csv
 from resilienced.ports import ExportTask, ExportTasks, ObjectStore, StoredObject
-from resilienced.s3 import ObjectNotFound, parse_s3_uri
 
 log = logging.getLogger(__name__)
 
@@ -280,7 +280,7 @@ async def newest_durable(*, store: ObjectStore, uri: str, before: datetime | Non
     Used when an instance is already gone (a state change with no notice): the run resumes from
     this checkpoint, and the daemon records which one.
     """
-    from resilienced.s3 import parse_s3_uri
+    from resilienced.aws.s3 import parse_s3_uri
 
     bucket, prefix = parse_s3_uri(uri)
     looker = _Looker(store=store, bucket=bucket, prefix=prefix)

@@ -11,12 +11,12 @@ from typing import Any
 
 import pytest
 
-from resilienced.durable import wait_durable
-from resilienced.fsxlocal import LocalExporter
-from resilienced.localaws import MotoServer
-from resilienced.s3 import S3Store
+from resilienced.aws.s3 import S3Store
+from resilienced.local.aws import MotoServer
+from resilienced.local.fsx import LocalExporter
+from resilienced.recovery.durable import wait_durable
 
-from .conftest import BUCKET, PREFIX, REGION, URI, make_ckpt, write_local
+from tests.support.checkpoints import BUCKET, PREFIX, REGION, URI, make_ckpt, write_local
 
 NOTICE = (datetime.now(timezone.utc) - timedelta(minutes=1)).replace(microsecond=0)
 

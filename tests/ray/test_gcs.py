@@ -14,11 +14,11 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from resilienced import raygcs
+from resilienced.ray import gcs as raygcs
 from resilienced.errors import BackendUnavailable, RayAuthError, RayVersionMismatch
-from resilienced.localaws import free_port
-from resilienced.localray import LocalRayCluster
-from resilienced.raygcs import RayGcs, parse_address
+from resilienced.local.aws import free_port
+from resilienced.local.raycluster import LocalRayCluster
+from resilienced.ray.gcs import RayGcs, parse_address
 
 from .conftest import INSTANCE_LABEL, WORKER_INSTANCE, busy
 

@@ -1,6 +1,6 @@
 """Acting on a plan: locate the runs, signal them, wait for a durable checkpoint, requeue the gang.
 
-:class:`Recovery` is the real :class:`~resilienced.respond.Responder`.  For one plan:
+:class:`Recovery` is the real :class:`~resilienced.ports.Responder`.  For one plan:
 
 1. **locate**: the plan's instances (for a Capacity Block expiry, the reservation's instances
    from EC2) -> the Ray Train runs on them (:meth:`Cluster.locate`), grouped per run: several
@@ -39,7 +39,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from resilienced import log
 from resilienced.capacity.decision import Capacity
-from resilienced.durable import DurableResult, newest_durable, wait_durable
+from resilienced.recovery.durable import DurableResult, newest_durable, wait_durable
 from resilienced.errors import (
     BackendUnavailable,
     PermanentError,

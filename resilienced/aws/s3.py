@@ -33,9 +33,9 @@ import botocore.exceptions
 from aiobotocore.config import AioConfig
 from aiobotocore.session import get_session
 
+from resilienced.aws.sqs import translate as _translate_transient
 from resilienced.errors import BackendUnavailable, PermanentError
 from resilienced.ports import StoredObject
-from resilienced.sqs import translate as _translate_transient
 
 BACKEND = "s3"
 _PERMANENT_STATUS = range(400, 500)

@@ -1,7 +1,7 @@
-"""Acting on a plan: the seam where resilienced does something to the world.
+"""The plan-only responder: logs each plan and reports it done, acting on nothing.
 
-The consumer hands every *actionable* :class:`~resilienced.model.Plan` to a :class:`Responder`
-and turns what comes back into an ack verdict:
+The seam itself, :class:`~resilienced.ports.Responder`: the consumer hands every *actionable*
+:class:`~resilienced.model.Plan` to a responder and turns what comes back into an ack verdict:
 
 - an :class:`~resilienced.model.Outcome` returned: used as is (``DONE`` deletes the message);
 - :class:`~resilienced.errors.TemporaryError` raised: ``RETRY`` (the message comes back, after
@@ -13,24 +13,17 @@ and turns what comes back into an ack verdict:
 the message invisible and the event's claim alive while it runs.  ``holder`` identifies this
 delivery (``<replica>/<message id>``) for the responder's own per-target idempotency.
 
-Until the real responder exists (later issues: locate -> signal -> durable -> requeue),
-:class:`PlanLogger` logs each plan and reports it done.
+:class:`PlanLogger` is the responder of ``--mode plan`` (and of tests that need no world): it logs each plan and reports it done.  The real responder is
+:class:`resilienced.recovery.responder.Recovery` (locate -> signal -> durable -> requeue).
 """
 
 from __future__ import annotations
 
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
 from resilienced import log
 from resilienced.model import Outcome, Plan, Result
 from resilienced.validate import isoformat
-
-
-@runtime_checkable
-class Responder(Protocol):
-    async def act(self, plan: Plan, *, holder: str) -> Outcome:
-        """Carry out ``plan``; return its outcome or raise TemporaryError / PermanentError."""
-        ...
 
 
 class PlanLogger:

@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 from botocore.stub import Stubber
 
+from resilienced.aws.fsx import FsxExportTasks, parse_failures_csv
 from resilienced.errors import BackendUnavailable, PermanentError
-from resilienced.fsx import FsxExportTasks, parse_failures_csv
 
 FS = "fs-0123456789abcdef0"
 TASK = "task-0123456789abcdef0"

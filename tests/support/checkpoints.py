@@ -1,8 +1,11 @@
 """S3 on the moto server over HTTP, FSx through botocore's Stubber, and checkpoint builders.
 
+Shared by tests/aws (the adapters), tests/recovery/durable (``wait_durable``) and tests/local (the
+FSx stand-in): their conftest.py files re-export the fixtures below.
+
 Checkpoints are written the way the trainer writes them (``step-<N>/`` files plus a
 ``manifest.json`` listing each with its size and SHA-256), either straight into S3 or into a
-local root that :class:`resilienced.fsxlocal.LocalExporter` exports.
+local root that :class:`resilienced.local.fsx.LocalExporter` exports.
 """
 
 from __future__ import annotations
@@ -19,8 +22,8 @@ import pytest
 from aiobotocore.session import AioSession
 from botocore.stub import Stubber
 
-from resilienced.localaws import MotoServer
-from resilienced.s3 import S3Store
+from resilienced.aws.s3 import S3Store
+from resilienced.local.aws import MotoServer
 
 REGION = "us-east-1"
 BUCKET = "ckpt-bucket"

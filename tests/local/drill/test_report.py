@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from resilienced.drill import DrillOptions, report_from
+from resilienced.local.drill import DrillOptions, report_from
 
 NOTICE = 1000.0
 

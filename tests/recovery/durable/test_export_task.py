@@ -11,12 +11,12 @@ from typing import Any
 
 from botocore.stub import Stubber
 
-from resilienced.durable import wait_durable
-from resilienced.fsx import FsxExportTasks
-from resilienced.s3 import S3Store
+from resilienced.aws.fsx import FsxExportTasks
+from resilienced.aws.s3 import S3Store
+from resilienced.recovery.durable import wait_durable
 
-from .conftest import BUCKET, URI, make_ckpt, put_ckpt
-from .test_fsx import FS, OTHER, REPORT, TASK, create_request, running_request, task
+from tests.support.checkpoints import BUCKET, URI, make_ckpt, put_ckpt
+from tests.aws.test_fsx import FS, OTHER, REPORT, TASK, create_request, running_request, task
 
 NOTICE = (datetime.now(timezone.utc) - timedelta(minutes=5)).replace(microsecond=0)
 TASK2 = "task-0aaaaaaaaaaaaaaaa1"

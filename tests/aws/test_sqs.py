@@ -8,12 +8,12 @@ import aiohttp
 import botocore.exceptions
 import pytest
 
+from resilienced.aws.sqs import SqsQueue, translate
 from resilienced.errors import BackendUnavailable
-from resilienced.localaws import free_port
-from resilienced.sqs import SqsQueue, translate
+from resilienced.local.aws import free_port
 
-from . import payloads as p
-from .conftest import MAX_RECEIVE_COUNT, REGION, make_queues
+from tests.intake import payloads as p
+from tests.intake.queues import MAX_RECEIVE_COUNT, REGION, make_queues
 
 
 def every_subclass(base: type) -> list[type]:

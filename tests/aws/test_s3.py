@@ -9,11 +9,11 @@ from typing import Any
 import pytest
 from aiobotocore.session import AioSession
 
+from resilienced.aws.s3 import ObjectNotFound, S3Store, parse_s3_uri, sha256_hex
 from resilienced.errors import BackendUnavailable, PermanentError
-from resilienced.localaws import free_port
-from resilienced.s3 import ObjectNotFound, S3Store, parse_s3_uri, sha256_hex
+from resilienced.local.aws import free_port
 
-from .conftest import BUCKET, REGION
+from tests.support.checkpoints import BUCKET, REGION
 
 
 @pytest.mark.parametrize(
