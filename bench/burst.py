@@ -88,7 +88,7 @@ from resilienced.kube import KubeCluster, KubeLeaseClaims, KubeOptions  # noqa: 
 from resilienced.kube.api import call  # noqa: E402
 from resilienced.local.aws import FAKE_CREDENTIALS, MotoServer, create_queue_with_dlq  # noqa: E402
 from resilienced.model import Result  # noqa: E402
-from resilienced.ports import Message, RayNode  # noqa: E402
+from resilienced.ports import DrainResult, Message, RayNode  # noqa: E402
 from resilienced.recovery.responder import Recovery, RecoveryMetrics  # noqa: E402
 from resilienced.settings import IntakeSettings, QueueSettings  # noqa: E402
 
@@ -327,9 +327,9 @@ class RecordingControl:
         self._gcs.listings += 1
         return list(self._gcs.nodes.get(self.address, []))
 
-    async def drain(self, node_id: str, *, deadline: datetime, message: str) -> bool:
+    async def drain(self, node_id: str, *, deadline: datetime, message: str) -> DrainResult:
         self._gcs.drains.append((node_id, time.monotonic()))
-        return True
+        return DrainResult(node_id, "drained", True, int(deadline.timestamp() * 1000))
 
 
 # --------------------------------------------------------------------------- SQS

@@ -37,7 +37,7 @@ from resilienced import intake, log
 from resilienced.claims import MemoryClaims
 from resilienced.model import Target
 from resilienced.notify import Notifier, NotifyMetrics
-from resilienced.ports import Location
+from resilienced.ports import DrainResult, Location
 from resilienced.recovery.responder import Recovery
 from resilienced.settings import IntakeSettings
 
@@ -60,8 +60,8 @@ class StandInCluster:
 
 
 class StandInRay:
-    async def drain(self, node_id: str, *, deadline: datetime, message: str) -> bool:
-        return True
+    async def drain(self, node_id: str, *, deadline: datetime, message: str) -> DrainResult:
+        return DrainResult(node_id, "drained", True, int(deadline.timestamp() * 1000))
 
 
 def notice(n: int) -> Any:

@@ -20,11 +20,11 @@ from typing import Any
 from resilienced import log, tasks
 from resilienced.aws.sqs import SqsQueue
 from resilienced.claims import MemoryClaims
-from resilienced.consumer import Consumer
+from resilienced.consumer import Consumer, Observer
 from resilienced.errors import BackendUnavailable, ConfigError, ResilienceError
 from resilienced.http import HttpServer, Readiness
 from resilienced.metrics import QUEUE_STATES, Metrics
-from resilienced.ports import ClaimStore, Responder
+from resilienced.ports import CapacitySource, ClaimStore, NodeProvider, Responder
 from resilienced.recovery.plan_only import PlanLogger
 from resilienced.settings import Settings
 
@@ -41,7 +41,7 @@ class StartupError(ResilienceError):
 async def serve(settings: Settings, *, responder: Responder | None = None,
                 claims: ClaimStore | None = None, ready: asyncio.Event | None = None,
                 metrics: Metrics | None = None, replica: str | None = None,
-                observer: Any | None = None, stop: asyncio.Event | None = None) -> int:
+                observer: Observer | None = None, stop: asyncio.Event | None = None) -> int:
     """Run the daemon until SIGTERM/SIGINT (or ``stop`` is set); return the exit status (0 after a clean stop).
 
     ``observer`` is called once per settled message (see :data:`resilienced.consumer.Observer`).
@@ -73,7 +73,7 @@ async def serve(settings: Settings, *, responder: Responder | None = None,
             queue_settings=qs, intake_settings=settings.intake,
             max_receive_count=max_receive_count, metrics=metrics, readiness=readiness,
             **({"replica": replica} if replica else {}),
-            **({"observer": observer} if observer else {}),
+            observer=observer,
         )
         http = HttpServer(host=settings.http.http_host, port=settings.http.http_port,
                           metrics=metrics, readiness=readiness, alive=tasks.alive)
@@ -157,8 +157,8 @@ def main(args: Any) -> int:
     return asyncio.run(run(settings))
 
 
-async def run(settings: Settings, *, ready: asyncio.Event | None = None, provider: Any | None = None,
-              capacity_source: Any | None = None, observer: Any | None = None,
+async def run(settings: Settings, *, ready: asyncio.Event | None = None, provider: NodeProvider | None = None,
+              capacity_source: CapacitySource | None = None, observer: Observer | None = None,
               stop: asyncio.Event | None = None) -> int:
     """Open the mode's adapters (:func:`resilienced.wiring.open_runtime`), then :func:`serve`."""
     from resilienced.consumer import replica_name

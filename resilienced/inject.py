@@ -25,10 +25,11 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from aiobotocore.session import get_session
 
 from resilienced import intake, validate
-from resilienced.aws.sqs import SqsQueue, translate
+from resilienced.aws.clients import open_client
+from resilienced.aws.errors import translate
+from resilienced.aws.sqs import SqsQueue
 from resilienced.errors import BackendUnavailable, ConfigError, EventError
 from resilienced.model import Wrapping
 from resilienced.settings import QueueSettings
@@ -127,13 +128,12 @@ async def _send(messages: Sequence[tuple[str, str]], *, queue_url: str, region: 
 async def _put_events(entries: Sequence[tuple[str, dict[str, Any]]], *, region: str,
                       endpoint_url: str | None) -> list[tuple[str, str]]:
     sent = []
-    async with get_session().create_client("events", region_name=region,
-                                           endpoint_url=endpoint_url) as client:
+    async with open_client("events", region=region, endpoint_url=endpoint_url) as client:
         for name, item in entries:
             try:
                 response = await client.put_events(Entries=[item])
             except Exception as e:
-                raise translate(e, operation="PutEvents", backend="events") from e
+                raise translate(e, backend="events", operation="PutEvents") from e
             result = response["Entries"][0]
             if response.get("FailedEntryCount") or "EventId" not in result:
                 raise BackendUnavailable("events", f"{name}: PutEvents refused it: "

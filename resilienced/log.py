@@ -7,10 +7,8 @@ exactly one ``decision`` line (see :func:`decision`): the line an operator greps
 
 from __future__ import annotations
 
-import json
 import logging
 import sys
-from datetime import datetime, timezone
 from collections.abc import Sequence
 from typing import IO, Any
 
@@ -36,59 +34,79 @@ class _Current:
         getattr(sys, self._name).flush()
 
 
+def _shared() -> list[Any]:
+    """The processors every line goes through, a structlog event or a library's stdlib record."""
+    return [
+        structlog.contextvars.merge_contextvars,
+        structlog.processors.add_log_level,
+        structlog.processors.TimeStamper(fmt="iso", utc=True),
+    ]
+
+
+def _render() -> list[Any]:
+    return [structlog.processors.format_exc_info,
+            structlog.processors.JSONRenderer(sort_keys=False, default=str)]
+
+
 def configure(*, level: str = "info", stream: IO[str] | None = None) -> None:
     """JSON lines at ``level`` and above on ``stream`` (default: stdout).
 
     ``sys.stdout`` and ``sys.stderr`` are looked up at each write, so a replaced stream (a test
-    capturing output) never leaves the logger writing to a closed file.
+    capturing output) never leaves the logger writing to a closed file.  The project's own
+    modules log through structlog (:func:`get`); the stdlib records of libraries (aiohttp,
+    kubernetes_asyncio, botocore, ray) go through :func:`formatter`, so both come out as the
+    same JSON lines.
     """
     if stream is None or stream is sys.stdout:
         stream = _Current("stdout")  # type: ignore[assignment]
     elif stream is sys.stderr:
         stream = _Current("stderr")  # type: ignore[assignment]
     structlog.configure(
-        processors=[
-            structlog.contextvars.merge_contextvars,
-            structlog.processors.add_log_level,
-            structlog.processors.TimeStamper(fmt="iso", utc=True),
-            structlog.processors.format_exc_info,
-            structlog.processors.JSONRenderer(sort_keys=False, default=str),
-        ],
+        processors=[*_shared(), *_render()],
         wrapper_class=structlog.make_filtering_bound_logger(_LEVELS[level]),
         logger_factory=structlog.PrintLoggerFactory(stream),
         cache_logger_on_first_use=False,
     )
-    _route_stdlib(stream, level)
+    _route_stdlib(stream)
 
 
-class _JsonLines(logging.Formatter):
-    """Stdlib log records (adapters that use :mod:`logging`) as the same JSON lines."""
-
-    def format(self, record: logging.LogRecord) -> str:
-        line = {"event": record.getMessage(), "level": record.levelname.lower(),
-                "logger": record.name,
-                "timestamp": datetime.fromtimestamp(record.created, timezone.utc).isoformat()}
-        if record.exc_info:
-            line["exception"] = self.formatException(record.exc_info)
-        return json.dumps(line, default=str)
+def formatter() -> structlog.stdlib.ProcessorFormatter:
+    """structlog's formatter for stdlib records: ``event``, ``level``, ``logger``, ``timestamp``."""
+    return structlog.stdlib.ProcessorFormatter(
+        foreign_pre_chain=[*_shared(), structlog.stdlib.add_logger_name],
+        processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, *_render()],
+    )
 
 
-def _route_stdlib(stream: Any, level: str) -> None:
-    """resilienced's stdlib loggers at ``level``, every other library at warning, on ``stream``."""
+def _route_stdlib(stream: Any) -> None:
+    """Libraries' stdlib loggers at warning, through :func:`formatter`, on ``stream``."""
     handler = logging.StreamHandler(stream)
-    handler.setFormatter(_JsonLines())
+    handler.setFormatter(formatter())
     root = logging.getLogger()
     for old in [h for h in root.handlers if getattr(h, "_resilienced", False)]:
         root.removeHandler(old)
     handler._resilienced = True  # type: ignore[attr-defined]
     root.addHandler(handler)
     root.setLevel(logging.WARNING)
-    for name in ("resilienced", "handlers"):
-        logging.getLogger(name).setLevel(_LEVELS[level])
+
+
+class _Named:
+    """A structlog logger whose lines carry ``logger=name``, bound at each call.
+
+    Binding at each call (not once) keeps it lazy: a module-level logger, made at import, follows
+    a later :func:`configure` (structlog's ``bind`` fixes the configuration of the time it runs).
+    """
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+
+    def __getattr__(self, attr: str) -> Any:
+        return getattr(structlog.get_logger(self._name).bind(logger=self._name), attr)
 
 
 def get(name: str = "resilienced") -> Any:
-    return structlog.get_logger(name)
+    """The structlog logger of module ``name``: its lines carry ``logger=name``."""
+    return _Named(name)
 
 
 def decision(logger: Any, *, outcome: Outcome, verdict: Verdict, message_id: str | None,

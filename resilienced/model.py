@@ -12,8 +12,18 @@ from __future__ import annotations
 import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
+from decimal import Decimal
 from typing import Any
+
+
+class Capacity(str, enum.Enum):
+    """Where a run can be placed (``wait``: nowhere right now)."""
+
+    SPOT = "spot"
+    CAPACITY_BLOCK = "capacity-block"
+    ON_DEMAND = "on-demand"
+    WAIT = "wait"
 
 
 class Kind(str, enum.Enum):
@@ -112,6 +122,43 @@ class Plan:
 
 
 @dataclass(frozen=True)
+class RunFacts:
+    """What the locate step knows about a run, for the capacity decision and the requeue.
+
+    Every field is optional (``None`` / empty: not known); the safe defaults are one instance,
+    unknown AZ, unknown current capacity (treated like Spot), never moved, unknown remaining time.
+    Kubernetes mode reads them from the Node's labels and the run's annotations
+    (``resilienced.kube.locate.capacity_facts``); ray mode from the Ray node's labels.
+    ``resilienced.capacity.request.CapacityRequest.from_target`` checks and turns them into the
+    decision's question (a value of the wrong form is an error naming the field there).
+    """
+
+    instance_type: str | None = None  # "p5.48xlarge" (label node.kubernetes.io/instance-type)
+    availability_zone: str | None = None  # "us-east-1a" (topology.kubernetes.io/zone)
+    # as labelled: "spot" | "capacity-block" | "on-demand", or Karpenter's "reserved" (a block)
+    capacity_type: str | None = None
+    reservation_id: str | None = None  # the block the run is on (karpenter.k8s.aws/capacity-reservation-id)
+    moved_at: str | datetime | None = None  # the run's last move (annotation resilienced.io/capacity-moved-at)
+    instance_count: int | None = None  # instances the whole run (gang) uses
+    instance_ids: tuple[str, ...] = ()  # the run's instances this event names (set when runs are grouped)
+    lost_instance_ids: tuple[str, ...] = ()  # the run's instances this event takes away
+    run_needs_seconds: float | None = None  # how much longer the run needs capacity
+    volcano_job: str | None = None  # "namespace/name" of the batch.volcano.sh Job running the run
+    groups: tuple[str, ...] = ()  # KubeRay worker groups of the run's pods on the instance (ray.io/group)
+    elastic: bool = False  # the run continues at a smaller size (annotation resilienced.io/elastic)
+    elastic_fallback: str | None = None  # why an elastic run is requeued as a gang anyway (Kueue)
+    elastic_error: str | None = None  # the resilienced.io/elastic annotation is malformed (named)
+    # Only where the cluster serves EC2NodeClasses (None: any block of the account will do):
+    selectable_reservations: tuple[str, ...] | None = None  # cr- ids Karpenter can launch the run into
+    selectable_from: tuple[str, ...] = ()  # "nodepool/ec2nodeclass" pairs those ids were read from
+    # the last requeue resilienced applied to the run (its annotations): the event it was for,
+    # the capacity and the block; a delivery that takes the same event over keeps it
+    requeued_for: str | None = None
+    requeued_capacity: str | None = None
+    requeued_reservation_id: str | None = None
+
+
+@dataclass(frozen=True)
 class Target:
     """One Ray Train run with Ray nodes on the affected instances.
 
@@ -119,6 +166,9 @@ class Target:
     Kubernetes Node name; in ray mode both are ``None`` and ``node`` is the Ray node's address.
     ``ray_node_ids`` are hex Ray node ids (those to drain).  ``checkpoint_uri`` is the run's S3
     prefix (``s3://bucket/prefix``), or ``None`` when nobody said where its checkpoints go.
+    ``facts`` are what the capacity decision and the requeue read (:class:`RunFacts`);
+    ``attributes`` hold what the locate step saw besides, for the logs and the operator
+    (``head_on_instance``, ``gcs_error``, ``unmapped_pods``, ``matched_by``, ...).
     """
 
     instance_id: str
@@ -129,6 +179,7 @@ class Target:
     checkpoint_uri: str | None
     ray_address: str | None = None
     attributes: Mapping[str, Any] = field(default_factory=dict)
+    facts: RunFacts = RunFacts()
 
     @property
     def run_key(self) -> str:
@@ -176,3 +227,111 @@ class Outcome:
     reason: str | None = None
     retry_delay: float | None = None
     details: Mapping[str, Any] = field(default_factory=dict)
+
+
+# --------------------------------------------------------------------------- capacity and requeue
+@dataclass(frozen=True)
+class CapacityOffering:
+    """One Capacity Block offering (DescribeCapacityBlockOfferings), in the decision's terms."""
+
+    offering_id: str
+    instance_type: str
+    availability_zone: str
+    instance_count: int
+    start: datetime
+    end: datetime
+    upfront_fee: Decimal
+    currency: str = "USD"
+
+
+@dataclass(frozen=True)
+class CapacityDecision:
+    """Where the run goes, and why.
+
+    ``reservation_id`` is set for ``capacity-block`` on an existing reservation;
+    ``offering`` is set instead when the block is to be bought first.  ``details`` holds the
+    numbers behind the reason (JSON-serialisable) for the decision line and the dry-run plan.
+    """
+
+    capacity: Capacity
+    reason: str
+    reservation_id: str | None = None
+    offering: CapacityOffering | None = None
+    retry_after: timedelta | None = None
+    details: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "capacity", Capacity(self.capacity))
+        if self.capacity is not Capacity.CAPACITY_BLOCK and (self.reservation_id or self.offering):
+            raise ValueError(f"a {self.capacity.value} decision has no reservation or offering")
+
+    @property
+    def places(self) -> bool:
+        """Whether the decision puts the run somewhere (not ``wait``)."""
+        return self.capacity is not Capacity.WAIT
+
+    def as_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"capacity": self.capacity.value, "reason": self.reason}
+        if self.reservation_id:
+            out["reservation_id"] = self.reservation_id
+        if self.offering:
+            out["offering"] = {
+                "offering_id": self.offering.offering_id,
+                "availability_zone": self.offering.availability_zone,
+                "instance_count": self.offering.instance_count,
+                "start": self.offering.start.isoformat(),
+                "end": self.offering.end.isoformat(),
+                "upfront_fee": str(self.offering.upfront_fee),
+                "currency": self.offering.currency,
+            }
+        if self.retry_after is not None:
+            out["retry_after_seconds"] = self.retry_after.total_seconds()
+        if self.details:
+            out["details"] = dict(self.details)
+        return out
+
+
+@dataclass(frozen=True)
+class RequeueResult:
+    """What a requeue changed (or, with ``dry_run``, would change).
+
+    ``capacity``/``reservation_id`` say where the run now goes; in ray mode they can differ from
+    the decision passed in (a pool turned out full and the decision was made again).
+    ``changes`` lists each change in words; empty means the run already was where the decision
+    puts it, or the decision was ``wait``.  ``retry_after`` is set when nothing could be done yet.
+    ``refused`` is set when the requeuer will not move this run at all (``reason`` says why; a
+    Warning Event ``RequeueRefused`` is recorded on it), e.g. a KubeRay ``upgradeStrategy:
+    Recreate`` cluster outside Kueue, where any template change restarts every pod.
+    """
+
+    run_key: str
+    kind: str  # "kueue" | "kuberay" | "volcano" | "ray"
+    capacity: Capacity
+    reason: str
+    reservation_id: str | None = None
+    changes: tuple[str, ...] = ()
+    dry_run: bool = False
+    retry_after: timedelta | None = None
+    decision: CapacityDecision | None = None
+    details: Mapping[str, Any] = field(default_factory=dict)
+    refused: bool = False
+
+    @property
+    def changed(self) -> bool:
+        """Whether this call changed something (never in a dry run)."""
+        return bool(self.changes) and not self.dry_run
+
+    def as_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "run": self.run_key, "kind": self.kind, "capacity": self.capacity.value,
+            "reason": self.reason, "changes": list(self.changes), "dry_run": self.dry_run,
+        }
+        if self.reservation_id:
+            out["reservation_id"] = self.reservation_id
+        if self.retry_after is not None:
+            out["retry_after_seconds"] = self.retry_after.total_seconds()
+        if self.details:
+            out["details"] = dict(self.details)
+        if self.refused:
+            out["refused"] = True
+        return out

@@ -23,8 +23,8 @@ Format (kept plain so manifests can be generated from it or compared with it):
 The Kubernetes adapters keep their own lists (``resilienced.kube.rbac``,
 ``resilienced.requeue.rbac``, checked against the verbs an emulated API server saw them send) and
 ``resilienced.capacity.ec2.IAM_ACTIONS``; tests/deploy/test_permissions.py holds these constants
-equal to them.  This module imports none of them (it stays importable without
-kubernetes_asyncio); deriving it from them is the next step.
+equal to them.  This module imports none of them, on purpose: it stays importable without
+kubernetes_asyncio (the deploy checks read it), and the test, not an import, keeps the lists equal.
 """
 
 from __future__ import annotations

@@ -17,6 +17,11 @@ CapacitySource    ``resilienced.capacity.Ec2Capacity``            botocore Stubb
 ClaimStore        per mode (Kubernetes Lease, Ray GCS KV)         the same, real
 Responder         ``resilienced.recovery.responder.Recovery``     the same, real (``--mode plan``:
                                                                   ``recovery.plan_only.PlanLogger``)
+Planner           ``capacity.planner.CapacityPlanner``            the same, over a botocore Stubber
+Requeuer          ``requeue.router.Requeue`` around the           the same, real
+                  ``requeue.router.KubernetesRequeuer`` or
+                  ``ray.requeue.RayModeRequeuer``
+NodeProvider      none for EC2 yet (docs/architecture.md)         ``local.provider.LocalNodeProvider``
 ================  ==============================================  ==================================
 """
 
@@ -27,7 +32,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol, runtime_checkable
 
-from resilienced.model import Outcome, Plan, Target
+from resilienced.model import Capacity, CapacityDecision, Event, Outcome, Plan, RequeueResult, Target
 
 
 # --------------------------------------------------------------------------- queue
@@ -108,14 +113,31 @@ class RayNode:
     draining_deadline_ms: int | None = None
 
 
+@dataclass(frozen=True)
+class DrainResult:
+    """What a drain request came to.
+
+    ``outcome``: ``drained`` (GCS accepted the drain), ``already_draining`` (the node drains with
+    an earlier or equal deadline already: left alone), ``rejected`` (GCS refused; ``detail``
+    says why), ``unknown_node`` (no such node in this cluster), ``dead`` (the node is gone).
+    ``accepted`` is true for ``drained`` and ``already_draining``.
+    """
+
+    node_id: str
+    outcome: str
+    accepted: bool
+    deadline_ms: int
+    detail: str = ""
+
+
 @runtime_checkable
 class RayControl(Protocol):
     """The GCS calls resilienced makes on one Ray cluster (the ``ray drain-node`` protocol)."""
 
     async def nodes(self) -> list[RayNode]: ...
 
-    async def drain(self, node_id: str, *, deadline: datetime, message: str) -> bool:
-        """Drain with reason PREEMPTION; True when GCS accepted it."""
+    async def drain(self, node_id: str, *, deadline: datetime, message: str) -> DrainResult:
+        """Drain with reason PREEMPTION (see :class:`DrainResult` for what it came to)."""
         ...
 
 
@@ -196,6 +218,73 @@ class ClaimStore(Protocol):
     async def complete(self, key: str, *, holder: str, details: Mapping[str, Any]) -> None: ...
 
     async def release(self, key: str, *, holder: str) -> None: ...
+
+
+# --------------------------------------------------------------------------- capacity and requeue
+@runtime_checkable
+class Planner(Protocol):
+    """The capacity decision for one run (``resilienced.capacity.planner.CapacityPlanner``)."""
+
+    async def plan_for(
+        self, target: Target, *, event: Event, dry_run: bool = False
+    ) -> tuple[object, CapacityDecision]:
+        """The question asked about ``target``'s run (a ``CapacityRequest``) and the decision."""
+        ...
+
+
+@runtime_checkable
+class Requeuer(Protocol):
+    """Gets one run scheduled again, as a whole, on the decided capacity.
+
+    Implemented by each applier (``requeue.kueue``, ``requeue.kuberay``, ``requeue.volcano``,
+    ``ray.requeue``), by ``requeue.router.KubernetesRequeuer`` (which picks one) and by
+    ``requeue.router.Requeue`` (one of them plus its metric and its Events; what
+    ``Recovery`` is given).
+    """
+
+    @property
+    def kind(self) -> str:
+        """Which applier: ``kueue`` | ``kuberay`` | ``volcano`` | ``kubernetes`` | ``ray``."""
+        ...
+
+    async def requeue(
+        self, target: Target, *, decision: CapacityDecision, event: Event, dry_run: bool = False
+    ) -> RequeueResult: ...
+
+
+@dataclass(frozen=True)
+class ProvidedNode:
+    """A node a :class:`NodeProvider` launched."""
+
+    instance_id: str
+    capacity: Capacity
+    labels: Mapping[str, str] = field(default_factory=dict)
+    ray_node_id: str | None = None
+
+
+@runtime_checkable
+class NodeProvider(Protocol):
+    """Starts and stops the nodes of one Ray cluster, per capacity pool (ray mode's requeue;
+    the drill's ``resilienced.local.provider.LocalNodeProvider``)."""
+
+    async def launch(self, *, capacity: Capacity, node_labels: Sequence[Mapping[str, str]],
+                     reservation_id: str | None = None) -> list[ProvidedNode]:
+        """Start one node per entry of ``node_labels`` (extra labels each); may return fewer
+        than asked when the pool runs out; raises ``resilienced.ray.requeue.NoCapacity`` when
+        it got none."""
+        ...
+
+    async def release(self, nodes: Sequence[ProvidedNode]) -> None:
+        """Stop ``nodes`` and give their capacity back."""
+        ...
+
+    async def nodes(self) -> list[ProvidedNode]:
+        """The nodes this provider launched that are still up."""
+        ...
+
+    async def available(self, capacity: Capacity) -> int | None:
+        """How many more nodes ``capacity`` can give (None: not known)."""
+        ...
 
 
 # --------------------------------------------------------------------------- respond

@@ -18,9 +18,12 @@ directory holds no file.  A directory with no file is warned about on stderr eit
 
 Targets (``--kubeconfig`` or ``--ray-address``, only with ``--dry-run``): each actionable row
 also gets ``targets``, the runs on its instances, and ``unresolved``, why the other instances
-have none.  :func:`open_lookup` builds the read-only adapters the way
+have none, found through the daemon's own resolve -> locate -> group
+(:func:`resilienced.recovery.targets.find_targets`, as ``Recovery``, asked to record failures
+instead of raising).  :func:`open_lookup` builds the read-only adapters the way
 :func:`resilienced.wiring.open_runtime` does for the daemon (``KubeCluster`` on watch caches, or
-``RayModeCluster`` on one GCS; ``Ec2Capacity`` for the capacity decision), but never the acting
+``RayModeCluster`` on one GCS; ``Ec2Capacity`` for the capacity decision, on a client from the
+same :func:`resilienced.aws.clients.open_client`), but never the acting
 ones: no claims, no S3, no requeuer, no Auto Scaling.  The Ray and EC2 adapters are wrapped in
 :class:`ReadOnlyRay` and :class:`ReadOnlyCapacity`, whose ``drain`` and ``purchase`` refuse, and
 the capacity decision is :meth:`CapacityPlanner.target_plan` (a dry run: counts nothing, buys
@@ -46,7 +49,7 @@ from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from resilienced import intake, log
 from resilienced.capacity.policy import CapacityPolicy
@@ -58,10 +61,14 @@ from resilienced.errors import (
 )
 from resilienced.intake import Reading
 from resilienced.model import Plan, Step, Target
-from resilienced.ports import CapacityReservation, Cluster, RayNode, Responder
+from resilienced.ports import CapacityReservation, Cluster, DrainResult, RayNode, Responder
 from resilienced.recovery.plan_only import PlanLogger
+from resilienced.recovery.targets import find_targets
 from resilienced.settings import IntakeSettings, Mode, ModeSettings, QueueSettings
 from resilienced.validate import isoformat
+
+if TYPE_CHECKING:  # imported where it is built (its dependencies load on use)
+    from resilienced.capacity.planner import CapacityPlanner
 
 #: The ModeSettings flags replay takes: where the runs are (the mode follows from which is given).
 MODE_FLAGS = ("kubeconfig", "kube_context", "ray_address", "ray_token_file", "instance_label",
@@ -310,7 +317,7 @@ class ReadOnlyRay:
         except TimeoutError:
             raise BackendUnavailable("ray-gcs", f"{self.address}: no answer within {self._timeout_s:g}s") from None
 
-    async def drain(self, node_id: str, *, deadline: datetime, message: str) -> bool:
+    async def drain(self, node_id: str, *, deadline: datetime, message: str) -> DrainResult:
         raise PermanentError(f"replay only reads: it does not drain Ray node {node_id}")
 
 
@@ -360,7 +367,7 @@ class ReadOnlyCapacity:
 class Finder:
     """Targets of one plan, with each run's dry-run capacity decision (see :meth:`find`)."""
 
-    def __init__(self, *, cluster: Cluster, planner: Any, capacity: ReadOnlyCapacity,
+    def __init__(self, *, cluster: Cluster, planner: CapacityPlanner, capacity: ReadOnlyCapacity,
                  gcs_errors: Mapping[str, str]) -> None:
         self.cluster = cluster
         self.planner = planner
@@ -370,35 +377,23 @@ class Finder:
     async def find(self, plan: Plan) -> Found:
         """Resolve the plan's instances (a Capacity Block's through EC2), locate, decide per run.
 
+        Resolve -> locate -> group is the daemon's own path (:func:`find_targets`, as ``Recovery``).
+
         Never raises for an outside system that fails: what could not be found is in
         ``unresolved`` (instance id, or the reservation id, -> why).
         """
-        from resilienced.recovery.responder import Recovery
-
-        unresolved: dict[str, str] = {}
-        ids = list(plan.instance_ids)
-        reservation = plan.capacity_reservation_id
-        if reservation and not ids:
-            try:
-                ids = await self.capacity.reservation_instances(reservation_id=reservation)
-            except (ResilienceError, ValueError) as e:
-                unresolved[reservation] = f"cannot list the reservation's instances: {e}"
-        try:
-            location = await self.cluster.locate(instance_ids=ids, capacity_reservation_id=reservation)
-        except ResilienceError as e:
-            unresolved.update({i: f"cannot locate: {e}" for i in ids})
-            return Found(targets=[], unresolved=unresolved)
-        unresolved.update(location.unresolved)
-        decisions = {run.run_key: await self._decide(plan, run) for run in Recovery.group(location.targets)}
+        found = await find_targets(plan, cluster=self.cluster, capacity=self.capacity,
+                                   record_failures=True)
+        decisions = {run.run_key: await self._decide(plan, run) for run in found.runs}
         targets = []
-        for target in location.targets:
+        for target in found.located:
             entry = target.as_json()
             entry.update(decisions[target.run_key])
             gcs_error = self.gcs_errors.get(target.ray_address or "") or target.attributes.get("gcs_error")
             if gcs_error:
                 entry["gcs_error"] = f"the GCS did not answer ({gcs_error}): the Ray node ids are unknown"
             targets.append(entry)
-        return Found(targets=targets, unresolved=unresolved)
+        return Found(targets=targets, unresolved=found.unresolved)
 
     async def _decide(self, plan: Plan, run: Target) -> dict[str, Any]:
         """``capacity`` (or None) and ``reason`` for one run (a gang), plus the decision's extras."""
@@ -425,13 +420,11 @@ KUBE_READY_TIMEOUT_S = 15.0
 
 @asynccontextmanager
 async def ec2_client(*, region: str, endpoint_url: str | None) -> AsyncIterator[Any]:
-    """An aiobotocore ``ec2`` client for ``region`` (the seam tests replace with a Stubber's)."""
-    from aiobotocore.config import AioConfig
-    from aiobotocore.session import get_session
+    """An aiobotocore ``ec2`` client for ``region``, made as the daemon's (the seam tests replace
+    with a Stubber's)."""
+    from resilienced.aws.clients import open_client
 
-    config = AioConfig(connect_timeout=5, read_timeout=20, retries={"mode": "standard", "max_attempts": 2})
-    async with get_session().create_client("ec2", region_name=region, endpoint_url=endpoint_url,
-                                           config=config) as client:
+    async with open_client("ec2", region=region, endpoint_url=endpoint_url) as client:
         yield client
 
 

@@ -16,34 +16,46 @@ ray         ``RayModeCluster`` on one ``RayGcs``, ``RayModeRequeuer`` when a nod
 ==========  ==================================  ================================================
 
 S3 (durable), EC2 (Capacity Blocks, DescribeInstances), FSx (export tasks) and Auto Scaling
-(lifecycle hooks) are aiobotocore clients of the queue's region; ``--endpoint-url`` applies to
-all of them (moto and LocalStack serve every service on one endpoint).
+(lifecycle hooks) are aiobotocore clients of the queue's region, made by
+:func:`resilienced.aws.clients.open_client` (one config, as for ``replay``); ``--endpoint-url``
+applies to all of them (moto and LocalStack serve every service on one endpoint).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from aiobotocore.config import AioConfig
-from aiobotocore.session import get_session
-
 from resilienced import log, tasks
+from resilienced.aws.autoscaling import Lifecycle
+from resilienced.aws.clients import open_client
 from resilienced.claims import MemoryClaims
 from resilienced.errors import ConfigError, ResilienceError
 from resilienced.metrics import Metrics
 from resilienced.model import Target
 from resilienced.notify import Notifier, NotifyMetrics, load_template
-from resilienced.ports import CapacitySource, ClaimStore, RayControl, Responder
+from resilienced.ports import (
+    CapacitySource,
+    ClaimStore,
+    Cluster,
+    NodeProvider,
+    Planner,
+    RayControl,
+    Requeuer,
+    Responder,
+)
 from resilienced.recovery.plan_only import PlanLogger
-from resilienced.recovery.responder import Lifecycle, Recovery, RecoveryMetrics, RecoveryOptions
+from resilienced.recovery.responder import Recovery, RecoveryMetrics, RecoveryOptions
 from resilienced.settings import Mode, Settings
+
+#: how the recovery reaches a run's Ray GCS (kubernetes mode: per RayCluster; ray mode: the one GCS)
+RayControlFor = Callable[[Target], Awaitable[RayControl]]
 
 
 @dataclass(frozen=True)
@@ -72,11 +84,6 @@ class Runtime:
 
     responder: Responder
     claims: ClaimStore
-
-
-def _aws_config() -> AioConfig:
-    return AioConfig(max_pool_connections=20, connect_timeout=5, read_timeout=30,
-                     retries={"mode": "standard", "max_attempts": 3})
 
 
 def read_token(path: str | None) -> str | None:
@@ -128,13 +135,74 @@ async def _cancel(task: asyncio.Task[Any]) -> None:
         await task
 
 
+def _recovery_options(settings: Settings, *, export: Any | None) -> RecoveryOptions:
+    rs = settings.recovery
+    return RecoveryOptions(
+        durable_grace_seconds=rs.durable_grace_seconds,
+        durable_poll_seconds=rs.durable_poll_seconds,
+        checkpoint_ahead_seconds=rs.checkpoint_ahead_seconds,
+        claim_ttl_seconds=float(settings.queue.visibility_timeout),
+        file_system_id=rs.fsx_file_system_id,
+        export_paths=rs.export_paths if export is not None else None,
+    )
+
+
+async def _kubernetes(settings: Settings, stack: AsyncExitStack, *,
+                      replica: str) -> tuple[Cluster, ClaimStore, Requeuer | None, RayControlFor]:
+    """kubernetes mode: (cluster, claims, requeuer, ray control), closed by ``stack``."""
+    from resilienced.kube.api import connect
+    from resilienced.kube.cluster import KubeCluster
+    from resilienced.kube.leases import KubeLeaseClaims
+    from resilienced.ray.gcs import RayGcs
+    from resilienced.requeue.kueue import KueueRequeuer, discover_workload_version
+    from resilienced.requeue.router import KubernetesRequeuer
+
+    api = await connect(kubeconfig=settings.mode.kubeconfig, context=settings.mode.kube_context)
+    stack.push_async_callback(api.close)
+    cluster = KubeCluster(api, ray_control_factory=lambda addr, tok: RayGcs(addr, token=tok),
+                          replica=replica)
+    await cluster.start()
+    stack.push_async_callback(cluster.stop)
+    claims = KubeLeaseClaims(api, namespace=settings.mode.claims_namespace)
+    sweeper = tasks.spawn(_sweep_leases(claims, older_than=settings.intake.dedupe_seconds),
+                          name="resilienced.lease-sweep")
+    stack.push_async_callback(_cancel, sweeper)
+    workload_version: str | None = settings.mode.kueue_api_version
+    if workload_version == "auto":
+        workload_version = await discover_workload_version(api)
+    requeuer = KubernetesRequeuer(api, kueue=KueueRequeuer(api, workload_version=workload_version))
+    return cluster, claims, requeuer, cluster.ray_control
+
+
+def _ray_mode(settings: Settings, *, ec2: Any, planner: Planner,
+              provider: NodeProvider | None) -> tuple[Cluster, ClaimStore, Requeuer | None, RayControlFor]:
+    """ray mode: (cluster, claims, requeuer or None without a node provider, ray control)."""
+    from resilienced.ray.claims import RayKvClaims
+    from resilienced.ray.cluster import RayModeCluster
+    from resilienced.ray.gcs import RayGcs
+    from resilienced.ray.requeue import RayModeRequeuer
+
+    ray = RayGcs(settings.mode.ray_address, token=read_token(settings.mode.ray_token_file))
+    cluster = RayModeCluster(ray=ray, checkpoint_uri=settings.mode.checkpoint_uri, ec2=ec2,
+                             instance_label=settings.mode.instance_label,
+                             instance_type=settings.mode.instance_type)
+    claims = RayKvClaims(kv=ray, done_ttl_seconds=settings.intake.dedupe_seconds)
+    requeuer = (RayModeRequeuer(provider, planner=planner, instance_type=settings.mode.instance_type)
+                if provider is not None else None)
+
+    async def ray_control(target: Target) -> RayControl:
+        return ray
+
+    return cluster, claims, requeuer, ray_control
+
+
 @asynccontextmanager
 async def open_runtime(
     settings: Settings,
     *,
     metrics: Metrics,
     replica: str,
-    provider: Any | None = None,
+    provider: NodeProvider | None = None,
     capacity_source: CapacitySource | None = None,
 ) -> AsyncIterator[Runtime]:
     """The responder and claim store for ``settings.mode``; every adapter is closed on exit.
@@ -145,7 +213,6 @@ async def open_runtime(
     from resilienced.aws.s3 import S3Store
     from resilienced.capacity.ec2 import Ec2Capacity
     from resilienced.capacity.planner import CapacityPlanner
-    from resilienced.ray.gcs import RayGcs
     from resilienced.requeue.router import Requeue
 
     mode = settings.mode.kind
@@ -157,11 +224,10 @@ async def open_runtime(
 
     region = settings.queue.effective_region
     endpoint = settings.queue.endpoint_url
-    session = get_session()
     async with AsyncExitStack() as stack:
         async def client(service: str) -> Any:
-            return await stack.enter_async_context(session.create_client(
-                service, region_name=region, endpoint_url=endpoint, config=_aws_config()))
+            return await stack.enter_async_context(open_client(service, region=region,
+                                                               endpoint_url=endpoint))
 
         store = S3Store(client=await client("s3"))
         ec2 = await client("ec2")
@@ -180,54 +246,13 @@ async def open_runtime(
         notifier = _notifier(settings, groups.notify)
         if notifier is not None:
             stack.push_async_callback(notifier.close)
-        options = RecoveryOptions(
-            durable_grace_seconds=rs.durable_grace_seconds,
-            durable_poll_seconds=rs.durable_poll_seconds,
-            checkpoint_ahead_seconds=rs.checkpoint_ahead_seconds,
-            claim_ttl_seconds=float(settings.queue.visibility_timeout),
-            file_system_id=rs.fsx_file_system_id,
-            export_paths=rs.export_paths if export is not None else None,
-        )
+        options = _recovery_options(settings, export=export)
 
         if mode is Mode.KUBERNETES:
-            from resilienced.kube.api import connect
-            from resilienced.kube.cluster import KubeCluster
-            from resilienced.kube.leases import KubeLeaseClaims
-            from resilienced.requeue.kueue import KueueRequeuer, discover_workload_version
-            from resilienced.requeue.router import KubernetesRequeuer
-
-            api = await connect(kubeconfig=settings.mode.kubeconfig, context=settings.mode.kube_context)
-            stack.push_async_callback(api.close)
-            cluster: Any = KubeCluster(api, ray_control_factory=lambda addr, tok: RayGcs(addr, token=tok),
-                                       replica=replica)
-            await cluster.start()
-            stack.push_async_callback(cluster.stop)
-            claims: ClaimStore = KubeLeaseClaims(api, namespace=settings.mode.claims_namespace)
-            sweeper = tasks.spawn(_sweep_leases(claims, older_than=settings.intake.dedupe_seconds),
-                                  name="resilienced.lease-sweep")
-            stack.push_async_callback(_cancel, sweeper)
-            workload_version: str | None = settings.mode.kueue_api_version
-            if workload_version == "auto":
-                workload_version = await discover_workload_version(api)
-            requeuer: Any = KubernetesRequeuer(api, kueue=KueueRequeuer(api, workload_version=workload_version))
-            ray_control = cluster.ray_control
+            cluster, claims, requeuer, ray_control = await _kubernetes(settings, stack, replica=replica)
         else:
-            from resilienced.ray.claims import RayKvClaims
-            from resilienced.ray.cluster import RayModeCluster
-            from resilienced.ray.requeue import RayModeRequeuer
-
-            ray = RayGcs(settings.mode.ray_address, token=read_token(settings.mode.ray_token_file))
-            cluster = RayModeCluster(ray=ray, checkpoint_uri=settings.mode.checkpoint_uri, ec2=ec2,
-                                     instance_label=settings.mode.instance_label,
-                                     instance_type=settings.mode.instance_type)
-            claims = RayKvClaims(kv=ray, done_ttl_seconds=settings.intake.dedupe_seconds)
-            requeuer = (RayModeRequeuer(provider, planner=planner,
-                                        instance_type=settings.mode.instance_type)
-                        if provider is not None else None)
-
-            async def ray_control(target: Target) -> RayControl:
-                return ray
-
+            cluster, claims, requeuer, ray_control = _ray_mode(settings, ec2=ec2, planner=planner,
+                                                               provider=provider)
         requeue = (Requeue(requeuer, cluster=cluster, metrics=groups.requeue)
                    if requeuer is not None else None)
         recovery = Recovery(

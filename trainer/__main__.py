@@ -14,7 +14,7 @@ from trainer.errors import ConfigError, TrainerError
 
 
 def main(argv: list[str] | None = None) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=logging.INFO, format="time=%(asctime)s level=%(levelname)s logger=%(name)s %(message)s")
     try:
         cfg = parse_args(argv)
     except ConfigError as e:

@@ -134,7 +134,7 @@ def _local_rank_main(config: dict[str, Any], rank: int, port: int, parent_pid: i
 
     from trainer.loop import COLLECTIVE_TIMEOUT, run
 
-    logging.basicConfig(level=logging.INFO, format=f"[rank {rank}] %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=logging.INFO, format=f"rank={rank} level=%(levelname)s logger=%(name)s %(message)s")
     cfg = TrainConfig.from_dict(config)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group(
@@ -145,7 +145,7 @@ def _local_rank_main(config: dict[str, Any], rank: int, port: int, parent_pid: i
     try:
         run(cfg)
     except PreemptedError as e:
-        log.warning("%s", e)
+        log.warning(f"preempted: {e}")
         code = EXIT_PREEMPTED
     finally:
         if code == 0:
@@ -199,7 +199,7 @@ def run_local(cfg: TrainConfig) -> int:
                         p.kill()
                 for p in procs:
                     p.join()
-                log.error("a rank exited with code %s; stopped the others", failed[0])
+                log.error(f"a rank failed; stopped the others exit_code={failed[0]}")
                 return 1
             if all(c is not None for c in codes):
                 return EXIT_PREEMPTED if EXIT_PREEMPTED in codes else 0

@@ -172,7 +172,3 @@ class DeadlinePlan:
             return True
         return now + self.step_estimate_s() + self.save_budget_s() <= deadline_ms / 1000.0
 
-    def room_for_a_save(self, *, now: float, deadline_ms: int | None) -> bool:
-        if deadline_ms is None:
-            return True
-        return now + self.save_budget_s() <= deadline_ms / 1000.0

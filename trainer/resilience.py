@@ -146,7 +146,7 @@ class Checkpointer:
         self._check_root_writable(ckpt_group)
         self._runtime: Runtime = detect_runtime()
         if not self._runtime.install_sigterm():
-            log.info("SIGTERM flag not installed on rank %d; Ray's drain is the only notice", self.rank)
+            log.info(f"SIGTERM flag not installed; Ray's drain is the only notice rank={self.rank}")
         self.step: int | None = None
         """Steps trained so far (None until :meth:`restore`)."""
         self.restored_from: Path | None = None
@@ -178,7 +178,7 @@ class Checkpointer:
         point, rejected = self._store.broadcast_resume()
         for r in rejected:
             if self.rank == 0:
-                log.warning("rejected checkpoint %s: %s", r.path, r.why)
+                log.warning(f"rejected checkpoint path={r.path} why={r.why!r}")
             self._event("checkpoint_rejected", path=str(r.path), why=r.why)
         step = 0
         if point is not None:
@@ -190,7 +190,7 @@ class Checkpointer:
                 )
             step = point.manifest.step
             self.restored_from = point.path
-            log.info("restored step %d from %s (saved by %d ranks)", step, point.path, point.manifest.world_size)
+            log.info(f"restored step={step} path={point.path} world_size={point.manifest.world_size}")
         self.step = step
         self._last_saved = step if point is not None else None
         self._left = time.perf_counter()
@@ -319,7 +319,7 @@ class Checkpointer:
         self._noticed = True
         self._source = agreed.source
         self._event("preemption_notice", step=self.step, deadline_ms=self._deadline_ms, source=agreed.source)
-        log.warning("preemption notice at step %d, deadline %s (%s)", self.step, self._deadline_ms, agreed.source)
+        log.warning(f"preemption notice step={self.step} deadline_ms={self._deadline_ms} source={agreed.source}")
         self._save_now("preemption", entries)  # at once: the notice is best effort
         room = self._plan.room_for_another_step(now=time.time(), deadline_ms=self._deadline_ms)
         return self._agreement.agree_stop(not room, step=self.step or 0)
@@ -328,7 +328,7 @@ class Checkpointer:
         """Save the step if it is not saved, then train nothing more: wait to be torn down."""
         self._save_now("preemption", entries)
         self._event("waiting_for_teardown", step=self.step)
-        log.warning("saved step %d; training no further step before the deadline", self.step)
+        log.warning(f"saved; training no further step before the deadline step={self.step}")
         # A Ray drain ends in Ray's teardown; a bare SIGTERM asked this process to go.
         self._runtime.wait_for_teardown(
             deadline_ms=self._deadline_ms, timeout_s=self._grace["teardown"] if self._source == "ray" else 0.0,

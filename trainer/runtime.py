@@ -106,7 +106,7 @@ class RayRuntime:
             actor = ray.get_runtime_context().current_actor
             return bool(ray.get(actor.__ray_call__.remote(_install_on_actor), timeout=30))
         except Exception as e:  # best effort: Ray's drain is the primary signal
-            log.warning("SIGTERM flag not installed on this Ray worker: %s", e)
+            log.warning(f"SIGTERM flag not installed on this Ray worker error={e!r}")
             return False
 
     def wait_for_teardown(self, *, deadline_ms: int | None, timeout_s: float) -> NoReturn:

@@ -27,19 +27,17 @@ moto does not implement these calls; the tests drive this adapter through botoco
 from __future__ import annotations
 
 import asyncio
-import logging
 import re
 import time
 from collections.abc import Sequence
 from typing import Any
 
-import botocore.exceptions
-
-from resilienced.aws.sqs import translate as _translate_transient
-from resilienced.errors import BackendUnavailable, PermanentError
+from resilienced.aws import errors
+from resilienced.errors import BackendUnavailable, PermanentError, ResilienceError
+from resilienced.log import get as get_logger
 from resilienced.ports import ExportTask
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 BACKEND = "fsx"
 RUNNING = ("PENDING", "EXECUTING")
@@ -47,28 +45,14 @@ FINISHED = ("SUCCEEDED", "FAILED", "CANCELED")
 _FS_ID_RE = re.compile(r"^fs-[0-9a-f]{8,}$")
 _TOKEN_RE = re.compile(r"^[A-Za-z0-9_.-]{1,63}$")
 _TASK_ID_RE = re.compile(r"^task-[0-9a-f]{17,}$")
-_PERMANENT_CODES = {"BadRequest", "UnsupportedOperation", "FileSystemNotFound",
-                    "IncompatibleParameterError", "DataRepositoryTaskNotFound",
-                    "AccessDeniedException", "ValidationException"}
+#: The one answer read as something else: another data repository task runs on the file system.
+BUSY = "DataRepositoryTaskExecuting"
 _MAX_PATHS = 100
 
 
-def translate(error: BaseException, *, operation: str) -> Exception:
-    """The resilienced error for a library error raised by an FSx call."""
-    if isinstance(error, (BackendUnavailable, PermanentError)):
-        return error
-    if isinstance(error, botocore.exceptions.ClientError):
-        err = (getattr(error, "response", None) or {}).get("Error") or {}
-        code = err.get("Code") or "Unknown"
-        if code in _PERMANENT_CODES:
-            return PermanentError(f"fsx: {operation}: {code}: {err.get('Message') or error}")
-    return _translate_transient(error, operation=operation, backend=BACKEND)
-
-
-def _code(error: BaseException) -> str | None:
-    if isinstance(error, botocore.exceptions.ClientError):
-        return ((getattr(error, "response", None) or {}).get("Error") or {}).get("Code")
-    return None
+def translate(error: BaseException, *, operation: str) -> ResilienceError:
+    """The resilienced error for a library error raised by an FSx call (the one rule)."""
+    return errors.translate(error, backend=BACKEND, operation=operation)
 
 
 class FsxExportTasks:
@@ -144,7 +128,7 @@ class FsxExportTasks:
             try:
                 response = await self._client.create_data_repository_task(**request)
             except Exception as e:
-                if _code(e) != "DataRepositoryTaskExecuting":
+                if errors.error_code(e) != BUSY:  # the named exception: wait for that task
                     raise translate(e, operation="CreateDataRepositoryTask") from e
                 running = await self._running(file_system_id)
                 left = give_up - time.monotonic()
@@ -156,12 +140,12 @@ class FsxExportTasks:
                         f"{self._busy_timeout:.0f}s",
                         delay=self._poll,
                     ) from e
-                log.info("fsx %s busy with %s; waiting before exporting %s", file_system_id,
-                         [t.task_id for t in running] or "a task", rel)
+                log.info("fsx busy; waiting before exporting", file_system_id=file_system_id,
+                         running=[t.task_id for t in running] or "a task", path=rel)
                 await self._wait_out(running, until=give_up)
                 continue
             task = self._task(response["DataRepositoryTask"])
-            log.info("fsx export task %s for %s: %s", task.task_id, rel, task.lifecycle)
+            log.info("fsx export task", task_id=task.task_id, path=rel, lifecycle=task.lifecycle)
             return task
 
     async def describe(self, *, task_id: str) -> ExportTask:

@@ -6,15 +6,13 @@ only the algorithm's name, not the value) and hands it on as hex.  Only a whole-
 multipart ``COMPOSITE``) SHA-256 is the file's SHA-256; a composite one is ignored.  ``get``
 reads a whole object.
 
-Errors are translated here, at the boundary:
-
-* connection failures, timeouts, throttling (``SlowDown``...) and 5xx ->
-  :class:`~resilienced.errors.BackendUnavailable` (``"s3"``): try again later;
-* ``NoSuchKey`` -> :class:`ObjectNotFound` (a :class:`~resilienced.errors.PermanentError`): the
-  caller decides whether a missing object is an answer or a failure;
-* ``NoSuchBucket``, ``AccessDenied``, ``InvalidBucketName`` and other 4xx ->
-  :class:`~resilienced.errors.PermanentError` naming the bucket: retrying will not create the
-  bucket or grant the permission.
+Errors are translated here, at the boundary, by the one rule of :mod:`resilienced.aws.errors`
+(connection failures, timeouts, throttling such as ``SlowDown``, 429 and 5xx ->
+:class:`~resilienced.errors.BackendUnavailable` ``"s3"``; ``NoSuchBucket``, ``AccessDenied`` and
+every other refusal -> :class:`~resilienced.errors.PermanentError` naming the bucket), with one
+named exception: ``NoSuchKey`` (``NotFound``/``404`` from ``HeadObject``) on a call about one key
+-> :class:`ObjectNotFound` (a ``PermanentError``), so the caller decides whether a missing object
+is an answer ("not exported yet") or a failure.
 
 :func:`parse_s3_uri` turns ``s3://bucket/prefix`` into ``(bucket, prefix)`` with clear errors.
 """
@@ -29,19 +27,14 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
-import botocore.exceptions
-from aiobotocore.config import AioConfig
-from aiobotocore.session import get_session
-
-from resilienced.aws.sqs import translate as _translate_transient
-from resilienced.errors import BackendUnavailable, PermanentError
+from resilienced.aws import errors
+from resilienced.aws.clients import MAX_CONNECTIONS, open_client
+from resilienced.errors import PermanentError, ResilienceError
 from resilienced.ports import StoredObject
 
 BACKEND = "s3"
-_PERMANENT_STATUS = range(400, 500)
-_TRANSIENT_CODES = {"SlowDown", "Throttling", "ThrottlingException", "RequestTimeout",
-                    "RequestTimeTooSkewed", "InternalError", "ServiceUnavailable",
-                    "RequestLimitExceeded", "TooManyRequestsException"}
+#: The codes of "this key does not exist" (GetObject: NoSuchKey; HeadObject: 404, no body).
+_NOT_FOUND_CODES = frozenset({"NoSuchKey", "NotFound", "404"})
 _BUCKET_RE = re.compile(r"^[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9]$")
 
 
@@ -82,22 +75,12 @@ def parse_s3_uri(uri: str) -> tuple[str, str]:
     return bucket, (prefix + "/" if prefix else "")
 
 
-def translate(error: BaseException, *, operation: str, bucket: str, key: str | None = None) -> Exception:
+def translate(error: BaseException, *, operation: str, bucket: str, key: str | None = None) -> ResilienceError:
     """The resilienced error for a library error raised by an S3 call."""
-    if isinstance(error, (BackendUnavailable, PermanentError)):
-        return error
+    if key is not None and errors.error_code(error) in _NOT_FOUND_CODES:
+        return ObjectNotFound(bucket, key)  # the named exception: the caller reads it
     where = f"s3://{bucket}/{key}" if key is not None else f"s3://{bucket}"
-    if isinstance(error, botocore.exceptions.ClientError):
-        response = getattr(error, "response", None) or {}
-        code = (response.get("Error") or {}).get("Code") or "Unknown"
-        status = (response.get("ResponseMetadata") or {}).get("HTTPStatusCode")
-        if code in ("NoSuchKey", "NotFound", "404") and key is not None:
-            return ObjectNotFound(bucket, key)
-        if code not in _TRANSIENT_CODES and isinstance(status, int) and status in _PERMANENT_STATUS:
-            text = (response.get("Error") or {}).get("Message") or str(error)
-            return PermanentError(f"s3: {operation} {where}: {code} (HTTP {status}): {text}")
-    transient = _translate_transient(error, operation=f"{operation} {where}", backend=BACKEND)
-    return transient
+    return errors.translate(error, backend=BACKEND, operation=f"{operation} {where}")
 
 
 def sha256_hex(checksum_b64: str | None, *, checksum_type: str | None = None) -> str | None:
@@ -137,23 +120,11 @@ class S3Store:
     @classmethod
     @asynccontextmanager
     async def open(cls, *, region: str | None, endpoint_url: str | None = None,
-                   max_connections: int = 20, checksums: bool = True) -> AsyncIterator[S3Store]:
+                   max_connections: int = MAX_CONNECTIONS, checksums: bool = True) -> AsyncIterator[S3Store]:
         """A store with its own client (and connection pool), closed on exit."""
-        config = AioConfig(
-            max_pool_connections=max_connections, connect_timeout=5, read_timeout=30,
-            retries={"mode": "standard", "max_attempts": 3},
-        )
-        try:
-            client_cm = get_session().create_client(
-                "s3", region_name=region, endpoint_url=endpoint_url, config=config
-            )
-            client = await client_cm.__aenter__()
-        except Exception as e:
-            raise _translate_transient(e, operation="create client", backend=BACKEND) from e
-        try:
+        async with open_client("s3", region=region, endpoint_url=endpoint_url,
+                               max_connections=max_connections) as client:
             yield cls(client=client, checksums=checksums)
-        finally:
-            await client_cm.__aexit__(None, None, None)
 
     async def list(self, *, bucket: str, prefix: str) -> list[StoredObject]:
         """Every object under ``prefix`` (all pages), with its SHA-256 where S3 has one."""

@@ -1,60 +1,37 @@
 """The SQS adapter: :class:`SqsQueue` implements :class:`~resilienced.ports.Queue` on aiobotocore.
 
-Every library error is translated at this boundary by :func:`translate` into
-:class:`~resilienced.errors.BackendUnavailable` (nothing above sees a botocore or aiohttp
-exception): connection and timeout errors, throttling and 5xx, and also 4xx answers such as a
-missing queue or denied access, which a long-running daemon reports (logs, readiness) and
-retries with backoff rather than crash on.
+Every library error is translated at this boundary by :func:`translate` (nothing above sees a
+botocore or aiohttp exception), with the one rule of :mod:`resilienced.aws.errors`, and one
+named exception: the daemon's own queue is never given up on.  An answer the rule calls
+permanent (a missing queue, denied access, an invalid receipt handle) is raised as
+:class:`~resilienced.errors.BackendUnavailable` too, marked ``refused``, which a long-running
+daemon reports (logs, readiness, ``resilienced_queue_errors_total``) and retries with backoff
+rather than crash on: an IAM policy or a queue being re-created gets fixed while it waits.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from datetime import datetime, timezone
 from typing import Any
 
-import aiohttp
-import botocore.exceptions
-from aiobotocore.config import AioConfig
-from aiobotocore.session import get_session
-
+from resilienced.aws import errors
+from resilienced.aws.clients import MAX_CONNECTIONS, open_client
 from resilienced.errors import BackendUnavailable
 from resilienced.ports import Message
 
 BACKEND = "sqs"
-_THROTTLING = {"Throttling", "ThrottlingException", "RequestThrottled", "RequestThrottledException",
-               "TooManyRequestsException", "SlowDown"}
 
 
 def translate(error: BaseException, *, operation: str, backend: str = BACKEND) -> BackendUnavailable:
-    """The BackendUnavailable for a library error raised by an AWS call (SQS by default)."""
-    if isinstance(error, BackendUnavailable):
-        return error
-    if isinstance(error, botocore.exceptions.ClientError):
-        response = getattr(error, "response", None) or {}
-        code = (response.get("Error") or {}).get("Code") or "Unknown"
-        status = (response.get("ResponseMetadata") or {}).get("HTTPStatusCode")
-        delay = 1.0 if code in _THROTTLING else None
-        text = (response.get("Error") or {}).get("Message") or str(error)
-        return BackendUnavailable(backend, f"{operation}: {code} (HTTP {status}): {text}", delay=delay)
-    if isinstance(error, botocore.exceptions.BotoCoreError):
-        kind = "timed out" if isinstance(error, (botocore.exceptions.ConnectTimeoutError,
-                                                 botocore.exceptions.ReadTimeoutError)) else "failed"
-        return BackendUnavailable(backend, f"{operation} {kind}: {type(error).__name__}: {_text(error)}")
-    if isinstance(error, (aiohttp.ClientError, asyncio.TimeoutError, TimeoutError, OSError)):
-        return BackendUnavailable(backend, f"{operation} failed: {type(error).__name__}: {_text(error)}")
-    return BackendUnavailable(backend, f"{operation} failed: unexpected {type(error).__name__}: "
-                                       f"{_text(error)}")
-
-
-def _text(error: BaseException) -> str:
-    try:
-        return str(error) or "(no message)"
-    except Exception:  # a half-built library exception whose __str__ fails
-        return "(no message)"
+    """The BackendUnavailable for a library error raised by an SQS call (see the module doc)."""
+    translated = errors.translate(error, backend=backend, operation=operation)
+    if isinstance(translated, BackendUnavailable):
+        return translated
+    # the named exception: the daemon's own queue is retried even when it refuses
+    return BackendUnavailable(backend, str(translated).removeprefix(f"{backend}: ") + " (refused)")
 
 
 class SqsQueue:
@@ -67,24 +44,11 @@ class SqsQueue:
     @classmethod
     @asynccontextmanager
     async def open(cls, *, queue_url: str, region: str | None, endpoint_url: str | None = None,
-                   max_connections: int = 20) -> AsyncIterator[SqsQueue]:
+                   max_connections: int = MAX_CONNECTIONS) -> AsyncIterator[SqsQueue]:
         """A queue with its own client (and connection pool), closed on exit."""
-        config = AioConfig(
-            max_pool_connections=max_connections,
-            connect_timeout=5, read_timeout=40,  # above the 20 s long poll
-            retries={"mode": "standard", "max_attempts": 3},
-        )
-        session = get_session()
-        try:
-            client_cm = session.create_client("sqs", region_name=region, endpoint_url=endpoint_url,
-                                              config=config)
-            client = await client_cm.__aenter__()
-        except Exception as e:
-            raise translate(e, operation="create client") from e
-        try:
+        async with open_client("sqs", region=region, endpoint_url=endpoint_url,
+                               max_connections=max_connections) as client:
             yield cls(client=client, queue_url=queue_url)
-        finally:
-            await client_cm.__aexit__(None, None, None)
 
     async def _call(self, operation: str, **kwargs: Any) -> dict[str, Any]:
         try:

@@ -3,8 +3,9 @@
 Modules, pure first:
 
 * ``policy``   :class:`CapacityPolicy`, the knobs (a settings group).
-* ``decision`` :func:`decide`, the pure decision, and its values (:class:`Capacity`,
-  :class:`Pool`, :class:`CapacityDecision`, :class:`CapacityOffering`).
+* ``decision`` :func:`decide`, the pure decision, and its values (:class:`Pool`, and
+  :class:`Capacity`, :class:`CapacityDecision`, :class:`CapacityOffering`, which live in
+  ``resilienced.model`` because ``ports`` names them).
 * ``history``  :class:`InterruptionHistory` (sliding window per pool) and
   :class:`UnavailableCache` (the ICE cache); in memory, per replica.
 * ``request``  :class:`CapacityRequest`: the question for one run, from a Target and an Event.

@@ -27,29 +27,19 @@ Nothing here does I/O or reads a clock: ``now`` is an argument.
 
 from __future__ import annotations
 
-import enum
-from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
 from datetime import datetime, timedelta
-from decimal import Decimal
 from typing import Any
 
 from resilienced.capacity.policy import CapacityPolicy
+from resilienced.model import Capacity, CapacityDecision, CapacityOffering
 from resilienced.ports import CapacityReservation
 
 #: ``CapacityReservation.reservation_type`` of a Capacity Block.
 CAPACITY_BLOCK_TYPE = "capacity-block"
 #: The only reservation state whose instances can be launched into.
 ACTIVE = "active"
-
-
-class Capacity(str, enum.Enum):
-    """Where a run can be placed (``wait``: nowhere right now)."""
-
-    SPOT = "spot"
-    CAPACITY_BLOCK = "capacity-block"
-    ON_DEMAND = "on-demand"
-    WAIT = "wait"
 
 
 #: Capacity types that place a run (everything but ``wait``).
@@ -93,67 +83,6 @@ class Selectable:
 
     def describe(self) -> str:
         return ", ".join(self.sources) if self.sources else "no NodePool able to serve it"
-
-
-@dataclass(frozen=True)
-class CapacityOffering:
-    """One Capacity Block offering (DescribeCapacityBlockOfferings), in the decision's terms."""
-
-    offering_id: str
-    instance_type: str
-    availability_zone: str
-    instance_count: int
-    start: datetime
-    end: datetime
-    upfront_fee: Decimal
-    currency: str = "USD"
-
-
-@dataclass(frozen=True)
-class CapacityDecision:
-    """Where the run goes, and why.
-
-    ``reservation_id`` is set for ``capacity-block`` on an existing reservation;
-    ``offering`` is set instead when the block is to be bought first.  ``details`` holds the
-    numbers behind the reason (JSON-serialisable) for the decision line and the dry-run plan.
-    """
-
-    capacity: Capacity
-    reason: str
-    reservation_id: str | None = None
-    offering: CapacityOffering | None = None
-    retry_after: timedelta | None = None
-    details: Mapping[str, Any] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "capacity", Capacity(self.capacity))
-        if self.capacity is not Capacity.CAPACITY_BLOCK and (self.reservation_id or self.offering):
-            raise ValueError(f"a {self.capacity.value} decision has no reservation or offering")
-
-    @property
-    def places(self) -> bool:
-        """Whether the decision puts the run somewhere (not ``wait``)."""
-        return self.capacity is not Capacity.WAIT
-
-    def as_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"capacity": self.capacity.value, "reason": self.reason}
-        if self.reservation_id:
-            out["reservation_id"] = self.reservation_id
-        if self.offering:
-            out["offering"] = {
-                "offering_id": self.offering.offering_id,
-                "availability_zone": self.offering.availability_zone,
-                "instance_count": self.offering.instance_count,
-                "start": self.offering.start.isoformat(),
-                "end": self.offering.end.isoformat(),
-                "upfront_fee": str(self.offering.upfront_fee),
-                "currency": self.offering.currency,
-            }
-        if self.retry_after is not None:
-            out["retry_after_seconds"] = self.retry_after.total_seconds()
-        if self.details:
-            out["details"] = dict(self.details)
-        return out
 
 
 # --------------------------------------------------------------------------- the decision
@@ -218,47 +147,59 @@ def decide(
         policy=policy, unavailable=unavailable, prefer=current_reservation_id, selectable=selectable)
     passed_over = f"; {why_no_block}" if blocks and why_no_block else ""
 
-    def block_decision(prefix: str) -> CapacityDecision:
-        block = blocks[0]
-        usable_until = block.end - policy.block_end_margin  # type: ignore[operator]
-        return CapacityDecision(
-            Capacity.CAPACITY_BLOCK,
-            f"{prefix}; Capacity Block {block.reservation_id} has {block.available_instances} of "
-            f"{block.total_instances} instances free, usable until {usable_until.isoformat()}"
-            f"{passed_over}",
-            reservation_id=block.reservation_id,
-            details={**details, "reservation_available": block.available_instances,
-                     "reservation_end": block.end.isoformat()},  # type: ignore[union-attr]
-        )
-
-    if blocks and policy.prefer_blocks:
-        return block_decision("prefer_blocks is on")
+    if blocks and (policy.prefer_blocks or spot_reason is None):
+        prefix = "prefer_blocks is on" if policy.prefer_blocks else why_not_spot
+        return _block_decision(blocks[0], f"{prefix}; ", passed_over, policy=policy, details=details)
     if spot_reason is not None:
         return CapacityDecision(Capacity.SPOT, spot_reason, details=details)
-    if blocks:
-        return block_decision(why_not_spot)
 
     if policy.purchase_blocks and offerings:
         offering, why_no_offering = choose_offering(
             offerings, pool=pool, instance_count=instance_count, now=now, run_needs=run_needs,
             policy=policy)
         if offering is not None:
-            return CapacityDecision(
-                Capacity.CAPACITY_BLOCK,
-                f"{why_not_spot}; {why_no_block}; buy offering {offering.offering_id} "
-                f"({offering.instance_count} x {offering.instance_type} in "
-                f"{offering.availability_zone} from {offering.start.isoformat()}) for "
-                f"{offering.upfront_fee} {offering.currency} (cap {policy.price_cap})",
-                offering=offering, details=details)
+            return _purchase(offering, f"{why_not_spot}; {why_no_block}", policy=policy, details=details)
         why_no_block = f"{why_no_block}; {why_no_offering}"
+    return _no_block(f"{why_not_spot}; {why_no_block}", why_not_spot, why_no_block, spot_soft=spot_soft,
+                     unavailable=unavailable, policy=policy, details=details)
 
+
+def _block_decision(block: CapacityReservation, prefix: str, passed_over: str, *,
+                    policy: CapacityPolicy, details: dict[str, Any]) -> CapacityDecision:
+    usable_until = block.end - policy.block_end_margin  # type: ignore[operator]
+    return CapacityDecision(
+        Capacity.CAPACITY_BLOCK,
+        f"{prefix}Capacity Block {block.reservation_id} has {block.available_instances} of "
+        f"{block.total_instances} instances free, usable until {usable_until.isoformat()}"
+        f"{passed_over}",
+        reservation_id=block.reservation_id,
+        details={**details, "reservation_available": block.available_instances,
+                 "reservation_end": block.end.isoformat()},  # type: ignore[union-attr]
+    )
+
+
+def _purchase(offering: CapacityOffering, why_not_others: str, *, policy: CapacityPolicy,
+              details: dict[str, Any]) -> CapacityDecision:
+    return CapacityDecision(
+        Capacity.CAPACITY_BLOCK,
+        f"{why_not_others}; buy offering {offering.offering_id} "
+        f"({offering.instance_count} x {offering.instance_type} in "
+        f"{offering.availability_zone} from {offering.start.isoformat()}) for "
+        f"{offering.upfront_fee} {offering.currency} (cap {policy.price_cap})",
+        offering=offering, details=details)
+
+
+def _no_block(why_not_others: str, why_not_spot: str, why_no_block: str, *, spot_soft: bool,
+              unavailable: frozenset[str], policy: CapacityPolicy,
+              details: dict[str, Any]) -> CapacityDecision:
+    """No Spot by choice and no Capacity Block: On-Demand, else Spot after all, else wait."""
     why_not_on_demand = None
     if not policy.allow_on_demand:
         why_not_on_demand = "On-Demand is not allowed"
     elif Capacity.ON_DEMAND.value in unavailable:
         why_not_on_demand = "On-Demand has no capacity (ICE)"
     if why_not_on_demand is None:
-        return CapacityDecision(Capacity.ON_DEMAND, f"{why_not_spot}; {why_no_block}", details=details)
+        return CapacityDecision(Capacity.ON_DEMAND, why_not_others, details=details)
     if spot_soft:
         # The cool-down only keeps a run off Spot while somewhere else would take it.
         return CapacityDecision(
@@ -266,7 +207,7 @@ def decide(
             f"{why_not_spot}, but {why_no_block}; {why_not_on_demand}: Spot rather than waiting",
             details=details)
     return CapacityDecision(
-        Capacity.WAIT, f"{why_not_spot}; {why_no_block}; {why_not_on_demand}",
+        Capacity.WAIT, f"{why_not_others}; {why_not_on_demand}",
         retry_after=policy.wait_retry, details=details)
 
 

@@ -17,27 +17,28 @@ Calls (and the IAM actions in :data:`IAM_ACTIONS`):
   ``--purchase-tags`` (the tags the EC2NodeClass selects reservations on: Karpenter launches
   only into reservations an EC2NodeClass selects).
 
-botocore and connection errors are translated here: throttling, 5xx and connection failures
-become :class:`~resilienced.errors.BackendUnavailable` (retry later); anything else the service
-refuses (UnauthorizedOperation, InvalidParameterValue, ...) becomes
-:class:`~resilienced.errors.PermanentError`.
+botocore and connection errors are translated here by the one rule of
+:mod:`resilienced.aws.errors`: throttling, 429, 5xx and connection failures become
+:class:`~resilienced.errors.BackendUnavailable` (retry later, in :data:`RETRY_DELAY_S`); anything
+else the service refuses (UnauthorizedOperation, InvalidParameterValue, ...) becomes
+:class:`~resilienced.errors.PermanentError`.  One named exception: a ``DryRunOperation`` answer to
+a dry-run purchase is the dry run's success.
 """
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
-import aiohttp
 import botocore.exceptions
 
+from resilienced.aws import errors
 from resilienced.capacity.decision import ACTIVE, CAPACITY_BLOCK_TYPE, CapacityOffering
 from resilienced.capacity.policy import PURCHASE_KEY_TAG as POLICY_PURCHASE_KEY_TAG
-from resilienced.errors import BackendUnavailable, PermanentError
+from resilienced.errors import PermanentError
 from resilienced.ports import CapacityReservation
 
 #: Every EC2 action this module calls; the deploy/ IAM policy must grant exactly these.
@@ -55,45 +56,13 @@ IAM_ACTIONS_READ_ONLY: tuple[str, ...] = IAM_ACTIONS[:2]
 #: Tag put on a purchased block: the idempotency key of the purchase.
 PURCHASE_KEY_TAG = POLICY_PURCHASE_KEY_TAG
 
-#: Error codes that mean "try again later" (botocore's retry handler's throttling codes, plus
-#: capacity and service-side failures).
-_RETRYABLE_CODES = frozenset({
-    "Throttling", "ThrottlingException", "ThrottledException", "RequestThrottledException",
-    "TooManyRequestsException", "ProvisionedThroughputExceededException",
-    "TransactionInProgressException", "RequestLimitExceeded", "BandwidthLimitExceeded",
-    "LimitExceededException", "RequestThrottled", "SlowDown", "PriorRequestNotComplete",
-    "EC2ThrottledException", "InternalError", "InternalFailure", "ServiceUnavailable",
-    "Unavailable", "RequestTimeout", "RequestTimeoutException",
-})
-_CONNECTION_ERRORS = (
-    botocore.exceptions.EndpointConnectionError,
-    botocore.exceptions.ConnectionClosedError,
-    botocore.exceptions.ReadTimeoutError,
-    botocore.exceptions.ConnectTimeoutError,
-    botocore.exceptions.HTTPClientError,
-    aiohttp.ClientError,
-    asyncio.TimeoutError,
-    ConnectionError,
-)
+#: Seconds before a retry of an EC2 call that could not be made.
+RETRY_DELAY_S = 5.0
 
 
 def translate(error: BaseException, *, action: str) -> Exception:
-    """The resilienced error for a botocore / transport error raised by ``action``."""
-    if isinstance(error, botocore.exceptions.ClientError):
-        err = error.response.get("Error", {})
-        code = err.get("Code", "")
-        status = error.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0
-        message = f"{action}: {code}: {err.get('Message', '')}".rstrip(": ")
-        if code in _RETRYABLE_CODES or status >= 500 or status == 429:
-            return BackendUnavailable("ec2", message, delay=5.0)
-        return PermanentError(f"ec2 {message}")
-    if isinstance(error, _CONNECTION_ERRORS):
-        return BackendUnavailable("ec2", f"{action}: {type(error).__name__}: {error}", delay=5.0)
-    if isinstance(error, botocore.exceptions.ParamValidationError):
-        return PermanentError(f"ec2 {action}: invalid request: {error}")
-    if isinstance(error, botocore.exceptions.BotoCoreError):
-        return BackendUnavailable("ec2", f"{action}: {type(error).__name__}: {error}", delay=5.0)
-    return error if isinstance(error, Exception) else RuntimeError(str(error))
+    """The resilienced error for a botocore / transport error raised by ``action`` (the one rule)."""
+    return errors.translate(error, backend="ec2", operation=action, delay=RETRY_DELAY_S)
 
 
 @dataclass(frozen=True)
@@ -297,7 +266,7 @@ class Ec2Capacity:
         try:
             response = await self._client.purchase_capacity_block(**params)
         except botocore.exceptions.ClientError as e:
-            if dry_run and e.response.get("Error", {}).get("Code") == "DryRunOperation":
+            if dry_run and errors.error_code(e) == "DryRunOperation":
                 return PurchaseResult(offering.offering_id, True, None,
                                       f"dry run: EC2 would buy {offering.offering_id} for "
                                       f"{offering.upfront_fee} {offering.currency}")

@@ -25,13 +25,7 @@ from resilienced.capacity.decision import Capacity, CapacityDecision, CapacityOf
 from resilienced.capacity.ec2 import PurchaseResult
 from resilienced.capacity.history import InterruptionHistory, UnavailableCache
 from resilienced.capacity.policy import CapacityPolicy
-from resilienced.capacity.request import (
-    ATTR_ELASTIC,
-    ATTR_REQUEUED_CAPACITY,
-    ATTR_REQUEUED_FOR,
-    ATTR_REQUEUED_RESERVATION,
-    CapacityRequest,
-)
+from resilienced.capacity.request import CapacityRequest
 from resilienced.model import Event, Kind, Target
 from resilienced.ports import CapacitySource
 
@@ -200,14 +194,14 @@ def applied_decision(target: Target, *, event: Event) -> CapacityDecision | None
     requeuer then finds the run in place and changes nothing.  Elastic runs keep their own
     per-worker record (``resilienced.io/elastic-replaced``) and are decided as usual.
     """
-    attrs = target.attributes
-    if not event.event_id or attrs.get(ATTR_ELASTIC) is True or attrs.get(ATTR_REQUEUED_FOR) != event.event_id:
+    facts = target.facts
+    if not event.event_id or facts.elastic is True or facts.requeued_for != event.event_id:
         return None
     try:
-        capacity = Capacity(attrs.get(ATTR_REQUEUED_CAPACITY))
+        capacity = Capacity(facts.requeued_capacity)
     except ValueError:
         return None
-    reservation = attrs.get(ATTR_REQUEUED_RESERVATION) if capacity is Capacity.CAPACITY_BLOCK else None
+    reservation = facts.requeued_reservation_id if capacity is Capacity.CAPACITY_BLOCK else None
     if capacity is Capacity.WAIT or (capacity is Capacity.CAPACITY_BLOCK and not reservation):
         return None
     where = f"{capacity.value} {reservation}" if reservation else capacity.value

@@ -17,7 +17,6 @@ store in one step, so readers never see a half-filled cache.
 from __future__ import annotations
 
 import asyncio
-import logging
 import random
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
@@ -30,8 +29,9 @@ from kubernetes_asyncio import watch as k8s_watch
 from resilienced import tasks
 from resilienced.errors import ResilienceError
 from resilienced.kube.api import JsonObj, KubeStatusError, call, translate
+from resilienced.log import get as get_logger
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 Key = tuple[str, str]  # (namespace or "", name)
 Indexer = Callable[[JsonObj], Iterable[str]]
@@ -249,12 +249,13 @@ class Informer:
             except _Gone:
                 self.stats.expired += 1
                 self.resource_version = None
-                log.info("kubernetes cache of %s: resourceVersion expired, listing again", self.source.resource)
+                log.info("kubernetes cache: resourceVersion expired, listing again", resource=self.source.resource)
             except ResilienceError as err:
                 self.stats.errors += 1
                 self.stats.last_error = str(err)
                 delay = backoff.next()
-                log.warning("kubernetes cache of %s: %s; retrying in %.1fs", self.source.resource, err, delay)
+                log.warning("kubernetes cache: retrying", resource=self.source.resource, error=str(err),
+                            delay_s=round(delay, 1))
                 await asyncio.sleep(delay)
 
     async def _list(self) -> None:

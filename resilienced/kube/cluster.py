@@ -31,11 +31,10 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-import logging
 import socket
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from functools import partial
 from typing import Any
@@ -72,10 +71,11 @@ from resilienced.kube.locate import (
     volcano_job_of,
 )
 from resilienced.kube.tokens import RayTokens, auth_mode
-from resilienced.model import Target
+from resilienced.log import get as get_logger
+from resilienced.model import RunFacts, Target
 from resilienced.ports import Location, RayControl, RayNode
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 TAINT_KEY = "resilienced.io/interruption"
 DEADLINE_ANNOTATION = "resilienced.io/interruption-deadline"
@@ -216,7 +216,7 @@ class KubeCluster:
         try:
             await self._discover()
         except BackendUnavailable as err:  # asked again by wait_ready(): locate retries meanwhile
-            log.warning("kubernetes discovery failed: %s", err)
+            log.warning("kubernetes discovery failed", error=str(err))
         for informer in self.informers:
             if not informer.running:
                 informer.start()
@@ -235,7 +235,7 @@ class KubeCluster:
         for informer in found.values():
             informer.start()
         self.informers = (*self.informers, *found.values())
-        log.info("kubernetes: optional resources served: %s", ", ".join(found) or "none")
+        log.info("kubernetes: optional resources served", resources=list(found))
 
     def _source(self, resource: CustomResource) -> Source:
         ns = self.options.namespace
@@ -444,7 +444,6 @@ class KubeCluster:
         attributes: dict[str, Any] = {
             "namespace": namespace_of(view.raycluster),
             "pods": [name_of(p) for p in pods],
-            "groups": sorted({labels(p).get("ray.io/group", "") for p in pods} - {""}),
             "head_on_instance": head_here,
             "auth": view.auth,
             "provider_id": (node.get("spec") or {}).get("providerID"),
@@ -458,34 +457,36 @@ class KubeCluster:
         if view.job_candidates:
             attributes["ray_jobs"] = list(view.job_candidates)
         job = view.volcano_job
+        volcano_job = None
         if view.volcano_job is not None:
-            attributes["volcano_job"] = f"{namespace_of(view.volcano_job)}/{name_of(view.volcano_job)}"
+            volcano_job = f"{namespace_of(view.volcano_job)}/{name_of(view.volcano_job)}"
         elif view.job_key:
             job_ns, job_name = view.job_key.split("/", 1)
             job = self.rayjobs.get(job_ns, job_name)
         workers = [(p.get("spec") or {}).get("nodeName") or ""
                    for p in self.pods.by_index("cluster", view.key) if not is_head(p)]
-        attributes.update(capacity_facts(node=node, run_objects=[o for o in (job, view.raycluster) if o],
-                                         worker_nodes=workers))
-        attributes.update(self._karpenter_facts(node, attributes.get("instance_type")))
+        facts = capacity_facts(node=node, run_objects=[o for o in (job, view.raycluster) if o],
+                               worker_nodes=workers)
+        groups = tuple(sorted({labels(p).get("ray.io/group", "") for p in pods} - {""}))
+        facts = self._karpenter_facts(node, replace(facts, volcano_job=volcano_job, groups=groups))
         return Target(
             instance_id=instance, node=name_of(node), ray_cluster=view.key, ray_job=view.job_key,
             ray_node_ids=tuple(dict.fromkeys(ids)), checkpoint_uri=view.checkpoint_uri,
-            ray_address=view.address, attributes=attributes,
+            ray_address=view.address, attributes=attributes, facts=facts,
         )
 
-    def _karpenter_facts(self, node: JsonObj, instance_type: str | None) -> dict[str, Any]:
+    def _karpenter_facts(self, node: JsonObj, facts: RunFacts) -> RunFacts:
         """Where the cluster serves EC2NodeClasses: the Capacity Blocks Karpenter can launch the
         run into (``selectable_reservations``) and the NodePool/EC2NodeClass pairs they come from.
         Nothing where it does not: the capacity decision then takes any block of the account."""
         nodeclasses = self.cache_of(EC2NODECLASSES)
         if nodeclasses is None:
-            return {}
+            return facts
         pools = self.cache_of(NODEPOOLS)
         ids, sources = selectable_reservations(
             node=node, nodepools=pools.values() if pools is not None else (),
-            nodeclass=lambda name: nodeclasses.get(None, name), instance_type=instance_type)
-        return {"selectable_reservations": ids, "selectable_from": sources}
+            nodeclass=lambda name: nodeclasses.get(None, name), instance_type=facts.instance_type)
+        return replace(facts, selectable_reservations=tuple(ids), selectable_from=tuple(sources))
 
     # ------------------------------------------------------------------ GCS
     async def token_for(self, raycluster: Mapping[str, Any]) -> str | None:
@@ -503,7 +504,7 @@ class KubeCluster:
         """The GCS client for a target's RayCluster (for the signal step), with its token."""
         ns, _, name = (target.ray_cluster or "").partition("/")
         raycluster = self.rayclusters.get(ns, name)
-        if raycluster is None and target.attributes.get("volcano_job") and target.ray_address:
+        if raycluster is None and target.facts.volcano_job and target.ray_address:
             return self._control(target.ray_address, None)  # Ray inside a Volcano Job: no KubeRay auth
         if raycluster is None:
             raise PermanentError(f"RayCluster {target.ray_cluster} is not known")
@@ -585,7 +586,7 @@ class KubeCluster:
             if node is None:
                 node = await self._read_node(target.node)
                 if node is None:
-                    log.info("cordon: Node %s is gone", target.node)
+                    log.info("cordon: Node gone", node=target.node)
                     return
             taints = list((node.get("spec") or {}).get("taints") or [])
             if any(t.get("key") == TAINT_KEY and t.get("effect") == "NoSchedule" for t in taints):
@@ -618,7 +619,7 @@ class KubeCluster:
             node = self.nodes.get(None, target.node)
             refs.append(ref_for(node, api_version="v1", kind="Node") if node is not None
                         else ObjectRef(api_version="v1", kind="Node", name=target.node, uid=""))
-        runs = ((target.attributes.get("volcano_job"), VOLCANO_JOB_API_VERSION, "Job", self.cache_of(VOLCANO_JOBS)),
+        runs = ((target.facts.volcano_job, VOLCANO_JOB_API_VERSION, "Job", self.cache_of(VOLCANO_JOBS)),
                 (target.ray_job, "ray.io/v1", "RayJob", self.rayjobs),
                 (target.ray_cluster, "ray.io/v1", "RayCluster", self.rayclusters))
         for key, api_version, kind, cache in runs:

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import logging
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -30,8 +29,6 @@ from datetime import datetime, timezone
 from kubernetes_asyncio import client as k8s
 
 from resilienced.kube.api import MERGE_PATCH, KubeStatusError, call
-
-log = logging.getLogger(__name__)
 
 REPORTING_CONTROLLER = "resilienced.io/resilienced"
 SOURCE_COMPONENT = "resilienced"

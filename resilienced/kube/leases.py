@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import logging
 import math
 from collections.abc import Callable, Mapping
 from datetime import datetime, timedelta, timezone
@@ -45,9 +44,10 @@ from kubernetes_asyncio import client as k8s
 
 from resilienced.errors import BackendUnavailable
 from resilienced.kube.api import BACKEND, KubeStatusError, call
+from resilienced.log import get as get_logger
 from resilienced.ports import Claim
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 KEY_ANNOTATION = "resilienced.io/claim-key"
 STATE_ANNOTATION = "resilienced.io/state"
@@ -195,7 +195,7 @@ class KubeLeaseClaims:
         replaced = await self._replace(takeover)
         if replaced is None:
             return None
-        log.info("claim %s taken over from %s by %s (expired)", key, spec.get("holderIdentity"), holder)
+        log.info("claim taken over (expired)", key=key, previous=spec.get("holderIdentity"), holder=holder)
         return self._claim(key, replaced)
 
     async def get(self, key: str) -> Claim | None:
@@ -214,7 +214,8 @@ class KubeLeaseClaims:
                 return
             current_holder = (current.get("spec") or {}).get("holderIdentity")
             if current_holder != holder:
-                log.warning("claim %s completed by %s while %s held it", key, holder, current_holder)
+                log.warning("claim completed by another holder", key=key, holder=holder,
+                            current_holder=current_holder)
             done = {
                 **current,
                 "metadata": {**current["metadata"], "annotations": {

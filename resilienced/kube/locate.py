@@ -22,6 +22,7 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from resilienced.model import RunFacts
 from resilienced.ports import RayNode
 
 JsonObj = dict[str, Any]
@@ -252,8 +253,8 @@ def requeued_facts(run_objects: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
 
 
 def capacity_facts(*, node: Mapping[str, Any], run_objects: Sequence[Mapping[str, Any]],
-                   worker_nodes: Sequence[str]) -> dict[str, Any]:
-    """``Target.attributes`` for the capacity decision (see ``resilienced.capacity.request``).
+                   worker_nodes: Sequence[str]) -> RunFacts:
+    """``Target.facts`` for the capacity decision (see ``resilienced.capacity.request``).
 
     From the Node's labels: instance type, zone, capacity type (Karpenter's ``spot`` /
     ``reserved`` / ``on-demand``), reservation id; from the run's objects (RayJob first, then
@@ -269,14 +270,14 @@ def capacity_facts(*, node: Mapping[str, Any], run_objects: Sequence[Mapping[str
     for obj in run_objects:
         moved = annotations(obj).get("resilienced.io/capacity-moved-at")
         if moved:
-            facts["capacity_moved_at"] = moved
+            facts["moved_at"] = moved
             break
     facts.update(requeued_facts(run_objects))
     count = len({n for n in worker_nodes if n})
     if count:
         facts["instance_count"] = count
     facts.update(elastic_facts(run_objects))
-    return facts
+    return RunFacts(**facts)
 
 
 def elastic_facts(run_objects: Sequence[Mapping[str, Any]]) -> dict[str, Any]:

@@ -26,7 +26,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import hashlib
-import logging
 import os
 import random
 import re
@@ -38,8 +37,9 @@ from typing import Any
 from aiobotocore.session import get_session
 
 from resilienced import tasks
+from resilienced.log import get as get_logger
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 _COMMITTED = re.compile(r"^step-(0|[1-9][0-9]*)$")
 
@@ -175,7 +175,7 @@ class LocalExporter:
                 raise
             except Exception as e:  # keep exporting: S3 may come back
                 self.errors.append(f"{type(e).__name__}: {e}")
-                log.warning("local exporter: %s: %s", type(e).__name__, e)
+                log.warning("local exporter failed", error_type=type(e).__name__, error=str(e))
                 did = True
             if not did:
                 self._last_idle_scan = scan

@@ -17,16 +17,16 @@ wall-clock unix seconds written by the replicas, so their clocks must agree to w
 from __future__ import annotations
 
 import json
-import logging
 import time
 import urllib.parse
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 from resilienced.errors import BackendUnavailable
+from resilienced.log import get as get_logger
 from resilienced.ports import Claim
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 
 class GcsKv(Protocol):
@@ -92,7 +92,7 @@ class RayKvClaims:
             if await self._kv.kv_put_if_absent(self._gen_key(key, gen + 1), _dump(held)):
                 await self._prune(key, below=gen)
                 if record is not None and record["state"] == "held":
-                    log.info("claim %s: took over from %s (expired)", key, record["holder"])
+                    log.info("claim taken over (expired)", key=key, previous=record["holder"])
                 return Claim(key=key, holder=holder, state="held")
         raise BackendUnavailable("ray-gcs", f"claim {key}: lost the race five times in a row")
 
@@ -168,7 +168,7 @@ class RayKvClaims:
                     and isinstance(record.get("expires"), (int, float))):
                 raise ValueError("not a claim record")
         except (ValueError, UnicodeDecodeError) as e:
-            log.warning("claim %s generation %d is unreadable (%s); treating it as free", key, gen, e)
+            log.warning("claim unreadable; treating it as free", key=key, generation=gen, error=str(e))
             return gen, None
         return gen, record
 

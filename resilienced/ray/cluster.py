@@ -15,16 +15,16 @@
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from resilienced.aws.sqs import translate  # the shared AWS error translation
-from resilienced.model import Target
+from resilienced.aws.errors import translate  # the one AWS error translation
+from resilienced.log import get as get_logger
+from resilienced.model import RunFacts, Target
 from resilienced.ports import Location, RayControl, RayNode
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 #: The node labels of ray mode (``ray start --labels=...``); the local drill uses them too.
 #: The EC2 instance a Ray node runs on:
@@ -144,23 +144,20 @@ class RayModeCluster:
                 "matched_by": matched_by,
                 "dead_node_ids": [n.node_id for n in dead],
                 "head_on_instance": any(n.is_head for n in alive),
-                **self._capacity_facts(shown),
             },
+            facts=self._capacity_facts(shown),
         )
 
-    def _capacity_facts(self, nodes: list[RayNode]) -> dict[str, Any]:
+    def _capacity_facts(self, nodes: list[RayNode]) -> RunFacts:
         """What the capacity decision needs, from the node labels (else the configured type)."""
         node_labels = nodes[0].labels if nodes else {}
-        facts: dict[str, Any] = {}
-        instance_type = node_labels.get(INSTANCE_TYPE_LABEL) or self.instance_type
-        if instance_type:
-            facts["instance_type"] = instance_type
-        for key, label in (("availability_zone", ZONE_LABEL), ("capacity_type", CAPACITY_TYPE_LABEL),
-                           ("reservation_id", RESERVATION_LABEL)):
-            if node_labels.get(label):
-                facts[key] = node_labels[label]
-        facts["elastic"] = str(node_labels.get(ELASTIC_LABEL, "")).strip().lower() == "true"
-        return facts
+        return RunFacts(
+            instance_type=node_labels.get(INSTANCE_TYPE_LABEL) or self.instance_type or None,
+            availability_zone=node_labels.get(ZONE_LABEL) or None,
+            capacity_type=node_labels.get(CAPACITY_TYPE_LABEL) or None,
+            reservation_id=node_labels.get(RESERVATION_LABEL) or None,
+            elastic=str(node_labels.get(ELASTIC_LABEL, "")).strip().lower() == "true",
+        )
 
     async def _private_addresses(self, instance_ids: list[str]) -> dict[str, set[str]]:
         """instance id -> its private IPv4 addresses, for the instances EC2 knows.
@@ -179,7 +176,7 @@ class RayModeCluster:
                 try:
                     page = await self._ec2.describe_instances(**kwargs)
                 except Exception as e:
-                    raise translate(e, operation="DescribeInstances", backend="ec2") from e
+                    raise translate(e, backend="ec2", operation="DescribeInstances") from e
                 for reservation in page.get("Reservations", []):
                     for inst in reservation.get("Instances", []):
                         ips = out.setdefault(inst["InstanceId"], set())
@@ -196,16 +193,14 @@ class RayModeCluster:
 
     async def cordon(self, target: Target, *, reason: str, deadline: datetime | None) -> None:
         """Nothing to do in ray mode: a draining Ray node takes no new work already."""
-        log.info(
-            "ray mode: no cordon for %s (%s): the drain keeps new work off its Ray nodes",
-            target.instance_id, reason,
-        )
+        log.info("ray mode: no cordon; the drain keeps new work off its Ray nodes",
+                 instance_id=target.instance_id, reason=reason)
 
     async def record(
         self, target: Target, *, reason: str, message: str, warning: bool = False,
         once: str | None = None,
     ) -> None:
         (log.warning if warning else log.info)(
-            "%s: %s [instance %s, ray %s, nodes %s]",
-            reason, message, target.instance_id, target.ray_address, ",".join(target.ray_node_ids),
+            message, reason=reason, instance_id=target.instance_id, ray_address=target.ray_address,
+            ray_node_ids=list(target.ray_node_ids),
         )

@@ -61,7 +61,6 @@ from __future__ import annotations
 import asyncio
 import atexit
 import json
-import logging
 import os
 import re
 import shutil
@@ -69,15 +68,15 @@ import tempfile
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
 from resilienced.errors import BackendUnavailable, RayAuthError, RayVersionMismatch
-from resilienced.ports import RayNode
+from resilienced.log import get as get_logger
+from resilienced.ports import DrainResult, RayNode
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 T = TypeVar("T")
 
@@ -97,24 +96,6 @@ _NO_TOKEN = "resilienced-no-token-configured"
 _NODE_ID_RE = re.compile(r"^[0-9a-f]{56}$")
 _K8S_SA_TOKEN = Path("/var/run/secrets/kubernetes.io/serviceaccount/token")
 _AUTH_VARS = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")
-
-
-# --------------------------------------------------------------------------- results
-@dataclass(frozen=True)
-class DrainResult:
-    """What a drain request came to.
-
-    ``outcome``: ``drained`` (GCS accepted the drain), ``already_draining`` (the node drains with
-    an earlier or equal deadline already: left alone), ``rejected`` (GCS refused; ``detail``
-    says why), ``unknown_node`` (no such node in this cluster), ``dead`` (the node is gone).
-    ``accepted`` is true for ``drained`` and ``already_draining``.
-    """
-
-    node_id: str
-    outcome: str
-    accepted: bool
-    deadline_ms: int
-    detail: str = ""
 
 
 # --------------------------------------------------------------------------- ray, lazily
@@ -287,12 +268,13 @@ class RayGcs:
         """
         return await self._call("list nodes", self._nodes_sync)
 
-    async def drain(self, node_id: str, *, deadline: datetime, message: str) -> bool:
-        """Drain with reason PREEMPTION; True when GCS accepted it or it already drains sooner."""
-        return (await self.drain_node(node_id, deadline=deadline, message=message)).accepted
+    async def drain(self, node_id: str, *, deadline: datetime, message: str) -> DrainResult:
+        """Drain with reason PREEMPTION: what happened and why (see :class:`DrainResult`;
+        ``accepted`` when GCS took it or the node already drains sooner)."""
+        return await self.drain_node(node_id, deadline=deadline, message=message)
 
     async def drain_node(self, node_id: str, *, deadline: datetime, message: str) -> DrainResult:
-        """Like :meth:`drain`, with what happened and why (see :class:`DrainResult`)."""
+        """The same as :meth:`drain` (the name of the ``ray drain-node`` call)."""
         node_id = _check_node_id(node_id)
         if deadline.tzinfo is None:
             raise ValueError(f"drain deadline {deadline.isoformat()} has no time zone (want UTC)")
@@ -303,7 +285,7 @@ class RayGcs:
             f"drain node {node_id}", lambda c: self._drain_sync(c, node_id, deadline_ms, message)
         )
         log_fn = log.info if result.accepted else log.warning
-        log_fn("ray drain %s on %s: %s %s", node_id, self.address, result.outcome, result.detail)
+        log_fn("ray drain", node_id=node_id, address=self.address, outcome=result.outcome, detail=result.detail)
         return result
 
     # ------------------------------------------------------------------ internal KV

@@ -1,9 +1,10 @@
 """Ray mode: requeue a run on a Ray cluster without Kubernetes by adding replacement nodes.
 
 In ray mode the capacity type is a node label (``resilienced.io/capacity-type``: ``spot`` |
-``capacity-block`` | ``on-demand``).  Requeueing asks the cluster's :class:`NodeProvider` for as
-many replacement nodes as the run lost, from the decided pool; Ray Train then restarts the worker
-group on them and resumes from the newest complete checkpoint.
+``capacity-block`` | ``on-demand``).  Requeueing asks the cluster's
+:class:`~resilienced.ports.NodeProvider` for as many replacement nodes as the run lost, from the
+decided pool; Ray Train then restarts the worker group on them and resumes from the newest
+complete checkpoint.
 
 All or nothing: when the provider has no capacity there (:class:`NoCapacity`) or gives fewer
 nodes than needed, the requeuer releases what it got, marks the pool unavailable in the planner's
@@ -21,15 +22,16 @@ id) whose ``ray start`` joins with the same labels; it is not part of this packa
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
-from typing import Any, Protocol, runtime_checkable
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import Any
 
 from resilienced.capacity.decision import Capacity, CapacityDecision
 from resilienced.capacity.planner import CapacityPlanner
-from resilienced.capacity.request import ATTR_ELASTIC, CapacityRequest
+from resilienced.capacity.request import CapacityRequest
 from resilienced.errors import TemporaryError
 from resilienced.model import Event, Target
+from resilienced.ports import NodeProvider, ProvidedNode
 from resilienced.ray.cluster import ELASTIC_LABEL
 from resilienced.requeue.result import RequeueResult, waiting
 
@@ -42,39 +44,6 @@ class NoCapacity(TemporaryError):
     def __init__(self, capacity: Capacity, message: str = "") -> None:
         super().__init__(f"no {capacity.value} capacity{': ' + message if message else ''}", delay=60.0)
         self.capacity = capacity
-
-
-@dataclass(frozen=True)
-class ProvidedNode:
-    """A node a provider launched."""
-
-    instance_id: str
-    capacity: Capacity
-    labels: Mapping[str, str] = field(default_factory=dict)
-    ray_node_id: str | None = None
-
-
-@runtime_checkable
-class NodeProvider(Protocol):
-    """Starts and stops the nodes of one Ray cluster, per capacity pool."""
-
-    async def launch(self, *, capacity: Capacity, node_labels: Sequence[Mapping[str, str]],
-                     reservation_id: str | None = None) -> list[ProvidedNode]:
-        """Start one node per entry of ``node_labels`` (extra labels each); may return fewer
-        than asked when the pool runs out; raises :class:`NoCapacity` when it got none."""
-        ...
-
-    async def release(self, nodes: Sequence[ProvidedNode]) -> None:
-        """Stop ``nodes`` and give their capacity back."""
-        ...
-
-    async def nodes(self) -> list[ProvidedNode]:
-        """The nodes this provider launched that are still up."""
-        ...
-
-    async def available(self, capacity: Capacity) -> int | None:
-        """How many more nodes ``capacity`` can give (None: not known)."""
-        ...
 
 
 class RayModeRequeuer:
@@ -97,11 +66,10 @@ class RayModeRequeuer:
         self._max_attempts = max_attempts
 
     def _request(self, target: Target, event: Event) -> CapacityRequest | None:
-        attrs: dict[str, Any] = dict(target.attributes)
-        if not attrs.get("instance_type") and self._instance_type:
-            attrs["instance_type"] = self._instance_type
+        if not target.facts.instance_type and self._instance_type:
+            target = replace(target, facts=replace(target.facts, instance_type=self._instance_type))
         try:
-            return CapacityRequest.from_target(replace(target, attributes=attrs), event=event)
+            return CapacityRequest.from_target(target, event=event)
         except ValueError:
             return None
 
@@ -110,7 +78,7 @@ class RayModeRequeuer:
     ) -> RequeueResult:
         request = self._request(target, event)
         lost = tuple(request.lost_instance_ids if request else
-                     target.attributes.get("lost_instance_ids") or (target.instance_id,))
+                     target.facts.lost_instance_ids or (target.instance_id,))
         replaced = {n.labels.get(REPLACES_LABEL): n for n in await self.provider.nodes()}
         missing = [i for i in lost if i not in replaced]
         if not missing:
@@ -129,7 +97,7 @@ class RayModeRequeuer:
                 changes=(f"would launch {len(missing)} {decision.capacity.value} node(s) replacing "
                          f"{', '.join(missing)}",))
 
-        elastic = target.attributes.get(ATTR_ELASTIC) is True
+        elastic = target.facts.elastic is True
         tried: list[str] = []
         kept: list[ProvidedNode] = []  # elastic: what a pool gave, kept even when short
         current = decision

@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import logging
 import re
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -53,9 +52,10 @@ from typing import Any
 from resilienced.aws.fsx import parse_failures_csv
 from resilienced.aws.s3 import ObjectNotFound, parse_s3_uri
 from resilienced.errors import BackendUnavailable, PermanentError
+from resilienced.log import get as get_logger
 from resilienced.ports import ExportTask, ExportTasks, ObjectStore, StoredObject
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 FORMAT = "resilienced-checkpoint/1"
 MANIFEST = "manifest.json"
@@ -233,7 +233,7 @@ class _Looker:
                     )
             except MalformedManifest as e:
                 parsed = e
-                log.warning("checkpoint step %d not trusted: %s", ckpt.step, e)
+                log.warning("checkpoint not trusted", step=ckpt.step, error=str(e))
             self._manifests[cache_key] = parsed
         if isinstance(parsed, MalformedManifest):
             return _Verdict(ckpt.step, False, None, f"malformed manifest: {parsed}")
@@ -334,104 +334,127 @@ async def wait_durable(
         raise ValueError(f"grace_seconds must be >= 0, got {grace_seconds}")
     if export is not None and (not file_system_id or not export_paths):
         raise ValueError("export mode 'task' needs file_system_id and export_paths")
-    bucket, prefix = parse_s3_uri(uri)
-    now = clock or (lambda: datetime.now(timezone.utc))
-    started = time.monotonic()
-    give_up = deadline.timestamp() + grace_seconds
-    looker = _Looker(store=store, bucket=bucket, prefix=prefix)
-    tasks: list[str] = []
-    notes: list[str] = []
-    notes_s3: list[str] = []
-    mode = "auto" if export is None else "task"
+    wait = _Wait(store=store, uri=uri, notice_time=notice_time, give_up=deadline.timestamp() + grace_seconds,
+                 poll_interval=poll_interval, clock=clock, mode="auto" if export is None else "task")
+    if export is None:
+        found = await wait.auto_export()
+    else:
+        found = await wait.export_tasks(export, file_system_id=file_system_id,  # type: ignore[arg-type]
+                                        paths=list(export_paths), token=export_token)
+    if found is not None:
+        return wait.done(found)
+    return await wait.nothing_durable(deadline=deadline, grace_seconds=grace_seconds)
 
-    def left() -> float:
-        return give_up - now().timestamp()
 
-    def done(verdict: _Verdict) -> DurableResult:
-        log.info("checkpoint step %d in %s is durable (saved %s, %d files)", verdict.step, uri,
-                 verdict.manifest.time.isoformat(), len(verdict.manifest.files))  # type: ignore[union-attr]
+class _Wait:
+    """One :func:`wait_durable`: its clock, its looks at S3 and what they noted on the way."""
+
+    def __init__(self, *, store: ObjectStore, uri: str, notice_time: datetime, give_up: float,
+                 poll_interval: float, clock: Callable[[], datetime] | None, mode: str) -> None:
+        bucket, prefix = parse_s3_uri(uri)
+        self.uri, self.notice_time, self.give_up, self.mode = uri, notice_time, give_up, mode
+        self.poll_interval = poll_interval
+        self.store = store
+        self.now = clock or (lambda: datetime.now(timezone.utc))
+        self.started = time.monotonic()
+        self.looker = _Looker(store=store, bucket=bucket, prefix=prefix)
+        self.tasks: list[str] = []
+        self.notes: list[str] = []
+        self.notes_s3: list[str] = []
+
+    def left(self) -> float:
+        return self.give_up - self.now().timestamp()
+
+    async def pause(self) -> None:
+        await asyncio.sleep(min(self.poll_interval, max(self.left(), 0.0)))
+
+    def done(self, verdict: _Verdict) -> DurableResult:
+        log.info("checkpoint durable", step=verdict.step, uri=self.uri,
+                 saved=verdict.manifest.time.isoformat(), files=len(verdict.manifest.files))  # type: ignore[union-attr]
         return DurableResult(durable=True, step=verdict.step, manifest=verdict.manifest,
-                             waited_s=time.monotonic() - started, export_tasks=tuple(tasks),
-                             details={"export_mode": mode, "newest_seen_step": looker.newest_seen})
+                             waited_s=time.monotonic() - self.started, export_tasks=tuple(self.tasks),
+                             details={"export_mode": self.mode, "newest_seen_step": self.looker.newest_seen})
 
-    async def look_once() -> _Verdict | None:
+    async def look_once(self) -> _Verdict | None:
         """The newest durable post-notice checkpoint; None also when S3 did not answer."""
         try:
-            steps = await looker.look()
-            return await looker.newest(after=notice_time, before=None, steps=steps)
+            steps = await self.looker.look()
+            return await self.looker.newest(after=self.notice_time, before=None, steps=steps)
         except BackendUnavailable as e:
-            log.warning("durable: S3 did not answer (%s); looking again in %.1fs", e, poll_interval)
-            notes_s3.append(str(e))
+            log.warning("durable: S3 did not answer; looking again", error=str(e), delay_s=self.poll_interval)
+            self.notes_s3.append(str(e))
             return None
 
-    if export is None:
+    async def auto_export(self) -> _Verdict | None:
+        """Auto-export: look at S3 every poll until the give-up time."""
         while True:
-            verdict = await look_once()
-            if verdict is not None:
-                return done(verdict)
-            if left() <= 0:
-                break
-            await asyncio.sleep(min(poll_interval, max(left(), 0.0)))
-    else:
-        attempt = 0
-        while left() > 0:
-            attempt += 1
-            token = _token(export_token, attempt)
-            task = await export.start_export(file_system_id=file_system_id,  # type: ignore[arg-type]
-                                             paths=list(export_paths), token=token)
-            tasks.append(task.task_id)
-            task = await _follow(export, task, poll_interval=poll_interval, left=left)
-            if task.lifecycle in ("FAILED", "CANCELED"):
-                notes.append(await _task_failure(store, task))
-                log.warning("%s", notes[-1])
-            elif task.lifecycle != "SUCCEEDED":
-                notes.append(f"export task {task.task_id} still {task.lifecycle} at the deadline")
-                break
-            verdict = await look_once()
-            if verdict is not None:
-                return done(verdict)
-            if task.lifecycle != "SUCCEEDED":
-                break  # a failed export fails again; a cancelled one was stopped on purpose
-            log.info("export task %s SUCCEEDED but no post-notice checkpoint is durable yet; "
-                     "exporting again", task.task_id)
-            if left() > 0:
-                await asyncio.sleep(min(poll_interval, max(left(), 0.0)))
+            verdict = await self.look_once()
+            if verdict is not None or self.left() <= 0:
+                return verdict
+            await self.pause()
 
-    # Nothing durable after the notice: the newest durable one from before it.  This last look
-    # raises when S3 does not answer: without it there is no fallback to name.
-    steps = await looker.look()
-    last = await looker.newest(after=notice_time, before=None, steps=steps)
-    if last is not None:  # arrived during the very last interval
-        return done(last)
-    fallback = await looker.newest(after=None, before=notice_time, steps=steps)
-    newer = sorted((s for s in looker.rejected if fallback is None or s > fallback.step), reverse=True)
-    why = [f"step {s}: {looker.rejected[s]}" for s in newer[:5]]
-    reason = (
-        f"no checkpoint saved after the notice ({notice_time.isoformat()}) was durable in {uri} "
-        f"by {deadline.isoformat()} + {grace_seconds:g}s"
-    )
-    if notes:
-        reason += "; " + "; ".join(notes)
-    if notes_s3:
-        reason += f"; S3 did not answer {len(notes_s3)} time(s), last: {notes_s3[-1]}"
-    if why:
-        reason += "; " + "; ".join(why)
-    fallback_step = fallback.step if fallback else None
-    newest_seen = looker.newest_seen
-    if newest_seen is None:
-        steps_lost = None
-    else:
-        steps_lost = max(0, newest_seen - (fallback_step if fallback_step is not None else 0))
-    log.warning("%s; fallback: %s", reason,
-                f"step {fallback_step} (at least {steps_lost} steps lost)" if fallback else "none")
-    return DurableResult(
-        durable=False, step=None, manifest=None, waited_s=time.monotonic() - started,
-        fallback_step=fallback_step, fallback_manifest=fallback.manifest if fallback else None,
-        steps_lost=steps_lost, reason=reason,
-        rejected=tuple(f"step {s}: {w}" for s, w in sorted(looker.rejected.items(), reverse=True)),
-        export_tasks=tuple(tasks),
-        details={"export_mode": mode, "newest_seen_step": newest_seen},
-    )
+    async def export_tasks(self, export: ExportTasks, *, file_system_id: str, paths: list[str],
+                           token: str) -> _Verdict | None:
+        """Export tasks: one at a time, followed to its end, then a look at S3; again while time is left."""
+        attempt = 0
+        while self.left() > 0:
+            attempt += 1
+            task = await export.start_export(file_system_id=file_system_id, paths=paths,
+                                             token=_token(token, attempt))
+            self.tasks.append(task.task_id)
+            task = await _follow(export, task, poll_interval=self.poll_interval, left=self.left)
+            if task.lifecycle in ("FAILED", "CANCELED"):
+                self.notes.append(await _task_failure(self.store, task))
+                log.warning("durable: export task", note=self.notes[-1])
+            elif task.lifecycle != "SUCCEEDED":
+                self.notes.append(f"export task {task.task_id} still {task.lifecycle} at the deadline")
+                return None
+            verdict = await self.look_once()
+            if verdict is not None:
+                return verdict
+            if task.lifecycle != "SUCCEEDED":
+                return None  # a failed export fails again; a cancelled one was stopped on purpose
+            log.info("export task SUCCEEDED but no post-notice checkpoint is durable yet; exporting again",
+                     task_id=task.task_id)
+            if self.left() > 0:
+                await self.pause()
+        return None
+
+    async def nothing_durable(self, *, deadline: datetime, grace_seconds: float) -> DurableResult:
+        """Nothing durable after the notice: the newest durable one from before it.
+
+        This last look raises when S3 does not answer: without it there is no fallback to name.
+        """
+        looker = self.looker
+        steps = await looker.look()
+        last = await looker.newest(after=self.notice_time, before=None, steps=steps)
+        if last is not None:  # arrived during the very last interval
+            return self.done(last)
+        fallback = await looker.newest(after=None, before=self.notice_time, steps=steps)
+        newer = sorted((s for s in looker.rejected if fallback is None or s > fallback.step), reverse=True)
+        reason = (
+            f"no checkpoint saved after the notice ({self.notice_time.isoformat()}) was durable in {self.uri} "
+            f"by {deadline.isoformat()} + {grace_seconds:g}s"
+        )
+        if self.notes:
+            reason += "; " + "; ".join(self.notes)
+        if self.notes_s3:
+            reason += f"; S3 did not answer {len(self.notes_s3)} time(s), last: {self.notes_s3[-1]}"
+        if newer:
+            reason += "; " + "; ".join(f"step {s}: {looker.rejected[s]}" for s in newer[:5])
+        fallback_step = fallback.step if fallback else None
+        newest_seen = looker.newest_seen
+        steps_lost = None if newest_seen is None else max(0, newest_seen - (fallback_step or 0))
+        log.warning("durable: none by the deadline", reason=reason, fallback_step=fallback_step,
+                    steps_lost=steps_lost)
+        return DurableResult(
+            durable=False, step=None, manifest=None, waited_s=time.monotonic() - self.started,
+            fallback_step=fallback_step, fallback_manifest=fallback.manifest if fallback else None,
+            steps_lost=steps_lost, reason=reason,
+            rejected=tuple(f"step {s}: {w}" for s, w in sorted(looker.rejected.items(), reverse=True)),
+            export_tasks=tuple(self.tasks),
+            details={"export_mode": self.mode, "newest_seen_step": newest_seen},
+        )
 
 
 def _token(base: str, attempt: int) -> str:

@@ -13,8 +13,9 @@ The seam itself, :class:`~resilienced.ports.Responder`: the consumer hands every
 the message invisible and the event's claim alive while it runs.  ``holder`` identifies this
 delivery (``<replica>/<message id>``) for the responder's own per-target idempotency.
 
-:class:`PlanLogger` is the responder of ``--mode plan`` (and of tests that need no world): it logs each plan and reports it done.  The real responder is
-:class:`resilienced.recovery.responder.Recovery` (locate -> signal -> durable -> requeue).
+:class:`PlanLogger` is the responder of ``--mode plan`` (and of tests that need no world): it
+logs each plan and reports it done.  The responder that acts (``--mode kubernetes`` and ``ray``)
+is :class:`resilienced.recovery.responder.Recovery` (locate -> signal -> durable -> requeue).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ class PlanLogger:
     """A responder that only logs the plan (one ``plan`` line) and reports it done."""
 
     def __init__(self, logger: Any | None = None) -> None:
-        self._log = logger or log.get("resilienced.respond")
+        self._log = logger or log.get("resilienced.recovery.plan_only")
 
     async def act(self, plan: Plan, *, holder: str) -> Outcome:
         event = plan.event
@@ -42,4 +43,4 @@ class PlanLogger:
             attributes=dict(event.attributes), holder=holder,
         )
         return Outcome(result=Result.DONE, event=event, plan=plan,
-                       reason="plan logged (no responder acts yet)")
+                       reason="plan logged (--mode plan acts on nothing)")

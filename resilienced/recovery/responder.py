@@ -2,9 +2,10 @@
 
 :class:`Recovery` is the real :class:`~resilienced.ports.Responder`.  For one plan:
 
-1. **locate**: the plan's instances (for a Capacity Block expiry, the reservation's instances
-   from EC2) -> the Ray Train runs on them (:meth:`Cluster.locate`), grouped per run: several
-   instances of one run are one gang and are handled together;
+1. **locate** (:func:`~resilienced.recovery.targets.find_targets`, the path ``replay`` takes too):
+   the plan's instances (for a Capacity Block expiry, the reservation's instances from EC2) ->
+   the Ray Train runs on them (:meth:`Cluster.locate`), grouped per run: several instances of one
+   run are one gang and are handled together;
 2. per run, under a claim ``run/<event id>/<run>`` (cross-replica idempotency: a run already
    done for this event is skipped; one held by another delivery is retried later, never skipped):
 
@@ -30,26 +31,34 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from botocore.exceptions import BotoCoreError, ClientError
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from resilienced import log
-from resilienced.capacity.decision import Capacity
+from resilienced.aws.autoscaling import Lifecycle
 from resilienced.recovery.durable import DurableResult, newest_durable, wait_durable
+from resilienced.recovery.targets import find_targets
 from resilienced.errors import (
-    BackendUnavailable,
     PermanentError,
     ResilienceError,
     TemporaryError,
     backends_of,
 )
-from resilienced.model import Event, Kind, Outcome, Plan, Result, Step, Target
+from resilienced.model import Capacity, Event, Kind, Outcome, Plan, Result, Step, Target
 from resilienced.notify import Notifier
-from resilienced.ports import CapacitySource, ClaimStore, Cluster, ExportTasks, ObjectStore, RayControl
+from resilienced.ports import (
+    CapacitySource,
+    ClaimStore,
+    Cluster,
+    ExportTasks,
+    ObjectStore,
+    Planner,
+    RayControl,
+    Requeuer,
+)
 from resilienced.runs import record as runs_record
 from resilienced.runs import summary
 
@@ -112,37 +121,6 @@ class RecoveryMetrics:
             self.durable.labels(outcome=outcome)
 
 
-class Lifecycle:
-    """The Auto Scaling call a terminate lifecycle hook waits for (``CompleteLifecycleAction``)."""
-
-    def __init__(self, client: Any) -> None:
-        self._client = client  # an aiobotocore ``autoscaling`` client owned by the caller
-
-    async def complete(self, *, event_attributes: dict[str, Any], instance_id: str | None) -> str:
-        params = {
-            "LifecycleHookName": event_attributes["lifecycle_hook_name"],
-            "AutoScalingGroupName": event_attributes["auto_scaling_group_name"],
-            "LifecycleActionToken": event_attributes["lifecycle_action_token"],
-            "LifecycleActionResult": "CONTINUE",
-        }
-        if instance_id:
-            params["InstanceId"] = instance_id
-        try:
-            await self._client.complete_lifecycle_action(**params)
-        except ClientError as e:
-            code = e.response.get("Error", {}).get("Code", "")
-            message = e.response.get("Error", {}).get("Message", "")
-            if code == "ValidationError" and "No active Lifecycle Action" in message:
-                return "already completed or timed out"
-            status = e.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
-            if code in ("Throttling", "ThrottlingException") or status >= 500:
-                raise BackendUnavailable("autoscaling", f"CompleteLifecycleAction: {code} {message}") from e
-            raise PermanentError(f"autoscaling CompleteLifecycleAction: {code} {message}") from e
-        except BotoCoreError as e:
-            raise BackendUnavailable("autoscaling", f"CompleteLifecycleAction: {e}") from e
-        return "completed (CONTINUE)"
-
-
 @dataclass
 class RunReport:
     """What happened to one run (logged, kept in the claim, returned in the outcome)."""
@@ -185,8 +163,8 @@ class Recovery:
         claims: ClaimStore,
         ray_control: Callable[[Target], Awaitable[RayControl]],
         store: ObjectStore | None = None,
-        planner: Any | None = None,
-        requeue: Any | None = None,
+        planner: Planner | None = None,
+        requeue: Requeuer | None = None,
         capacity: CapacitySource | None = None,
         export: ExportTasks | None = None,
         lifecycle: Lifecycle | None = None,
@@ -213,16 +191,8 @@ class Recovery:
     # ------------------------------------------------------------------ the plan
     async def act(self, plan: Plan, *, holder: str) -> Outcome:
         event = plan.event
-        instance_ids = list(plan.instance_ids)
-        if plan.capacity_reservation_id and not instance_ids:
-            if self.capacity is None:
-                raise PermanentError(f"capacity block {plan.capacity_reservation_id}: no EC2 access "
-                                     "configured to find its instances")
-            instance_ids = await self.capacity.reservation_instances(
-                reservation_id=plan.capacity_reservation_id)
-        location = await self.cluster.locate(instance_ids=instance_ids,
-                                             capacity_reservation_id=plan.capacity_reservation_id)
-        runs = self.group(location.targets)
+        found = await find_targets(plan, cluster=self.cluster, capacity=self.capacity)
+        instance_ids, runs = found.instance_ids, found.runs
         outcomes = await asyncio.gather(*(self._run(plan, run, holder=holder) for run in runs),
                                         return_exceptions=True)
         reports: list[dict[str, Any]] = []
@@ -236,7 +206,7 @@ class Recovery:
                 permanent.append(f"{run.run_key}: {got}")
                 reports.append({"run": run.run_key, "failed": str(got)})
                 self._tell(runs_record(event, {"run": run.run_key, "instances": list(
-                    run.attributes.get("instance_ids", []))}, outcome="failed", at=self.clock(),
+                    run.facts.instance_ids)}, outcome="failed", at=self.clock(),
                     reason=str(got)))
             elif isinstance(got, BaseException):
                 raise got
@@ -247,7 +217,7 @@ class Recovery:
         lifecycle = None
         if Step.COMPLETE_LIFECYCLE in plan.steps and not temporary:
             lifecycle = await self._complete_lifecycle(plan)
-        details: dict[str, Any] = {"runs": reports, "unresolved": dict(location.unresolved),
+        details: dict[str, Any] = {"runs": reports, "unresolved": dict(found.unresolved),
                                    "instances": instance_ids}
         if lifecycle:
             details["lifecycle"] = lifecycle
@@ -258,7 +228,7 @@ class Recovery:
                                  delay=min(delays) if delays else None,
                                  backends=tuple(b for t in temporary for b in backends_of(t)))
         if not runs:
-            why = "; ".join(f"{i}: {r}" for i, r in location.unresolved.items()) or \
+            why = "; ".join(f"{i}: {r}" for i, r in found.unresolved.items()) or \
                 "no instances to act on"
             return Outcome(result=Result.NOT_ACTIONABLE, event=event, plan=plan,
                            reason=f"no Ray run on the affected instances ({why})", details=details)
@@ -268,32 +238,10 @@ class Recovery:
         return Outcome(result=Result.DONE, event=event, plan=plan, details=details,
                        reason=f"{len(runs)} run(s): " + ", ".join(r.run_key for r in runs))
 
-    @staticmethod
-    def group(targets: Sequence[Target]) -> list[Target]:
-        """One target per run: several instances of one run are one gang."""
-        runs: dict[str, Target] = {}
-        for target in targets:
-            have = runs.get(target.run_key)
-            if have is None:
-                lost = list(target.attributes.get("lost_instance_ids") or [target.instance_id])
-                runs[target.run_key] = replace(target, attributes={
-                    **target.attributes, "lost_instance_ids": lost,
-                    "instance_ids": [target.instance_id]})
-                continue
-            attrs = dict(have.attributes)
-            attrs["instance_ids"] = [*attrs["instance_ids"], target.instance_id]
-            attrs["lost_instance_ids"] = list(dict.fromkeys(
-                [*attrs["lost_instance_ids"], *(target.attributes.get("lost_instance_ids")
-                                                or [target.instance_id])]))
-            runs[target.run_key] = replace(
-                have, ray_node_ids=tuple(dict.fromkeys((*have.ray_node_ids, *target.ray_node_ids))),
-                attributes=attrs)
-        return list(runs.values())
-
     # ------------------------------------------------------------------ one run
     async def _run(self, plan: Plan, target: Target, *, holder: str) -> RunReport:
         event = plan.event
-        report = RunReport(run=target.run_key, instances=list(target.attributes.get("instance_ids", [])))
+        report = RunReport(run=target.run_key, instances=list(target.facts.instance_ids))
         key = f"run/{event.event_id}/{target.run_key}"
         ttl = self.options.claim_ttl_seconds
         claim = await self.claims.acquire(key, holder=holder, ttl_seconds=ttl)
@@ -391,13 +339,10 @@ class Recovery:
         report.steps["signal"] = {"deadline": deadline.isoformat(), "drained": drained}
 
     async def _drain(self, ray: RayControl, node_id: str, *, deadline: datetime, message: str) -> str:
-        drain_node = getattr(ray, "drain_node", None)
-        if drain_node is not None:  # RayGcs says whether the node was already draining
-            result = await drain_node(node_id, deadline=deadline, message=message)
-            if getattr(result, "skipped", False):
-                return "already_draining"
-            return "accepted" if result.accepted else "rejected"
-        return "accepted" if await ray.drain(node_id, deadline=deadline, message=message) else "rejected"
+        result = await ray.drain(node_id, deadline=deadline, message=message)
+        if result.outcome == "already_draining":
+            return "already_draining"
+        return "accepted" if result.accepted else "rejected"
 
     async def _durable(self, plan: Plan, target: Target, report: RunReport) -> None:
         event = plan.event
@@ -459,6 +404,7 @@ class Recovery:
             newest = await newest_durable(store=self.store, uri=target.checkpoint_uri,
                                           before=event.time)
             notice = event.time or self.clock()
+            resume: dict[str, Any]
             if newest is None:
                 resume = {"resume_step": None, "reason": "no durable checkpoint: the run starts over"}
             else:

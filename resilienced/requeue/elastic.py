@@ -1,7 +1,7 @@
 """Elastic runs: capacity for the lost workers only; the survivors are never stopped.
 
 A run is elastic when its RayJob/RayCluster is annotated ``resilienced.io/elastic: "true"`` (read by
-the locate step into ``Target.attributes["elastic"]``; in ray mode a node label, see
+the locate step into ``Target.facts.elastic``; in ray mode a node label, see
 :mod:`resilienced.ray.requeue`).  The notice still drains the lost node's Ray node with the
 deadline and the checkpoint is still checked for durability; only the requeue differs.
 
@@ -36,26 +36,21 @@ from __future__ import annotations
 
 import copy
 import json
-import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
 from resilienced.capacity.decision import Capacity, CapacityDecision
-from resilienced.capacity.request import (
-    ANNOTATION_ELASTIC_REPLACED,
-    ANNOTATION_REQUEUED_FOR,
-    ATTR_CAPACITY_TYPE,
-    ATTR_LOST_INSTANCE_IDS,
-)
+from resilienced.capacity.request import ANNOTATION_ELASTIC_REPLACED, ANNOTATION_REQUEUED_FOR
 from resilienced.kube.api import JsonObj
 from resilienced.kube.locate import instance_id_of
+from resilienced.log import get as get_logger
 from resilienced.model import Event, Target
 from resilienced.requeue.objects import RAYCLUSTER, Objects, annotations_of, modify
 from resilienced.requeue.placement import Placement
 from resilienced.requeue.result import RequeueResult
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 ELASTIC_OF_LABEL = "resilienced.io/elastic-of"
 CLUSTER_LABEL = "ray.io/cluster"
@@ -84,7 +79,8 @@ def replaced_of(obj: Mapping[str, Any]) -> dict[str, str]:
     except ValueError:
         value = None
     if not isinstance(value, dict):
-        log.warning("annotation %s=%r is not a JSON object; starting afresh", ANNOTATION_ELASTIC_REPLACED, raw)
+        log.warning("annotation not a JSON object; starting afresh", annotation=ANNOTATION_ELASTIC_REPLACED,
+                    value=raw)
         return {}
     return {str(k): str(v) for k, v in value.items()}
 
@@ -211,7 +207,7 @@ def settled(target: Target, kind: str, cluster: JsonObj, decision: CapacityDecis
 
 def current_capacity(target: Target) -> Capacity:
     """The capacity the run is on (Karpenter's ``reserved`` is a block; unknown: Spot)."""
-    value = str(target.attributes.get(ATTR_CAPACITY_TYPE) or "spot")
+    value = str(target.facts.capacity_type or "spot")
     if value == "reserved":
         return Capacity.CAPACITY_BLOCK
     try:
@@ -222,7 +218,7 @@ def current_capacity(target: Target) -> Capacity:
 
 
 def lost_ids(target: Target) -> tuple[str, ...]:
-    return tuple(dict.fromkeys(target.attributes.get(ATTR_LOST_INSTANCE_IDS) or (target.instance_id,)))
+    return tuple(dict.fromkeys(target.facts.lost_instance_ids or (target.instance_id,)))
 
 
 class ElasticKubeRay:
@@ -267,7 +263,7 @@ class ElasticKubeRay:
         if early is not None:
             return early, details, [], []
         workers, no_worker = await self.lost_workers(
-            cluster, todo, groups_hint=list(target.attributes.get("groups") or []))
+            cluster, todo, groups_hint=list(target.facts.groups))
         return None, details, workers, no_worker
 
     async def requeue(self, target: Target, cluster: JsonObj, *, decision: CapacityDecision, placement: Placement | None,

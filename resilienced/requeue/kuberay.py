@@ -46,7 +46,6 @@ from resilienced.capacity.request import (
     ANNOTATION_MOVED_AT,
     ANNOTATION_REQUEUED_FOR,
     ANNOTATION_RESERVATION,
-    ATTR_ELASTIC,
 )
 from resilienced.errors import PermanentError
 from resilienced.kube.api import JsonObj
@@ -110,8 +109,8 @@ def bookkeeping(obj: Mapping[str, Any], *, decision: CapacityDecision, event: Ev
     return out
 
 
-class KubeRayRequeuer:
-    """:class:`~resilienced.requeue.result.Requeuer` for KubeRay RayClusters / RayJobs without Kueue.
+class PlacingRequeuer:
+    """What the requeuers that edit a run's pod templates share (KubeRay, Volcano).
 
     Args:
         api_client: a kubernetes_asyncio ApiClient (the caller's).
@@ -119,8 +118,6 @@ class KubeRayRequeuer:
         request_timeout_s: time allowed for one Kubernetes request.
         clock: the current tz-aware time (for the moved-at annotation).
     """
-
-    kind = "kuberay"
 
     def __init__(
         self,
@@ -133,13 +130,25 @@ class KubeRayRequeuer:
         self.objects = Objects(api_client, request_timeout_s=request_timeout_s)
         self._tolerations = tolerations
         self._clock = clock
+
+
+class KubeRayRequeuer(PlacingRequeuer):
+    """:class:`~resilienced.requeue.result.Requeuer` for KubeRay RayClusters / RayJobs without Kueue.
+
+    Takes :class:`PlacingRequeuer`'s arguments.
+    """
+
+    kind = "kuberay"
+
+    def __init__(self, api_client: k8s.ApiClient, **kwargs: Any) -> None:
+        super().__init__(api_client, **kwargs)
         self._elastic = ElasticKubeRay(self.objects)
 
     async def requeue(
         self, target: Target, *, decision: CapacityDecision, event: Event, dry_run: bool = False
     ) -> RequeueResult:
         fallback = None
-        if target.attributes.get(ATTR_ELASTIC) is True:
+        if target.facts.elastic is True:
             cluster = await self._cluster_of(target)
             if cluster is None:
                 fallback = f"the RayCluster of {target.run_key} is gone (a RayJob retrying); requeued as a gang"

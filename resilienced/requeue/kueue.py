@@ -54,7 +54,6 @@ bounded (``settle_timeout_s``); when it runs out a TemporaryError leaves the mes
 from __future__ import annotations
 
 import asyncio
-import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timezone
@@ -63,10 +62,10 @@ from typing import Any
 from kubernetes_asyncio import client as k8s
 
 from resilienced.capacity.decision import Capacity, CapacityDecision
-from resilienced.capacity.request import ATTR_ELASTIC
 from resilienced.errors import PermanentError, TemporaryError
 from resilienced.kube.api import JsonObj
 from resilienced.kube.discovery import served_version
+from resilienced.log import get as get_logger
 from resilienced.model import Event, Target
 from resilienced.requeue.elastic import ElasticKueue, kueue_not_elastic, with_fallback
 from resilienced.requeue.kuberay import groups_patch, placed_groups
@@ -84,7 +83,7 @@ from resilienced.requeue.objects import (
 from resilienced.requeue.placement import DEFAULT_TOLERATIONS, Placement
 from resilienced.requeue.result import RequeueResult, waiting
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 #: Workload versions in order of preference: v1beta2 from Kueue v0.15, v1beta1 only up to v0.14
@@ -103,10 +102,10 @@ async def discover_workload_version(api_client: k8s.ApiClient, *, request_timeou
     version = await served_version(api_client, group="kueue.x-k8s.io", plural="workloads",
                                    versions=WORKLOAD_VERSIONS, request_timeout_s=request_timeout_s)
     if version is None:
-        log.warning("kueue: the API server serves no Workload version (%s): Kueue-managed runs cannot be "
-                    "requeued", ", ".join(WORKLOAD_VERSIONS))
+        log.warning("kueue: no Workload version served; Kueue-managed runs cannot be requeued",
+                    versions=list(WORKLOAD_VERSIONS))
     else:
-        log.info("kueue: Workloads are served as kueue.x-k8s.io/%s", version)
+        log.info("kueue: Workloads served", version=f"kueue.x-k8s.io/{version}")
     return version
 
 
@@ -232,7 +231,7 @@ class KueueRequeuer:
         self, target: Target, *, decision: CapacityDecision, event: Event, dry_run: bool = False
     ) -> RequeueResult:
         fallback = None
-        if target.attributes.get(ATTR_ELASTIC) is True:
+        if target.facts.elastic is True:
             kind, namespace, name, _path = self._job_ref(target)
             if kind is RAYJOB:
                 fallback = (f"Kueue manages RayJob {namespace}/{name}: Kueue (v0.14 - v0.19) scales a RayJob's "

@@ -2,7 +2,7 @@
 
 :class:`KubernetesRequeuer` routes a kubernetes-mode target:
 
-    attributes["volcano_job"] set                       -> VolcanoRequeuer
+    facts.volcano_job set                               -> VolcanoRequeuer
     RayJob (else RayCluster) labelled kueue queue-name  -> KueueRequeuer
     RayCluster owned by a RayJob with that label        -> KueueRequeuer (through the RayJob)
     otherwise                                           -> KubeRayRequeuer
@@ -17,15 +17,14 @@ decision applied again) is neither counted nor recorded; a dry run never is.
 
 from __future__ import annotations
 
-import logging
 from dataclasses import replace
 
 from kubernetes_asyncio import client as k8s
 from prometheus_client import CollectorRegistry, Counter
 
 from resilienced.capacity.decision import Capacity, CapacityDecision
-from resilienced.capacity.request import ATTR_ELASTIC, ATTR_ELASTIC_ERROR, ATTR_ELASTIC_FALLBACK, ATTR_VOLCANO_JOB
 from resilienced.errors import PermanentError, ResilienceError
+from resilienced.log import get as get_logger
 from resilienced.model import Event, Target
 from resilienced.ports import Cluster
 from resilienced.requeue.elastic import with_fallback
@@ -35,7 +34,7 @@ from resilienced.requeue.objects import RAYCLUSTER, RAYJOB, Objects, split_key
 from resilienced.requeue.result import Requeuer, RequeueResult
 from resilienced.requeue.volcano import VolcanoRequeuer
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 REASON_REQUEUED = "Requeued"
 REASON_WAITING = "RequeueWaiting"
@@ -81,7 +80,7 @@ class KubernetesRequeuer:
         A RayCluster that a RayJob owns is requeued through that RayJob when Kueue manages the
         job (Kueue admits the RayJob; its cluster has no queue label of its own).
         """
-        if target.attributes.get(ATTR_VOLCANO_JOB):
+        if target.facts.volcano_job:
             return self.volcano, target
         if target.ray_job:
             namespace, name = split_key(target.ray_job, what="target.ray_job")
@@ -110,11 +109,10 @@ class KubernetesRequeuer:
     ) -> RequeueResult:
         applier, resolved = await self.resolve(target)
         result = await applier.requeue(resolved, decision=decision, event=event, dry_run=dry_run)
-        if target.attributes.get(ATTR_ELASTIC) is True and applier is self.volcano:
+        if target.facts.elastic is True and applier is self.volcano:
             return with_fallback(result, "a Volcano Job restarts as a whole (RestartJob); requeued as a gang")
         # The locate step found the run marked elastic but not scalable (Kueue) or the annotation malformed.
-        return with_fallback(result, target.attributes.get(ATTR_ELASTIC_FALLBACK)
-                             or target.attributes.get(ATTR_ELASTIC_ERROR))
+        return with_fallback(result, target.facts.elastic_fallback or target.facts.elastic_error)
 
 
 class Requeue:
@@ -131,6 +129,11 @@ class Requeue:
         self.requeuer = requeuer
         self.cluster = cluster
         self.metrics = metrics
+
+    @property
+    def kind(self) -> str:
+        """The applier's kind (``kubernetes`` or ``ray``)."""
+        return self.requeuer.kind
 
     async def requeue(
         self, target: Target, *, decision: CapacityDecision, event: Event, dry_run: bool = False
@@ -164,4 +167,4 @@ class Requeue:
         try:
             await self.cluster.record(target, reason=reason, message=message, warning=warning)
         except ResilienceError as e:  # an Event is a courtesy: the requeue itself is done
-            log.warning("requeue: recording the Event for %s failed: %s", target.run_key, e)
+            log.warning("requeue event not recorded", run=target.run_key, error=str(e))

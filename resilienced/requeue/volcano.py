@@ -31,20 +31,17 @@ Mechanism (volcano-sh/volcano at ed72c7c, v1.16 line):
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Mapping, Sequence
-from datetime import datetime, timezone
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from kubernetes_asyncio import client as k8s
-
-from resilienced.capacity.decision import Capacity, CapacityDecision
-from resilienced.capacity.request import ANNOTATION_REQUEUED_FOR, ATTR_VOLCANO_JOB
+from resilienced.capacity.decision import CapacityDecision
+from resilienced.capacity.request import ANNOTATION_REQUEUED_FOR
 from resilienced.errors import PermanentError
 from resilienced.kube.api import JsonObj, KubeStatusError
 from resilienced.model import Event, Target
-from resilienced.requeue.kuberay import bookkeeping
-from resilienced.requeue.objects import VOLCANO_COMMAND, VOLCANO_JOB, Objects, annotations_of, modify, split_key
-from resilienced.requeue.placement import DEFAULT_TOLERATIONS, Placement
+from resilienced.requeue.kuberay import PlacingRequeuer, bookkeeping
+from resilienced.requeue.objects import VOLCANO_COMMAND, VOLCANO_JOB, annotations_of, modify, split_key
+from resilienced.requeue.placement import Placement
 from resilienced.requeue.result import RequeueResult, waiting
 
 RESTART_JOB = "RestartJob"
@@ -52,10 +49,6 @@ RESTART_JOB = "RestartJob"
 RESTARTING_PHASES = frozenset({"Pending", "Restarting"})
 #: Answers that mean "the admission webhook refused the template change".
 _REFUSED = (400, 403, 422)
-
-
-def utcnow() -> datetime:
-    return datetime.now(timezone.utc)
 
 
 def command_name(job_name: str, event_id: str | None) -> str:
@@ -76,30 +69,21 @@ def placed_tasks(tasks: Sequence[Mapping[str, Any]], placement: Placement) -> tu
     return new_tasks, changed
 
 
-class VolcanoRequeuer:
-    """:class:`~resilienced.requeue.result.Requeuer` for Volcano Jobs (``attributes["volcano_job"]``)."""
+class VolcanoRequeuer(PlacingRequeuer):
+    """:class:`~resilienced.requeue.result.Requeuer` for Volcano Jobs (``Target.facts.volcano_job``).
+
+    Takes :class:`~resilienced.requeue.kuberay.PlacingRequeuer`'s arguments.
+    """
 
     kind = "volcano"
-
-    def __init__(
-        self,
-        api_client: k8s.ApiClient,
-        *,
-        tolerations: Mapping[Capacity, Sequence[Mapping[str, str]]] = DEFAULT_TOLERATIONS,
-        request_timeout_s: float = 10.0,
-        clock: Callable[[], datetime] = utcnow,
-    ) -> None:
-        self.objects = Objects(api_client, request_timeout_s=request_timeout_s)
-        self._tolerations = tolerations
-        self._clock = clock
 
     async def requeue(
         self, target: Target, *, decision: CapacityDecision, event: Event, dry_run: bool = False
     ) -> RequeueResult:
-        key = target.attributes.get(ATTR_VOLCANO_JOB)
+        key = target.facts.volcano_job
         if not key:
-            raise PermanentError(f"requeue: target {target.run_key} has no attributes[{ATTR_VOLCANO_JOB!r}]")
-        namespace, name = split_key(str(key), what=f"attributes[{ATTR_VOLCANO_JOB!r}]")
+            raise PermanentError(f"requeue: target {target.run_key} has no facts.volcano_job")
+        namespace, name = split_key(str(key), what="facts.volcano_job")
         job = await self.objects.find(VOLCANO_JOB, namespace, name)
         if job is None:
             raise PermanentError(f"requeue: Volcano Job {key} no longer exists")

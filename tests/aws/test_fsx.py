@@ -122,9 +122,13 @@ async def test_a_file_system_busy_past_the_bound_is_backend_unavailable(fsx: tup
         ("FileSystemNotFound", 400, PermanentError),
         ("IncompatibleParameterError", 400, PermanentError),
         ("InternalServerError", 500, BackendUnavailable),
-        ("ServiceLimitExceeded", 400, BackendUnavailable),
+        # a quota is refused until a person raises it: permanent (before the one rule: retried)
+        ("ServiceLimitExceeded", 400, PermanentError),
+        ("ThrottlingException", 400, BackendUnavailable),
+        ("InvalidExportPath", 400, PermanentError),  # before the one rule: retried
     ],
-    ids=["bad-request", "no-file-system", "incompatible", "internal", "limit"],
+    ids=["bad-request", "no-file-system", "incompatible", "internal", "limit", "throttled",
+         "bad-export-path"],
 )
 async def test_create_errors_are_translated(fsx: tuple[Any, Stubber], tasks: FsxExportTasks,
                                             code: str, status: int, error: type[Exception]) -> None:

@@ -7,7 +7,7 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from resilienced.capacity import Capacity, CapacityRequest, InterruptionHistory, Pool, UnavailableCache
-from resilienced.model import Event, Kind, Target
+from resilienced.model import Event, Kind, RunFacts, Target
 
 NOW = datetime(2026, 8, 20, 12, 0, tzinfo=timezone.utc)
 M = timedelta(minutes=1)
@@ -64,16 +64,16 @@ def test_ice_cache_expires_and_matches_pool() -> None:
     assert cache.unavailable(A, now=NOW + 3 * M) == frozenset()
 
 
-def _target(**attrs) -> Target:
+def _target(**facts) -> Target:
     return Target(instance_id="i-0abc", node="n1", ray_cluster="ml/rc", ray_job="ml/job",
-                  ray_node_ids=(), checkpoint_uri=None, attributes=attrs)
+                  ray_node_ids=(), checkpoint_uri=None, facts=RunFacts(**facts))
 
 
-def test_request_from_target_reads_the_documented_attributes() -> None:
+def test_request_from_target_reads_the_documented_facts() -> None:
     event = Event(kind=Kind.CAPACITY_BLOCK_EXPIRY, event_id="ev-1", capacity_reservation_id="cr-old")
     request = CapacityRequest.from_target(
         _target(instance_type="p5.48xlarge", availability_zone="us-east-1a", capacity_type="reserved",
-                reservation_id="cr-old", capacity_moved_at="2026-08-20T10:00:00Z", instance_count=4,
+                reservation_id="cr-old", moved_at="2026-08-20T10:00:00Z", instance_count=4,
                 run_needs_seconds=7200),
         event=event)
     assert request.pool == A
@@ -89,13 +89,13 @@ def test_request_from_target_reads_the_documented_attributes() -> None:
 @pytest.mark.parametrize(
     ("attrs", "message"),
     [
-        ({}, r"\['instance_type'\] is missing"),
-        ({"instance_type": "p5.48xlarge", "capacity_type": "preemptible"}, "is not a capacity type"),
-        ({"instance_type": "p5.48xlarge", "capacity_moved_at": "yesterday"}, "is not an ISO-8601 time"),
-        ({"instance_type": "p5.48xlarge", "instance_count": "many"}, "is not a whole number"),
+        ({}, r"facts\.instance_type is missing"),
+        ({"instance_type": "p5.48xlarge", "capacity_type": "preemptible"}, r"facts\.capacity_type=.* is not a capacity type"),
+        ({"instance_type": "p5.48xlarge", "moved_at": "yesterday"}, r"facts\.moved_at=.* is not an ISO-8601 time"),
+        ({"instance_type": "p5.48xlarge", "instance_count": "many"}, r"facts\.instance_count=.* is not a whole number"),
     ],
     ids=["no instance type", "bad capacity type", "bad moved-at", "bad count"],
 )
-def test_request_from_target_names_the_bad_attribute(attrs: dict, message: str) -> None:
+def test_request_from_target_names_the_bad_fact(attrs: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         CapacityRequest.from_target(_target(**attrs), event=Event(kind=Kind.SPOT_INTERRUPTION, event_id="e"))

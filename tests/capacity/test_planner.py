@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 from decimal import Decimal
 
 from resilienced.capacity import Capacity, CapacityPlanner, CapacityPolicy, Ec2Capacity, Pool
 from resilienced.capacity.ec2 import PURCHASE_KEY_TAG
 from resilienced.capacity.static import StaticCapacity
-from resilienced.model import Event, Kind, Target
+from resilienced.model import Event, Kind, RunFacts, Target
 
 NOW = datetime(2026, 8, 20, 12, 0, tzinfo=timezone.utc)
 POOL = Pool("p5.48xlarge", "us-east-1a")
@@ -19,8 +20,8 @@ FILTERS = {"Filters": [{"Name": "state", "Values": ["active"]},
 def target(instance: str = "i-0aaa") -> Target:
     return Target(instance_id=instance, node=None, ray_cluster="ml/rc", ray_job="ml/job", ray_node_ids=(),
                   checkpoint_uri=None,
-                  attributes={"instance_type": "p5.48xlarge", "availability_zone": "us-east-1a",
-                              "capacity_type": "spot", "instance_count": 2})
+                  facts=RunFacts(instance_type="p5.48xlarge", availability_zone="us-east-1a",
+                                 capacity_type="spot", instance_count=2))
 
 
 def itn(event_id: str, minutes_ago: int) -> Event:
@@ -136,10 +137,9 @@ async def test_a_run_on_an_expiring_block_moves_to_another_block(ec2) -> None:
                       {"CapacityReservations": [expiring, block("cr-new")]}, FILTERS)
     on_block = Target(instance_id="i-0aaa", node=None, ray_cluster="ml/rc", ray_job="ml/job", ray_node_ids=(),
                       checkpoint_uri=None,
-                      attributes={"instance_type": "p5.48xlarge", "availability_zone": "us-east-1a",
-                                  "capacity_type": "reserved", "reservation_id": "cr-old",
-                                  "capacity_moved_at": (NOW - timedelta(minutes=30)).isoformat(),
-                                  "instance_count": 2})
+                      facts=RunFacts(instance_type="p5.48xlarge", availability_zone="us-east-1a",
+                                     capacity_type="reserved", reservation_id="cr-old",
+                                     moved_at=(NOW - timedelta(minutes=30)).isoformat(), instance_count=2))
     expiry = Event(kind=Kind.CAPACITY_BLOCK_EXPIRY, event_id="x1", capacity_reservation_id="cr-old",
                    time=NOW)
     request, decision = await planner.plan_for(on_block, event=expiry)
@@ -154,9 +154,9 @@ async def test_a_run_on_an_expiring_block_goes_to_on_demand_when_no_block_is_lef
     stub.add_response("describe_capacity_reservations", {"CapacityReservations": [expiring]}, FILTERS)
     on_block = Target(instance_id="i-0aaa", node=None, ray_cluster="ml/rc", ray_job="ml/job", ray_node_ids=(),
                       checkpoint_uri=None,
-                      attributes={"instance_type": "p5.48xlarge", "availability_zone": "us-east-1a",
-                                  "capacity_type": "capacity-block", "reservation_id": "cr-old",
-                                  "capacity_moved_at": (NOW - timedelta(minutes=30)).isoformat()})
+                      facts=RunFacts(instance_type="p5.48xlarge", availability_zone="us-east-1a",
+                                     capacity_type="capacity-block", reservation_id="cr-old",
+                                     moved_at=(NOW - timedelta(minutes=30)).isoformat()))
     row = await planner.target_plan(on_block, event=Event(kind=Kind.CAPACITY_BLOCK_EXPIRY, event_id="x2",
                                                           capacity_reservation_id="cr-old", time=NOW))
     assert row["capacity"] == "on-demand" and "cool-down" in row["reason"]
@@ -217,8 +217,8 @@ def requeued(event_id: str, capacity: str, reservation: str | None = None, **ext
     t = target()
     return Target(instance_id=t.instance_id, node=None, ray_cluster=t.ray_cluster, ray_job=t.ray_job,
                   ray_node_ids=(), checkpoint_uri=None,
-                  attributes={**t.attributes, "requeued_for": event_id, "requeued_capacity": capacity,
-                              "requeued_reservation_id": reservation, **extra})
+                  facts=replace(t.facts, requeued_for=event_id, requeued_capacity=capacity,
+                                requeued_reservation_id=reservation, **extra))
 
 
 async def test_a_requeue_applied_for_this_event_is_kept_not_decided_again() -> None:

@@ -19,7 +19,7 @@ from kubernetes_asyncio import client as k8s
 
 from resilienced.errors import BackendUnavailable, RayAuthError
 from resilienced.kube import CacheOptions, KubeCluster, KubeOptions
-from resilienced.ports import RayNode
+from resilienced.ports import DrainResult, RayNode
 from tests.support.kubeapi import KubeApiServer, ResourceType
 
 JsonObj = dict[str, Any]
@@ -90,8 +90,8 @@ class StaticGcs:
             raise RayAuthError("InvalidAuthToken")
         return list(self._factory.nodes.get(self.address, []))
 
-    async def drain(self, node_id: str, *, deadline: datetime, message: str) -> bool:
-        return True
+    async def drain(self, node_id: str, *, deadline: datetime, message: str) -> DrainResult:
+        return DrainResult(node_id, "drained", True, int(deadline.timestamp() * 1000))
 
     async def close(self) -> None:
         self.closed = True

@@ -66,7 +66,7 @@ async def test_instance_to_ray_nodes_of_its_run(cluster: KubeCluster, world: dic
     assert target.ray_node_ids == ("11" * 28, "12" * 28)  # alive nodes only; the failed pod is ignored
     assert target.checkpoint_uri == "s3://ckpt/train"  # the RayJob's annotation wins
     assert target.ray_address == TRAIN_GCS
-    assert target.attributes["groups"] == ["gpu"]
+    assert target.facts.groups == ("gpu",)
     assert target.attributes["head_on_instance"] is False
     assert target.run_key == "ml/train"
 
@@ -301,9 +301,9 @@ async def test_the_elastic_annotation_reaches_the_target(cluster: KubeCluster, w
     await eventually(lambda: (cluster.rayjobs.get("ml", "train") or {}).get("metadata", {})
                      .get("annotations", {}).get("resilienced.io/elastic") == "true")
     (target,) = (await cluster.locate(instance_ids=[instance(1)])).targets
-    assert target.attributes["elastic"] is True
+    assert target.facts.elastic is True
     (other,) = (await cluster.locate(instance_ids=[instance(3)])).targets  # adhoc: not annotated
-    assert other.attributes["elastic"] is False
+    assert other.facts.elastic is False
 
 
 async def test_the_requeue_a_run_carries_reaches_the_target(cluster: KubeCluster, world: dict[str, str],
@@ -311,7 +311,7 @@ async def test_the_requeue_a_run_carries_reaches_the_target(cluster: KubeCluster
     """The annotations a requeue leaves on the RayJob (requeue/kuberay.py ``bookkeeping``) become
     the target's ``requeued_*`` facts, so a delivery taking the same event over keeps that move."""
     (before,) = (await cluster.locate(instance_ids=[instance(1)])).targets
-    assert "requeued_for" not in before.attributes
+    assert before.facts.requeued_for is None
     job = kubeapi.get("rayjobs", "train", namespace="ml")
     job["metadata"]["annotations"].update({"resilienced.io/requeued-for": "ev-1",
                                            "resilienced.io/capacity-type": "capacity-block",
@@ -320,5 +320,5 @@ async def test_the_requeue_a_run_carries_reaches_the_target(cluster: KubeCluster
     await eventually(lambda: (cluster.rayjobs.get("ml", "train") or {}).get("metadata", {})
                      .get("annotations", {}).get("resilienced.io/requeued-for") == "ev-1")
     (target,) = (await cluster.locate(instance_ids=[instance(1)])).targets
-    assert (target.attributes["requeued_for"], target.attributes["requeued_capacity"],
-            target.attributes["requeued_reservation_id"]) == ("ev-1", "capacity-block", "cr-0123")
+    assert (target.facts.requeued_for, target.facts.requeued_capacity,
+            target.facts.requeued_reservation_id) == ("ev-1", "capacity-block", "cr-0123")

@@ -127,6 +127,7 @@ async def test_a_drain_through_ray_control_reaches_the_gcs(
     assert isinstance(target, Target) and len(target.ray_node_ids) == 1
     control = await kube.ray_control(target)
     deadline = datetime.now(timezone.utc) + timedelta(minutes=2)
-    assert await control.drain(target.ray_node_ids[0], deadline=deadline, message="spot interruption (test)")
+    drained = await control.drain(target.ray_node_ids[0], deadline=deadline, message="spot interruption (test)")
+    assert drained.accepted
     drained = {n.node_id: n for n in await control.nodes()}[target.ray_node_ids[0]]
     assert drained.draining_deadline_ms is not None or not drained.alive

@@ -88,11 +88,11 @@ async def test_a_notice_for_a_node_of_a_volcano_jobs_ray_pods_restarts_the_job_w
         assert kube.cache_of(VOLCANO_JOBS) is not None  # the emulator serves batch.volcano.sh
         assert location.unresolved == {}
         (target,) = location.targets
-        assert target.attributes["volcano_job"] == f"{NS}/vcjob"
+        assert target.facts.volcano_job == f"{NS}/vcjob"
         assert (target.ray_cluster, target.ray_job) == (f"{NS}/vc-ray", None)
         assert target.ray_node_ids == ("11" * 28,)  # the worker's Ray node, found through the head's GCS
         assert target.ray_address == "10.8.0.1:6379" and target.checkpoint_uri == "s3://ckpt/vcjob"
-        assert target.attributes["instance_count"] == 2
+        assert target.facts.instance_count == 2
         control = await kube.ray_control(target)  # the signal step reaches the same GCS
         assert control.address == "10.8.0.1:6379"
 

@@ -4,12 +4,12 @@ local Ray cluster."""
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections.abc import AsyncIterator
 from datetime import datetime, timezone
 from typing import Any
 
 import pytest
+import structlog
 from aiobotocore.session import AioSession
 
 from resilienced.errors import BackendUnavailable
@@ -65,7 +65,7 @@ async def test_locate_by_instance_label(ray_cluster: LocalRayCluster) -> None:
     assert target == Target(
         instance_id=WORKER_INSTANCE, node=target.node, ray_cluster=None, ray_job=None,
         ray_node_ids=(worker.node_id,), checkpoint_uri=URI, ray_address=ray_cluster.address,
-        attributes=target.attributes,
+        attributes=target.attributes, facts=target.facts,
     )
     assert target.node  # the Ray node's address
     assert target.attributes["matched_by"] == "label"
@@ -146,15 +146,18 @@ async def test_locate_with_the_gcs_down_is_backend_unavailable() -> None:
         await cluster.locate(instance_ids=[WORKER_INSTANCE])
 
 
-async def test_cordon_does_nothing_and_record_logs(ray_cluster: LocalRayCluster,
-                                                   caplog: pytest.LogCaptureFixture) -> None:
+async def test_cordon_does_nothing_and_record_logs(ray_cluster: LocalRayCluster) -> None:
     cluster = RayModeCluster(ray=gcs(ray_cluster), checkpoint_uri=URI)
     (target,) = (await cluster.locate(instance_ids=[WORKER_INSTANCE])).targets
     before = {n.node_id: n for n in await gcs(ray_cluster).nodes()}[target.ray_node_ids[0]]
-    with caplog.at_level(logging.INFO, logger="resilienced.ray.cluster"):
+    with structlog.testing.capture_logs() as lines:
         await cluster.cordon(target, reason="spot_interruption", deadline=datetime.now(timezone.utc))
         await cluster.record(target, reason="Draining", message="drained for spot", warning=True)
     after = {n.node_id: n for n in await gcs(ray_cluster).nodes()}[target.ray_node_ids[0]]
     assert (after.alive, after.draining_deadline_ms) == (before.alive, before.draining_deadline_ms)
-    assert "no cordon" in caplog.text
-    assert any(r.levelno == logging.WARNING and "drained for spot" in r.getMessage() for r in caplog.records)
+    cordon, record = lines
+    assert "no cordon" in cordon["event"]
+    assert (cordon["log_level"], cordon["instance_id"], cordon["logger"]) == (
+        "info", WORKER_INSTANCE, "resilienced.ray.cluster")
+    assert (record["log_level"], record["event"], record["reason"]) == ("warning", "drained for spot", "Draining")
+    assert record["ray_node_ids"] == list(target.ray_node_ids)

@@ -84,7 +84,7 @@ async def test_drain_of_an_idle_node_uses_reason_preemption_and_the_node_leaves(
 
     again = await client.drain_node(node.node_id, deadline=in_minutes(2), message="again")
     assert (again.outcome, again.accepted) == ("dead", False)
-    assert await client.drain(node.node_id, deadline=in_minutes(2), message="again") is False
+    assert (await client.drain(node.node_id, deadline=in_minutes(2), message="again")).accepted is False
 
 
 async def test_a_busy_node_keeps_draining_and_an_earlier_deadline_is_not_replaced(
@@ -94,7 +94,7 @@ async def test_a_busy_node_keeps_draining_and_an_earlier_deadline_is_not_replace
     client = gcs(ray_cluster)
     with busy(ray_cluster, node.node_id):
         first = in_minutes(2)
-        assert await client.drain(node.node_id, deadline=first, message="notice")
+        assert (await client.drain(node.node_id, deadline=first, message="notice")).accepted
         listed = {n.node_id: n for n in await client.nodes()}[node.node_id]
         assert listed.alive
         assert listed.draining_deadline_ms == int(first.timestamp() * 1000)

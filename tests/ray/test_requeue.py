@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 
 import pytest
@@ -11,7 +12,7 @@ from resilienced.capacity import Capacity, CapacityDecision, CapacityPlanner, Ca
 from resilienced.capacity.static import StaticCapacity
 from resilienced.local.provider import LocalNodeProvider
 from resilienced.local.raycluster import LocalRayCluster
-from resilienced.model import Event, Kind, Target
+from resilienced.model import Event, Kind, RunFacts, Target
 from resilienced.ports import CapacityReservation
 from resilienced.ray.cluster import CAPACITY_TYPE_LABEL, INSTANCE_ID_LABEL, RESERVATION_LABEL, RayModeCluster
 from resilienced.ray.gcs import RayGcs
@@ -39,8 +40,8 @@ def block(available: int) -> CapacityReservation:
 def target(*lost: str) -> Target:
     return Target(instance_id=lost[0], node="127.0.0.1", ray_cluster=None, ray_job=None, ray_node_ids=(),
                   checkpoint_uri=None, ray_address="127.0.0.1:0",
-                  attributes={"instance_type": "local.cpu", "availability_zone": "local-1a",
-                              "capacity_type": "spot", "lost_instance_ids": list(lost)})
+                  facts=RunFacts(instance_type="local.cpu", availability_zone="local-1a",
+                                 capacity_type="spot", lost_instance_ids=lost))
 
 
 def alive_with(cluster: LocalRayCluster, key: str, value: str) -> list:
@@ -103,7 +104,7 @@ async def test_the_local_provider_refuses_an_empty_pool(cluster: LocalRayCluster
 
 def elastic_target(*lost: str) -> Target:
     base = target(*lost)
-    return Target(**{**base.__dict__, "attributes": {**base.attributes, "elastic": True}})
+    return replace(base, facts=replace(base.facts, elastic=True))
 
 
 async def test_elastic_second_notice_adds_nothing_for_the_same_worker_and_one_for_another(
@@ -170,8 +171,8 @@ async def test_the_elastic_node_label_makes_the_located_run_elastic(cluster: Loc
         located = await RayModeCluster(ray=RayGcs(cluster.address, token=cluster.auth_token, timeout=5),
                                        checkpoint_uri=None).locate(instance_ids=[elastic_iid, gang_iid])
         by_instance = {t.instance_id: t for t in located.targets}
-        assert by_instance[elastic_iid].attributes["elastic"] is True
-        assert by_instance[gang_iid].attributes["elastic"] is False
+        assert by_instance[elastic_iid].facts.elastic is True
+        assert by_instance[gang_iid].facts.elastic is False
     finally:
         for node in nodes:
             cluster.kill_node(node)

@@ -21,7 +21,7 @@ import pytest
 from aiobotocore.session import get_session
 
 from resilienced import permissions
-from resilienced.ports import RayNode
+from resilienced.ports import DrainResult, RayNode
 from tests.support.kubeapi import KubeApiServer, RbacRule
 
 NS = "ml"
@@ -121,13 +121,15 @@ class RecordingGcs:
     nodes_: list[RayNode]
     drains: list[tuple[str, datetime, str]] = field(default_factory=list)
     address: str = "127.0.0.1:6379"
+    outcome: str = "drained"  # what GCS answers (ports.DrainResult.outcome): drained | already_draining
 
     async def nodes(self) -> list[RayNode]:
         return list(self.nodes_)
 
-    async def drain(self, node_id: str, *, deadline: datetime, message: str) -> bool:
+    async def drain(self, node_id: str, *, deadline: datetime, message: str) -> DrainResult:
         self.drains.append((node_id, deadline, message))
-        return True
+        return DrainResult(node_id, self.outcome, self.outcome in ("drained", "already_draining"),
+                           int(deadline.timestamp() * 1000))
 
 
 def ray_nodes() -> list[RayNode]:

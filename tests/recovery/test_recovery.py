@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 from botocore.stub import Stubber
+from prometheus_client import CollectorRegistry
 from aiobotocore.session import get_session
 
 from resilienced import intake
@@ -29,7 +30,8 @@ from resilienced.kube.cache import CacheOptions
 from resilienced.kube.leases import KubeLeaseClaims
 from resilienced.model import Result
 from resilienced.ports import CapacityReservation
-from resilienced.recovery.responder import Lifecycle, Recovery, RecoveryOptions
+from resilienced.aws.autoscaling import Lifecycle
+from resilienced.recovery.responder import Recovery, RecoveryMetrics, RecoveryOptions
 from resilienced.requeue.router import KubernetesRequeuer, Requeue
 from resilienced.settings import IntakeSettings
 from tests.support.kubeapi import KubeApiServer
@@ -109,6 +111,26 @@ async def save_after_the_drain(world: World, *, step: int) -> None:
 def selectors(obj: dict[str, Any], path: str) -> list[dict[str, str]]:
     spec = obj["spec"] if path == "cluster" else obj["spec"]["rayClusterSpec"]
     return [g["template"]["spec"].get("nodeSelector", {}) for g in spec["workerGroupSpecs"]]
+
+
+async def test_a_node_already_draining_is_reported_and_counted_as_such(world: World) -> None:
+    """GCS answers ``already_draining`` (ports.DrainResult) for a node that drains with an earlier
+    deadline: the signal step reports and counts that outcome, not ``accepted``."""
+    registry = CollectorRegistry()
+    world.recovery.metrics = RecoveryMetrics(registry)
+    world.gcs.outcome = "already_draining"
+    plan = plan_of(body("EC2 Spot Instance Interruption Warning",
+                        {"instance-id": instance(1), "instance-action": "terminate"},
+                        when=datetime.now(timezone.utc)))
+    saver = asyncio.create_task(save_after_the_drain(world, step=4))
+    outcome = await world.recovery.act(plan, holder="replica-a/m1")
+    await saver
+
+    assert outcome.result is Result.DONE, outcome.reason
+    assert outcome.details["runs"][0]["signal"]["drained"] == {"01" * 28: "already_draining"}
+    drains = {o: registry.get_sample_value("resilienced_drains_total", {"outcome": o})
+              for o in ("accepted", "already_draining")}
+    assert drains == {"accepted": 0.0, "already_draining": 1.0}
 
 
 async def test_a_spot_notice_drains_the_worker_waits_for_s3_then_moves_the_whole_gang(world: World) -> None:

@@ -7,13 +7,14 @@ there); Kueue's Workload objects are built as ``kueue_sim.workload_for`` builds 
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from datetime import datetime, timezone
 
 from kubernetes_asyncio import client as k8s
 
 from resilienced.capacity import Capacity, CapacityDecision, CapacityRequest
 from resilienced.kube.locate import instance_id_of
-from resilienced.model import Event, Kind, Target
+from resilienced.model import Event, Kind, RunFacts, Target
 from resilienced.requeue import KubeRayRequeuer, KubernetesRequeuer, KueueRequeuer, Requeue
 from resilienced.requeue.elastic import LostWorker, plan_groups
 from resilienced.requeue.placement import Placement
@@ -43,11 +44,10 @@ def iid(kubeapi: KubeApiServer, node_name: str) -> str:
     return found
 
 
-def target(instance: str, *, job: bool = True, elastic: bool = True, **attributes) -> Target:
+def target(instance: str, *, job: bool = True, elastic: bool = True, **facts) -> Target:
     return Target(instance_id=instance, node=None, ray_cluster=f"{NS}/train", ray_job=f"{NS}/job" if job else None,
                   ray_node_ids=(), checkpoint_uri=None,
-                  attributes={"elastic": elastic, "lost_instance_ids": [instance], "capacity_type": "spot",
-                              **attributes})
+                  facts=RunFacts(elastic=elastic, lost_instance_ids=(instance,), capacity_type="spot", **facts))
 
 
 def seed(kubeapi: KubeApiServer, *, job: bool = True, cluster_labels: dict | None = None, **spec) -> None:
@@ -253,10 +253,10 @@ async def test_a_kueue_rayjob_marked_elastic_is_a_gang_with_the_reason(api: k8s.
 
 
 def test_the_decision_for_an_elastic_run_is_sized_for_the_lost_workers_only() -> None:
-    attributes = {"instance_type": "p5.48xlarge", "instance_count": 8, "lost_instance_ids": ["i-0aaa"]}
+    facts = RunFacts(instance_type="p5.48xlarge", instance_count=8, lost_instance_ids=("i-0aaa",))
     gang = Target(instance_id="i-0aaa", node=None, ray_cluster=f"{NS}/train", ray_job=None, ray_node_ids=(),
-                  checkpoint_uri=None, attributes=attributes)
-    elastic = Target(**{**gang.__dict__, "attributes": {**attributes, "elastic": True}})
+                  checkpoint_uri=None, facts=facts)
+    elastic = replace(gang, facts=replace(facts, elastic=True))
     assert CapacityRequest.from_target(gang, event=event("ev-1", "i-0aaa")).instance_count == 8
     assert CapacityRequest.from_target(elastic, event=event("ev-1", "i-0aaa")).instance_count == 1
 

@@ -11,7 +11,7 @@ from resilienced.capacity import Capacity, CapacityDecision
 from resilienced.kube.events import EventRecorder, ObjectRef
 from resilienced.kube.rbac import RBAC_RULES as KUBE_RULES
 from resilienced.metrics import Metrics
-from resilienced.model import Event, Kind, Target
+from resilienced.model import Event, Kind, RunFacts, Target
 from resilienced.requeue import KubernetesRequeuer, Requeue, RequeueMetrics
 from tests.requeue.conftest import rbac_of_requeue
 from tests.requeue.objects import NS, ray_pod, raycluster, rayjob
@@ -21,9 +21,9 @@ BLOCK = CapacityDecision(Capacity.CAPACITY_BLOCK, "spot interrupted twice", rese
 EVENT = Event(kind=Kind.SPOT_INTERRUPTION, event_id="ev-3", instance_ids=("i-0aaa",))
 
 
-def target(**attributes) -> Target:
+def target(**facts) -> Target:
     return Target(instance_id="i-0aaa", node=None, ray_cluster=f"{NS}/train", ray_job=f"{NS}/job",
-                  ray_node_ids=(), checkpoint_uri=None, attributes=attributes)
+                  ray_node_ids=(), checkpoint_uri=None, facts=RunFacts(**facts))
 
 
 class EventsOnTheRun:
@@ -56,15 +56,15 @@ async def kubeapi() -> AsyncIterator[KubeApiServer]:
 
 
 @pytest.mark.parametrize(
-    ("labels", "attributes", "expected"),
+    ("labels", "facts", "expected"),
     [({}, {}, "kuberay"), ({"kueue.x-k8s.io/queue-name": "training"}, {}, "kueue"),
      ({}, {"volcano_job": f"{NS}/vcjob"}, "volcano")],
-    ids=["plain RayJob -> kuberay", "queue-name label -> kueue", "volcano_job attribute -> volcano"],
+    ids=["plain RayJob -> kuberay", "queue-name label -> kueue", "volcano_job fact -> volcano"],
 )
 async def test_each_target_goes_to_its_requeuer(api: k8s.ApiClient, kubeapi: KubeApiServer, labels: dict,
-                                                attributes: dict, expected: str) -> None:
+                                                facts: dict, expected: str) -> None:
     kubeapi.create(rayjob(labels=labels))
-    applier = await KubernetesRequeuer(api).applier_for(target(**attributes))
+    applier = await KubernetesRequeuer(api).applier_for(target(**facts))
     assert applier.kind == expected
 
 

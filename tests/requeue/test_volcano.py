@@ -7,7 +7,7 @@ from kubernetes_asyncio import client as k8s
 
 from resilienced.capacity import Capacity, CapacityDecision
 from resilienced.errors import PermanentError
-from resilienced.model import Event, Kind, Target
+from resilienced.model import Event, Kind, RunFacts, Target
 from resilienced.requeue import VolcanoRequeuer
 from resilienced.requeue.rbac import requested_verbs
 from resilienced.requeue.volcano import command_name
@@ -17,7 +17,7 @@ from tests.support.kubeapi import KubeApiServer
 ON_DEMAND = CapacityDecision(Capacity.ON_DEMAND, "no block with room")
 EVENT = Event(kind=Kind.SPOT_INTERRUPTION, event_id="ev-9", instance_ids=("i-0aaa",))
 TARGET = Target(instance_id="i-0aaa", node="spot-1", ray_cluster=None, ray_job=None, ray_node_ids=(),
-                checkpoint_uri=None, attributes={"volcano_job": f"{NS}/vcjob"})
+                checkpoint_uri=None, facts=RunFacts(volcano_job=f"{NS}/vcjob"))
 
 
 def volcano_job() -> dict:

@@ -1,0 +1,58 @@
+"""The one place aiobotocore clients are made: the daemon (``wiring``, the SQS and S3 adapters),
+``replay`` and ``inject`` all open theirs here, with one :class:`AioConfig`.
+
+The config: botocore's ``standard`` retry mode with :data:`MAX_ATTEMPTS` attempts (its own
+short retries of throttling and 5xx inside one call; what still fails is translated by
+:mod:`resilienced.aws.errors`), a :data:`CONNECT_TIMEOUT_S` connect timeout and a
+:data:`READ_TIMEOUT_S` read timeout -- except SQS, whose read timeout lies above its 20 s long
+poll (:data:`SQS_READ_TIMEOUT_S`) -- and a pool of ``max_connections`` per client.  The region
+and ``endpoint_url`` (moto, LocalStack: one endpoint for every service) come from the queue
+settings (``--region``, ``--endpoint-url``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from aiobotocore.config import AioConfig
+from aiobotocore.session import get_session
+
+from resilienced.aws.errors import translate
+
+CONNECT_TIMEOUT_S = 5
+READ_TIMEOUT_S = 30
+SQS_READ_TIMEOUT_S = 40  # above the 20 s long poll of ReceiveMessage
+MAX_ATTEMPTS = 3
+MAX_CONNECTIONS = 20
+
+
+def aws_config(service: str, *, max_connections: int = MAX_CONNECTIONS) -> AioConfig:
+    """The one client config (retries, timeouts, pool) for ``service``."""
+    return AioConfig(
+        max_pool_connections=max_connections, connect_timeout=CONNECT_TIMEOUT_S,
+        read_timeout=SQS_READ_TIMEOUT_S if service == "sqs" else READ_TIMEOUT_S,
+        retries={"mode": "standard", "max_attempts": MAX_ATTEMPTS},
+    )
+
+
+@asynccontextmanager
+async def open_client(service: str, *, region: str | None, endpoint_url: str | None = None,
+                      max_connections: int = MAX_CONNECTIONS) -> AsyncIterator[Any]:
+    """An aiobotocore client of ``service``, closed on exit.
+
+    A client that cannot be made (no region, bad endpoint URL) raises the translated error
+    (:func:`resilienced.aws.errors.translate`, backend ``service``).
+    """
+    try:
+        client_cm = get_session().create_client(
+            service, region_name=region, endpoint_url=endpoint_url,
+            config=aws_config(service, max_connections=max_connections))
+        client = await client_cm.__aenter__()
+    except Exception as e:
+        raise translate(e, backend=service, operation="create client") from e
+    try:
+        yield client
+    finally:
+        await client_cm.__aexit__(None, None, None)
