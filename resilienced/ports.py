@@ -91,9 +91,14 @@ class Cluster(Protocol):
         ...
 
     async def record(
-        self, target: Target, *, reason: str, message: str, warning: bool = False
+        self, target: Target, *, reason: str, message: str, warning: bool = False,
+        once: str | None = None,
     ) -> None:
-        """Leave a trace an operator sees next to the run (kubernetes: Events)."""
+        """Leave a trace an operator sees next to the run (kubernetes: Events).
+
+        ``once``: a key (the event id) under which the trace is left once for (target, reason),
+        whichever replica records it and however often (retries, a run taken over).
+        """
         ...
 
 

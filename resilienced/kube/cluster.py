@@ -610,8 +610,10 @@ class KubeCluster:
                 node = None
         raise BackendUnavailable(BACKEND, f"cordon {target.node}: the Node kept changing")
 
-    async def record(self, target: Target, *, reason: str, message: str, warning: bool = False) -> None:
-        """An Event on the Node and one on the RayJob (else the RayCluster)."""
+    async def record(self, target: Target, *, reason: str, message: str, warning: bool = False,
+                     once: str | None = None) -> None:
+        """An Event on the Node and one on the RayJob (else the RayCluster); ``once``: see
+        :meth:`EventRecorder.emit` (one Event per object, reason and key, for every replica)."""
         refs: list[ObjectRef] = []
         if target.node:
             node = self.nodes.get(None, target.node)
@@ -629,7 +631,7 @@ class KubeCluster:
                         else ObjectRef(api_version=api_version, kind=kind, name=name, uid="", namespace=ns))
             break
         for ref in refs:
-            await self.events.emit(ref, reason=reason, message=message, warning=warning)
+            await self.events.emit(ref, reason=reason, message=message, warning=warning, once=once)
 
 
 async def _close(control: object) -> None:

@@ -10,7 +10,9 @@ its object with ``uid`` and carries ``reportingComponent: resilienced.io/resilie
 Repeats do not spam: an Event's name is the object's name plus a hash of (object uid, type,
 reason, message, replica), so the same notice recorded again (a redelivered message, a retry)
 finds its Event and bumps ``count`` and ``lastTimestamp`` with a merge patch instead of adding
-one.  A replica remembers the counts it wrote; after a restart, or when another replica wrote it,
+one.  An Event recorded ``once`` for a key (the recovery passes the interruption's event id) is
+one per (object, type, reason, key) for every replica: its name hashes those only, and recording
+it again (a retry, a redelivery, another replica taking the run over) leaves it as it is.  A replica remembers the counts it wrote; after a restart, or when another replica wrote it,
 the create answers 409 and the Event is read once before the patch.  Verbs: create, get, patch.
 Events of cluster-scoped Nodes go to the ``default`` namespace, as the kubelet's do.
 """
@@ -78,29 +80,36 @@ class EventRecorder:
         # count increments
         self._locks: dict[tuple[str, str], asyncio.Lock] = {}
 
-    def event_name(self, ref: ObjectRef, *, reason: str, message: str, kind: str) -> str:
-        digest = hashlib.sha256(
-            "\x00".join((ref.uid or ref.name, kind, reason, message, self.replica)).encode()
-        ).hexdigest()[:16]
+    def event_name(self, ref: ObjectRef, *, reason: str, message: str, kind: str, once: str | None = None) -> str:
+        parts = (ref.uid or ref.name, kind, reason, "once", once) if once is not None else (
+            ref.uid or ref.name, kind, reason, message, self.replica)
+        digest = hashlib.sha256("\x00".join(parts).encode()).hexdigest()[:16]
         return f"{ref.name[:200]}.{digest}"
 
-    async def emit(self, ref: ObjectRef, *, reason: str, message: str, warning: bool = False) -> str:
-        """Record (or count again) one Event about ``ref``; returns the Event's name."""
+    async def emit(self, ref: ObjectRef, *, reason: str, message: str, warning: bool = False,
+                   once: str | None = None) -> str:
+        """Record (or count again) one Event about ``ref``; returns the Event's name.
+
+        ``once``: a key (an event id) that makes this Event one per (object, type, reason, key)
+        across replicas; when it exists already it is left as it is (not counted again).
+        """
         kind = "Warning" if warning else "Normal"
         message = message[:MESSAGE_LIMIT]
         namespace = ref.namespace or NODE_EVENT_NAMESPACE
-        name = self.event_name(ref, reason=reason, message=message, kind=kind)
+        name = self.event_name(ref, reason=reason, message=message, kind=kind, once=once)
         if len(self._locks) > self._remember:  # forget the locks nobody holds
             self._locks = {k: v for k, v in self._locks.items() if v.locked()}
         lock = self._locks.setdefault((namespace, name), asyncio.Lock())
         async with lock:
             return await self._emit(ref, namespace=namespace, name=name, reason=reason,
-                                    message=message, kind=kind)
+                                    message=message, kind=kind, once=once is not None)
 
     async def _emit(self, ref: ObjectRef, *, namespace: str, name: str, reason: str, message: str,
-                    kind: str) -> str:
+                    kind: str, once: bool) -> str:
         now = _timestamp(self._clock())
         known = self._counts.get((namespace, name))
+        if known is not None and once:
+            return name
         if known is not None:
             if await self._bump(namespace=namespace, name=name, count=known + 1, now=now):
                 return name
@@ -128,6 +137,9 @@ class EventRecorder:
         except KubeStatusError as err:
             if err.status != 409:
                 raise
+        if once:  # recorded already, by this replica before a restart or by another one
+            self._remember_count(namespace=namespace, name=name, count=1)
+            return name
         current = await call(verb="get", resource="events", request=self._core.read_namespaced_event(
             name, namespace, _preload_content=False, _request_timeout=self._timeout))
         await self._bump(namespace=namespace, name=name, count=int(current.get("count") or 1) + 1, now=now)

@@ -197,7 +197,8 @@ class RayModeCluster:
                  instance_id=target.instance_id, reason=reason)
 
     async def record(
-        self, target: Target, *, reason: str, message: str, warning: bool = False
+        self, target: Target, *, reason: str, message: str, warning: bool = False,
+        once: str | None = None,
     ) -> None:
         (log.warning if warning else log.info)(
             message, reason=reason, instance_id=target.instance_id, ray_address=target.ray_address,

@@ -47,7 +47,7 @@ from resilienced.errors import (
     TemporaryError,
     backends_of,
 )
-from resilienced.model import Capacity, Kind, Outcome, Plan, Result, Step, Target
+from resilienced.model import Capacity, Event, Kind, Outcome, Plan, Result, Step, Target
 from resilienced.notify import Notifier
 from resilienced.ports import (
     CapacitySource,
@@ -255,7 +255,8 @@ class Recovery:
             # sooner (each look is a receive, and the redrive policy counts them)
             raise TemporaryError(f"run {target.run_key} for event {event.event_id} is being "
                                  f"handled by {who}", delay=ttl)
-        keeper = asyncio.create_task(self._keep_claim(key, holder=holder), name=f"claim-keeper:{key}")
+        stop = asyncio.Event()
+        keeper = asyncio.create_task(self._keep_claim(key, holder=holder, stop=stop), name=f"claim-keeper:{key}")
         try:
             if Step.NOTIFY in plan.steps:
                 await self._notify(plan, target, report)
@@ -266,13 +267,13 @@ class Recovery:
             if Step.REQUEUE in plan.steps:
                 await self._requeue(plan, target, report)
         except BaseException:
-            keeper.cancel()
+            await _stop_keeper(keeper, stop)
             try:
                 await asyncio.shield(self.claims.release(key, holder=holder))
             except ResilienceError as e:
                 self._log.warning("claim release failed", key=key, error=str(e))
             raise
-        keeper.cancel()
+        await _stop_keeper(keeper, stop)  # no renewal may land after the completion
         report.record = runs_record(event, report.as_json(), outcome="done", at=self.clock())
         await self.claims.complete(key, holder=holder, details=report.record)
         return report
@@ -282,11 +283,16 @@ class Recovery:
         if self.notifier is not None:
             self.notifier.submit(summary(record))
 
-    async def _keep_claim(self, key: str, *, holder: str) -> None:
-        """Renew the run claim every third of its TTL while the run's steps go on."""
+    async def _keep_claim(self, key: str, *, holder: str, stop: asyncio.Event) -> None:
+        """Renew the run claim every third of its TTL while the run's steps go on, until ``stop``
+        (checked between renewals: a renewal is never cut off mid-request, see :func:`_stop_keeper`)."""
         ttl = self.options.claim_ttl_seconds
         while True:
-            await asyncio.sleep(ttl / 3)
+            try:
+                await asyncio.wait_for(stop.wait(), ttl / 3)
+                return
+            except TimeoutError:
+                pass
             try:
                 await self.claims.acquire(key, holder=holder, ttl_seconds=ttl)
             except ResilienceError as e:
@@ -297,7 +303,7 @@ class Recovery:
         reason = NOTIFY_REASONS.get(event.kind, REASON_NOTICE)
         message = (f"{event.kind.value} for instance(s) {', '.join(report.instances)} "
                    f"(event {event.event_id}); policy: notify only, nothing drained")
-        await self._record(target, reason=reason, message=message, warning=False)
+        await self._record(target, event, reason=reason, message=message, warning=False)
         report.steps["notify"] = reason
 
     async def _signal(self, plan: Plan, target: Target, report: RunReport) -> None:
@@ -326,7 +332,7 @@ class Recovery:
         rejected = [n for n, o in drained.items() if o == "rejected"]
         if rejected:
             raise TemporaryError(f"GCS did not accept the drain of {', '.join(rejected)}", delay=5)
-        await self._record(target, reason=REASON_DRAINING, warning=True, message=(
+        await self._record(target, event, reason=REASON_DRAINING, warning=True, message=(
             f"{event.kind.value} (event {event.event_id}): drained Ray node(s) "
             f"{', '.join(drained) or 'none on these instances'} of run {target.run_key} "
             f"with deadline {deadline.isoformat()}; every rank saves the step it is on"))
@@ -343,7 +349,7 @@ class Recovery:
         if not target.checkpoint_uri or self.store is None:
             why = ("the run names no checkpoint URI (annotation resilienced.io/checkpoint-uri)"
                    if not target.checkpoint_uri else "no object store configured")
-            await self._record(target, reason=REASON_NOT_DURABLE, warning=True,
+            await self._record(target, event, reason=REASON_NOT_DURABLE, warning=True,
                                message=f"cannot verify a checkpoint of {target.run_key}: {why}")
             if self.metrics is not None:
                 self.metrics.durable.labels(outcome="no_checkpoint_uri").inc()
@@ -368,7 +374,7 @@ class Recovery:
                 self.metrics.notice_to_durable.observe(max(0.0, after))
                 self.metrics.notice_to_checkpoint.observe(
                     max(0.0, (result.manifest.time - notice).total_seconds()))
-            await self._record(target, reason=REASON_DURABLE, warning=False, message=(
+            await self._record(target, event, reason=REASON_DURABLE, warning=False, message=(
                 f"checkpoint step {result.step} of {target.run_key} is durable in "
                 f"{target.checkpoint_uri} ({len(result.manifest.files)} files, "
                 f"{after:.1f}s after the notice)"))
@@ -383,7 +389,7 @@ class Recovery:
         resume = ("no durable checkpoint at all: the run starts over" if result.fallback_step is None
                   else f"it resumes from step {result.fallback_step}, repeating at least "
                        f"{result.steps_lost if result.steps_lost is not None else '?'} step(s)")
-        await self._record(target, reason=REASON_NOT_DURABLE, warning=True, message=(
+        await self._record(target, event, reason=REASON_NOT_DURABLE, warning=True, message=(
             f"no checkpoint of {target.run_key} saved after the notice became durable by the "
             f"deadline + {self.options.durable_grace_seconds:g}s ({result.reason}); {resume}"))
         report.steps["durable"] = {"verified": False, "reason": result.reason,
@@ -405,7 +411,7 @@ class Recovery:
                 resume = {"resume_step": newest.step,
                           "checkpoint_age_s": round((notice - newest.time).total_seconds(), 3)}
             report.steps["resume"] = resume
-            await self._record(target, reason=REASON_RESUME_POINT, warning=True, message=(
+            await self._record(target, event, reason=REASON_RESUME_POINT, warning=True, message=(
                 f"instance(s) {', '.join(report.instances)} went without a notice "
                 f"({event.kind.value}); run {target.run_key} resumes from "
                 + (f"step {newest.step}, saved {resume['checkpoint_age_s']:.0f}s before"
@@ -427,9 +433,23 @@ class Recovery:
         return await self.lifecycle.complete(event_attributes=dict(plan.event.attributes),
                                              instance_id=instance)
 
-    async def _record(self, target: Target, *, reason: str, message: str, warning: bool) -> None:
+    async def _record(self, target: Target, event: Event, *, reason: str, message: str, warning: bool) -> None:
+        """An Event once per (run, reason, notice): a retry or a replica taking the run over does
+        not record the work already recorded again."""
         try:
-            await self.cluster.record(target, reason=reason, message=message, warning=warning)
+            await self.cluster.record(target, reason=reason, message=message, warning=warning,
+                                      once=event.event_id)
         except ResilienceError as e:  # an Event is a courtesy; the step itself is done
             self._log.warning("recording an event failed", run=target.run_key, reason=reason,
                               error=str(e))
+
+
+async def _stop_keeper(keeper: asyncio.Task[None], stop: asyncio.Event) -> None:
+    """Stop a claim keeper and wait until it has ended, a renewal in flight included.
+
+    Cancelling it instead would leave that renewal's write to land after the claim is completed
+    or released: in ray mode (GCS KV: no compare-and-set, calls on threads a cancel does not
+    stop) it would turn the done claim back into a held one (issue #14, the keeper race).
+    """
+    stop.set()
+    await asyncio.gather(keeper, return_exceptions=True)

@@ -20,19 +20,21 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from tests.chaos import fuzz, scenarios
+from tests.chaos import checkpoint_crash, fuzz, scenarios
 
 #: scenario -> (quick size, full size) and how to run it
 SIZES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
-    "flood": ({"total": 300, "runs": 3}, {"total": 5000, "runs": 20}),
+    "flood": ({"total": 150, "runs": 3}, {"total": 5000, "runs": 20}),
     "kill": ({"repeats": 1}, {"repeats": 3}),
-    "fuzz": ({"seconds": 20}, {"seconds": 180}),
+    "fuzz": ({"seconds": 8}, {"seconds": 180}),
     "backends": ({"quick": True}, {"quick": False}),
+    "checkpoint": ({"repeats": 1, "batch": True}, {"repeats": 3}),
 }
 RUNNERS: dict[str, Callable[..., scenarios.Tally]] = {
     "flood": scenarios.scenario_flood,
     "kill": scenarios.scenario_kill,
     "backends": scenarios.scenario_backends,
+    "checkpoint": checkpoint_crash.scenario_checkpoint,
 }
 
 
@@ -49,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", nargs="+", choices=sorted(SIZES), default=sorted(SIZES),
                         help="scenarios to run (default: all)")
     parser.add_argument("--out", type=Path, help="also write the tallies to this JSON file")
-    parser.add_argument("--flood-total", type=int, help="messages in the flood (default: 300 quick, 5000 full)")
+    parser.add_argument("--flood-total", type=int, help="messages in the flood (default: 150 quick, 5000 full)")
     args = parser.parse_args(argv)
     if args.flood_total:
         SIZES["flood"][0 if args.quick else 1]["total"] = args.flood_total

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 import uuid
 from collections import Counter
@@ -92,7 +93,8 @@ def run_counts(w: World, n: int) -> dict[str, int]:
 
 
 def check_runs(w: World, runs: list[int], tally: Tally) -> None:
-    """Each run drained once and requeued once; repeated Events (a taker-over re-recording) counted apart."""
+    """Each run drained once and requeued once, each of its Events recorded once (a replica taking
+    it over, or a retry, does not record the work again)."""
     repeated = 0
     for n in runs:
         got = run_counts(w, n)
@@ -106,6 +108,8 @@ def check_runs(w: World, runs: list[int], tally: Tally) -> None:
         if 0 in (got["drained_events"], got["durable_events"], got["requeued_events"]):
             tally.extra.setdefault("missing_events", []).append(f"trial-{n}: {got}")
     tally.extra["repeated_events"] = tally.extra.get("repeated_events", 0) + repeated
+    if repeated:  # each Event is recorded once per (run, reason, notice), whoever does the work
+        tally.violations.append(f"{repeated} repeated Events (Draining / CheckpointDurable / Requeued)")
 
 
 def _verified(w: World, n: int) -> bool:
@@ -137,7 +141,7 @@ def scenario_flood(workdir: Path, *, total: int, runs: int, moto: Any = None) ->
     with world(workdir, moto=moto) as w:
         for n in plan.runs:
             w.seed_run(n)
-        a, _b = w.start_replica(), w.start_replica()
+        a, _b = w.start_replicas(2)
         w.send(plan.bodies)
         now = datetime.now(timezone.utc)
         for n in plan.runs:  # the trainers' saves, after the notices
@@ -177,6 +181,10 @@ def done_claims(w: World, prefix: str) -> set[str]:
             if n.get(KEY_ANNOTATION, "").startswith(prefix) and n.get(STATE_ANNOTATION) == STATE_DONE}
 
 
+#: messages one replica can hold unsettled: --concurrency (10) handled, a batch of 10 waiting
+IN_FLIGHT_BOUND = 20
+
+
 def _check_flood(w: World, plan: flood_mod.Flood, dead: list[dict[str, Any]], tally: Tally) -> None:
     dead_bodies = Counter(m["Body"] for m in dead)
     for body, count in dead_bodies.items():
@@ -190,20 +198,39 @@ def _check_flood(w: World, plan: flood_mod.Flood, dead: list[dict[str, Any]], ta
     final = Counter(d["event_id"] for d in decisions if d.get("outcome") in flood_mod.FINAL)
     seen = {d["event_id"] for d in decisions}
     claimed = done_claims(w, "event/")
-    unlogged = 0
+    unlogged, unclaimed = 0, []
     for event_id in plan.valid_ids:
         if final[event_id] > 1:
             tally.violations.append(f"event {event_id} decided {final[event_id]} times")
         elif final[event_id] == 0 and event_id not in seen:
             if f"event/{event_id}" in claimed:  # done, but SIGKILLed between the delete and the log line
                 unlogged += 1
-                continue
-            tally.events_lost += 1
-            tally.violations.append(f"event {event_id} never decided")
-    tally.extra["decided_but_unlogged"] = unlogged
+            else:  # no claim to show for it (not actionable: stale, future, no Node)
+                unclaimed.append(event_id)
+    # The queue is empty and the DLQ holds only bad messages, so every valid message was deleted,
+    # which a replica does only once its work is done: an event without a decision line was
+    # decided by the killed replica, which died before writing the line. At most what one replica
+    # has in flight (``--concurrency`` 10, and a received batch of 10 waiting for a slot).
+    if unlogged + len(unclaimed) > IN_FLIGHT_BOUND:
+        tally.events_lost += len(unclaimed)
+        tally.violations.append(f"{unlogged + len(unclaimed)} events without a decision line, more than one "
+                                f"replica has in flight ({IN_FLIGHT_BOUND}); without a done claim: {unclaimed[:5]}")
+    tally.extra.update(decided_but_unlogged=unlogged, unlogged_without_claim=len(unclaimed))
     unexplained = [d for d in decisions if d.get("outcome") in flood_mod.BAD and not d.get("reason")]
     if unexplained:
         tally.violations.append(f"{len(unexplained)} bad messages without a logged reason")
+    why = {d["message_id"]: d.get("reason") or "" for d in decisions if d.get("outcome") in flood_mod.BAD}
+    tally.extra["dlq_by_reason"] = dict(Counter(
+        _reason_kind(why[m["MessageId"]]) if m["MessageId"] in why else "no decision line" for m in dead
+    ).most_common())
+
+
+def _reason_kind(reason: str) -> str:
+    """A logged reason without its particulars (quoted values, numbers, the parenthesised detail):
+    what the DLQ contents are grouped by."""
+    reason = re.sub(r"\s*\(.*$", "", reason.splitlines()[0] if reason else "")
+    reason = re.sub(r"'[^']*'?|\"[^\"]*\"?", "…", reason)
+    return re.sub(r"\b\d+\b", "N", reason)[:100] or "(empty)"
 
 
 # --------------------------------------------------------------------------- scenario 1
@@ -261,7 +288,7 @@ def kill_trial(w: World, n: int, phase: str, *, pause: float) -> float:
     ended = time.monotonic()
     if phase == "durability-wait":
         w.put_checkpoint(n, step=3, saved=datetime.now(timezone.utc))
-    w.start_replica()  # the pod is restarted, as its Deployment would
+    w.start_replica(wait=False)  # the pod is restarted, as its Deployment would (the other replica goes on)
     w.wait(lambda: run_counts(w, n)["requeued_events"] >= 1 and w.queue_counts() == (0, 0),
            timeout=float(os.environ.get("CHAOS_TRIAL_TIMEOUT", "900")), what=f"trial {n} ({phase}) to be requeued and its message deleted")
     return time.monotonic() - ended
@@ -287,7 +314,7 @@ def scenario_kill(workdir: Path, *, repeats: int, moto: Any = None) -> Tally:
     tally = Tally("kill", "SIGKILL of the replica holding the run, at " + ", ".join(PHASES))
     trials: list[int] = []
     with world(workdir, moto=moto) as w:
-        w.start_replica(), w.start_replica()
+        w.start_replicas(2)
         for r in range(repeats):
             for k, phase in enumerate(PHASES):
                 n = 1 + r * len(PHASES) + k
@@ -310,13 +337,14 @@ def _sqs(*actions: str) -> Any:
 
 
 #: fault name -> (how it is injected, arm(world) -> rule with ``hits``/``times``); ``quick``: in --quick
+#: (one fault per backend: SQS, S3, EC2, the Kubernetes API and its watches; the full form runs all)
 BACKEND_FAULTS: dict[str, tuple[str, Callable[[World], Any], bool]] = {
     "sqs-503": ("proxy: 503 ServiceUnavailable on 12 SQS ReceiveMessage/DeleteMessage",
                 lambda w: w.kube.call(w.aws_proxy.fail, 503, code="ServiceUnavailable", times=12,
                                       match=_sqs("ReceiveMessage", "DeleteMessage")), True),
     "sqs-reset": ("proxy: connection reset on 8 SQS requests",
                   lambda w: w.kube.call(w.aws_proxy.reset, times=8, match=_sqs(
-                      "ReceiveMessage", "DeleteMessage", "ChangeMessageVisibility")), True),
+                      "ReceiveMessage", "DeleteMessage", "ChangeMessageVisibility")), False),
     "s3-500": ("proxy: 500 InternalError on 10 S3 requests",
                lambda w: w.kube.call(w.aws_proxy.fail, 500, times=10, match=path_contains(f"/{BUCKET}")), True),
     "s3-stall": ("proxy: 2 S3 requests held 35 s (past the 30 s read timeout)",
@@ -325,11 +353,11 @@ BACKEND_FAULTS: dict[str, tuple[str, Callable[[World], Any], bool]] = {
                      lambda w: w.kube.call(w.aws_proxy.fail, 503, code="RequestLimitExceeded", times=6,
                                            match=aws_action("DescribeCapacityReservations")), True),
     "kube-500-node": ("emulator: 500 on 4 Node patches", lambda w: w.kube.call(
-        w.kube.server.fail, verb="patch", resource="nodes", status=500, times=4), True),
+        w.kube.server.fail, verb="patch", resource="nodes", status=500, times=4), False),
     "kube-429-rayjob": ("emulator: 429 Retry-After 1 on 4 RayJob patches", lambda w: w.kube.call(
         w.kube.server.fail, verb="patch", resource="rayjobs.ray.io", status=429, retry_after=1, times=4), True),
     "kube-drop-lease": ("emulator: connection dropped on 4 Lease creates", lambda w: w.kube.call(
-        w.kube.server.fail, verb="create", resource="leases", status=0, times=4), True),
+        w.kube.server.fail, verb="create", resource="leases", status=0, times=4), False),
     "kube-stall-events": ("emulator: 2 Event creates held 70 s", lambda w: w.kube.call(
         w.kube.server.delay, 70, verb="create", resource="events", times=2), False),
 }
@@ -348,18 +376,59 @@ BACKEND_FAULTS["kube-watch-410"] = (
     lambda w: _Once(lambda: w.kube.call(w.kube.server.expire_watches)), True)
 
 
-def fault_trial(w: World, n: int, name: str) -> float:
-    """Arm ``name``, send a notice for a new run n; once the fault is spent, the seconds to recover."""
+#: the faults during which a replica may say it is not ready: /readyz is about the queue (SQS)
+UNREADY_OK = ("sqs-",)
+
+
+def fault_trial(w: World, n: int, name: str) -> tuple[float, dict[str, Any]]:
+    """Arm ``name``, send a notice for a new run n; once the fault is spent, the seconds to recover.
+
+    Also what the replicas' ``/readyz`` said while the fault lasted (polled), and after.
+    """
     rule = BACKEND_FAULTS[name][1](w)
     w.seed_run(n)
     w.put_checkpoint(n, step=3, saved=datetime.now(timezone.utc) + timedelta(seconds=1))
     w.send([json.dumps(notice_for(n))])
-    w.wait(lambda: rule.hits >= rule.times, timeout=600, what=f"fault {name} to be spent")
+    seen: list[tuple[int, str]] = []
+
+    def spent() -> bool:
+        seen.extend(w.readyz(d) for d in w.replicas)
+        return rule.hits >= rule.times
+    w.wait(spent, timeout=600, what=f"fault {name} to be spent", every=0.2)
     ended = time.monotonic()
-    w.wait(lambda: run_counts(w, n)["requeued_events"] >= 1 and w.queue_counts() == (0, 0),
-           timeout=float(os.environ.get("CHAOS_TRIAL_TIMEOUT", "900")),
+    ready: list[float] = []  # when every replica first said ready after the fault ended
+
+    def all_ready() -> bool:
+        if not ready and all(w.readyz(d)[0] == 200 for d in w.replicas):
+            ready.append(time.monotonic() - ended)
+        return bool(ready)
+
+    def recovered() -> bool:
+        all_ready()
+        return run_counts(w, n)["requeued_events"] >= 1 and w.queue_counts() == (0, 0)
+    w.wait(recovered, timeout=float(os.environ.get("CHAOS_TRIAL_TIMEOUT", "900")),
            what=f"trial {n} ({name}) to be requeued and its message deleted")
-    return time.monotonic() - ended
+    took = time.monotonic() - ended
+    unready = [(status, reason) for status, reason in seen if status != 200]
+    # a replica whose last receive failed says so until its next receive, after its backoff
+    try:
+        w.wait(all_ready, timeout=120, what=f"every replica ready again after {name}", every=0.2)
+        ready_again: float | None = round(ready[0], 1)
+    except AssertionError:
+        ready_again = None
+    return took, {"polls": len(seen), "unready": len(unready), "reasons": sorted({r[:160] for _, r in unready})[:3],
+                  "ready_again_s": ready_again}
+
+
+def check_readyz(name: str, readyz: dict[str, Any], tally: Tally) -> None:
+    """Unready only for a queue fault, and then saying why; ready again once it is over (the time
+    from the fault's end to every replica ready is ``ready_again_s``)."""
+    if readyz["unready"] and not name.startswith(UNREADY_OK):
+        tally.violations.append(f"{name}: /readyz said not ready during a fault of another backend: {readyz}")
+    if any(not reason for reason in readyz["reasons"]):
+        tally.violations.append(f"{name}: /readyz said not ready without a reason: {readyz}")
+    if readyz["ready_again_s"] is None:
+        tally.violations.append(f"{name}: /readyz not ready 120 s after the fault ended: {readyz}")
 
 
 def scenario_backends(workdir: Path, *, quick: bool, moto: Any = None) -> Tally:
@@ -368,15 +437,19 @@ def scenario_backends(workdir: Path, *, quick: bool, moto: Any = None) -> Tally:
     tally = Tally("backends", "; ".join(f"{k}: {BACKEND_FAULTS[k][0]}" for k in names))
     trials: list[int] = []
     with world(workdir, moto=moto) as w:
-        w.start_replica(), w.start_replica()
+        w.start_replicas(2)
         for k, name in enumerate(names, start=1):
             trials.append(k)
             tally.injected += 1
             try:
-                tally.recover_s.append(round(fault_trial(w, k, name), 1))
-                tally.survived += 1
+                took, readyz = fault_trial(w, k, name)
             except AssertionError as e:
                 tally.violations.append(f"{name}: {e}")
+                continue
+            tally.recover_s.append(round(took, 1))
+            tally.survived += 1
+            tally.extra.setdefault("readyz", {})[name] = readyz
+            check_readyz(name, readyz, tally)
         _finish(w, trials, tally)
         tally.extra["faults"] = names
     return tally

@@ -43,3 +43,8 @@ def test_fuzzing_intake_finds_nothing(tmp_path: Path) -> None:
 def test_backends_failing_then_recovering(moto_server: MotoServer, tmp_path: Path) -> None:
     tally = _run("backends", tmp_path, moto_server)
     assert tally.survived == tally.injected == len(tally.extra["faults"])
+
+
+def test_trainer_killed_at_each_phase_of_a_save(moto_server: MotoServer, tmp_path: Path) -> None:
+    tally = _run("checkpoint", tmp_path, moto_server)
+    assert tally.survived == tally.injected == len(campaign.checkpoint_crash.ckpt_ranks.PHASES)

@@ -23,6 +23,8 @@ import json
 import os
 import threading
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from contextlib import contextmanager
@@ -96,10 +98,10 @@ def run_objects(n: int, *, job_uid: str, head_ip: str = "127.0.0.1") -> list[dic
     """Run ``trial-n/train``: the Node, RayCluster and head pod of RayJob ``job_uid`` (:func:`run_job`)."""
     ns = f"trial-{n}"
     spec = _ray_spec()
+    # every run's Node is in the same pool (p5.48xlarge x us-east-1a): the replicas' in-memory
+    # interruption histories of that pool differ, so a replica taking a run over after its requeue
+    # must keep the move already applied rather than decide again (docs/reliability.md)
     host = node(f"node-{n}", instance(n))
-    # a pool (instance type x zone) of its own: trials do not share interruption history, which each
-    # replica keeps in memory (docs/reliability.md, "open findings")
-    host["metadata"]["labels"]["node.kubernetes.io/instance-type"] = f"p5.{n}xlarge"
     return [
         host,
         {"apiVersion": "ray.io/v1", "kind": "RayCluster",
@@ -160,7 +162,8 @@ class World:
         self._decided = 0
 
     # ------------------------------------------------------------------ daemons
-    def start_replica(self, *extra: str) -> DaemonProcess:
+    def start_replica(self, *extra: str, wait: bool = True) -> DaemonProcess:
+        """One more replica; ``wait``: until it has logged ``started``."""
         env = dict(FAKE_CREDENTIALS, AWS_DEFAULT_REGION=REGION, PYTHONUNBUFFERED="1",  # as the image sets it
                    HOSTNAME=f"replica-{len(self.replicas) + len(self.retired)}")
         argv = ["-m", "resilienced", "run", "--queue-url", self.queue_url, "--region", REGION,
@@ -172,8 +175,38 @@ class World:
         daemon = DaemonProcess(argv, env=env)
         daemon.hostname = env["HOSTNAME"]  # type: ignore[attr-defined]  # the prefix of its claims' holder
         self.replicas.append(daemon)
-        daemon.wait_for(lambda lines: any(line.get("event") == "started" for line in lines), timeout=120)
+        if wait:
+            self.wait_started(daemon)
         return daemon
+
+    def start_replicas(self, count: int) -> list[DaemonProcess]:
+        """``count`` replicas started side by side (their imports overlap), each waited for."""
+        daemons = [self.start_replica(wait=False) for _ in range(count)]
+        for daemon in daemons:
+            self.wait_started(daemon)
+        return daemons
+
+    @staticmethod
+    def wait_started(daemon: DaemonProcess) -> None:
+        daemon.wait_for(lambda lines: any(line.get("event") == "started" for line in lines), timeout=120)
+        daemon.http_port = daemon.events("started")[0]["http_port"]  # type: ignore[attr-defined]
+
+    @staticmethod
+    def readyz(daemon: DaemonProcess) -> tuple[int, str]:
+        """A replica's ``/readyz``: (HTTP status, the reason it gives; 0 and the error if no answer)."""
+        port = getattr(daemon, "http_port", None)
+        if port is None:
+            return 0, "not started"
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=5) as answer:
+                return answer.status, ""
+        except urllib.error.HTTPError as e:
+            try:
+                return e.code, str(json.loads(e.read() or b"{}").get("reason", ""))
+            except ValueError:
+                return e.code, "(no JSON body)"
+        except OSError as e:
+            return 0, str(e)
 
     def kill(self, daemon: DaemonProcess) -> None:
         """SIGKILL: no shutdown path runs."""

@@ -110,3 +110,24 @@ async def test_a_burst_of_the_same_event_is_counted_once_each_and_never_lost(kub
     (event,) = [e for e in kubeapi.list("events", namespace="ml") if e["reason"] == "Draining"]
     assert event["count"] == 10
     assert kubeapi.counts().get(("create", "events"), 0) == 1  # one create, then patches: no 409 race
+
+
+async def test_an_event_recorded_once_per_key_is_one_event_across_replicas_and_retries(
+    kubeapi: KubeApiServer, api
+) -> None:
+    """A replica taking a run over (or a retry) does not record the same work again (issue #14:
+    the campaign counted repeated Draining / CheckpointDurable Events after a takeover)."""
+    ref = ObjectRef(api_version="ray.io/v1", kind="RayJob", name="train", uid="u1", namespace="ml")
+    a, b = EventRecorder(api, replica="replica-a"), EventRecorder(api, replica="replica-b")
+    name = await a.emit(ref, reason="Draining", message="drained at 12:00:01", once="ev-1")
+    await a.emit(ref, reason="Draining", message="drained at 12:00:01", once="ev-1")  # a retry
+    assert await b.emit(ref, reason="Draining", message="drained at 12:00:09", once="ev-1") == name  # a takeover
+    assert await EventRecorder(api, replica="replica-a").emit(  # a restart
+        ref, reason="Draining", message="drained at 12:00:20", once="ev-1") == name
+    await b.emit(ref, reason="Draining", message="drained at 12:05:00", once="ev-2")  # another notice
+    await b.emit(ref, reason="CheckpointDurable", message="step 5", once="ev-1")  # another reason
+    events = sorted((e["reason"], e["message"], e["count"], e["reportingInstance"]) for e in kubeapi.list("events"))
+    assert events == [("CheckpointDurable", "step 5", 1, "replica-b"),
+                      ("Draining", "drained at 12:00:01", 1, "replica-a"),
+                      ("Draining", "drained at 12:05:00", 1, "replica-b")]
+    assert kubeapi.counts()[("patch", "events")] == 0 and kubeapi.counts()[("get", "events")] == 0

@@ -17,7 +17,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from resilienced.errors import TemporaryError
-from resilienced.kube.leases import KEY_ANNOTATION
+from resilienced.kube.leases import KEY_ANNOTATION, STATE_ANNOTATION, STATE_DONE, lease_name
 from resilienced.model import Result
 
 from .conftest import DAEMON_NS, NS, instance, put_checkpoint
@@ -79,3 +79,31 @@ async def test_a_live_holder_renews_its_run_claim_while_it_waits(world: World) -
                          files={"__0_0.distcp": b"r" * 50, ".metadata": b"m"})
     outcome = await asyncio.wait_for(working, timeout=60)
     assert outcome.result is Result.DONE and len(world.gcs.drains) == 1
+
+
+async def test_a_renewal_in_flight_finishes_before_the_run_claim_is_completed(world: World) -> None:
+    """The keeper is stopped and awaited before ``complete()``: it was cancelled and left running,
+    so a renewal in flight could land after the completion (in ray mode, where the GCS KV has no
+    compare-and-set and its calls run on threads a cancel does not stop, that turns the done claim
+    back into a held one). Here the API server holds the renewal while the run finishes: it must
+    be answered, not abandoned, and the completion must come after it."""
+    world.recovery.options = replace(world.recovery.options, claim_ttl_seconds=TTL)
+    plan = spot_plan()
+    key = f"run/{plan.event.event_id}/{NS}/train"
+    name = lease_name(key)
+    hold = world.kubeapi.delay(1.0, verb="update", resource="leases", name=name)
+    working = asyncio.create_task(world.recovery.act(plan, holder="replica-a/m1"))  # waits for S3
+    end = time.monotonic() + 10 * TTL
+    while hold.hits == 0:  # the keeper's first renewal is being held
+        assert time.monotonic() < end, "the holder never renewed its run claim"
+        await asyncio.sleep(0.02)
+    await put_checkpoint(world.s3, step=6, saved=datetime.now(timezone.utc),
+                         files={"__0_0.distcp": b"r" * 50, ".metadata": b"m"})
+    outcome = await asyncio.wait_for(working, timeout=60)
+
+    assert outcome.result is Result.DONE, outcome.reason
+    updates = [r.status for r in world.kubeapi.requests
+               if r.verb == "update" and r.plural == "leases" and r.name == name]
+    assert 499 not in updates, f"a renewal was abandoned mid-request: {updates}"
+    assert updates[-2:] == [200, 200], updates  # the held renewal, then the completion
+    assert lease_of(world, key)["metadata"]["annotations"][STATE_ANNOTATION] == STATE_DONE

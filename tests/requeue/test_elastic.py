@@ -152,7 +152,8 @@ class Recorder:
     def __init__(self) -> None:
         self.events: list[tuple[str, str, bool]] = []
 
-    async def record(self, target: Target, *, reason: str, message: str, warning: bool = False) -> None:
+    async def record(self, target: Target, *, reason: str, message: str, warning: bool = False,
+                     once: str | None = None) -> None:
         self.events.append((reason, message, warning))
 
 

@@ -35,7 +35,8 @@ class EventsOnTheRun:
         self.recorder = EventRecorder(api, replica="test")
         self.server = server
 
-    async def record(self, target: Target, *, reason: str, message: str, warning: bool = False) -> None:
+    async def record(self, target: Target, *, reason: str, message: str, warning: bool = False,
+                     once: str | None = None) -> None:
         ns, name = target.ray_job.split("/")
         job = self.server.get("rayjobs", name, namespace=ns)
         await self.recorder.emit(ObjectRef("ray.io/v1", "RayJob", name, job["metadata"]["uid"], ns),

@@ -42,11 +42,23 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+#: a rank's error when the rendezvous port was taken between :func:`_free_port` and rank 0's listen
+_PORT_TAKEN = "PortTaken"
+
+
 def _rank_main(target: Callable[..., Any], rank: int, world_size: int, port: int, args: tuple, queue) -> None:
     import torch.distributed as dist
 
-    dist.init_process_group("gloo", rank=rank, world_size=world_size, init_method=f"tcp://127.0.0.1:{port}",
-                            timeout=timedelta(seconds=120))
+    try:
+        dist.init_process_group("gloo", rank=rank, world_size=world_size, init_method=f"tcp://127.0.0.1:{port}",
+                                timeout=timedelta(seconds=120))
+    except dist.DistNetworkError as e:
+        if "EADDRINUSE" not in str(e):
+            raise
+        queue.put((rank, None, f"{_PORT_TAKEN}: {e}"))  # run_ranks starts over on another port
+        queue.close()
+        queue.join_thread()
+        os._exit(0)
     try:
         queue.put((rank, target(rank, world_size, *args), None))
     except BaseException as e:  # the test asserts on it
@@ -57,7 +69,19 @@ def _rank_main(target: Callable[..., Any], rank: int, world_size: int, port: int
 
 
 def run_ranks(target: Callable[..., Any], world_size: int, *args: Any, timeout: float = 180.0) -> list[RankResult]:
-    """``target(rank, world_size, *args)`` on every rank; one result per rank, by rank."""
+    """``target(rank, world_size, *args)`` on every rank; one result per rank, by rank.
+
+    When another process took the rendezvous port before rank 0 listened on it (a free port is
+    picked, closed, then bound again), every rank is started again on another port (3 tries).
+    """
+    for _ in range(3):
+        results = _run_ranks_once(target, world_size, args, timeout=timeout)
+        if not any((r.error or "").startswith(_PORT_TAKEN) for r in results):
+            return results
+    return results
+
+
+def _run_ranks_once(target: Callable[..., Any], world_size: int, args: tuple, *, timeout: float) -> list[RankResult]:
     queue = _CTX.Queue()
     port = _free_port()
     procs = [_CTX.Process(target=_rank_main, args=(target, r, world_size, port, args, queue), name=f"rank{r}")
@@ -81,6 +105,8 @@ def run_ranks(target: Callable[..., Any], world_size: int, *args: Any, timeout: 
                     results.setdefault(r, RankResult(r, exitcode=procs[r].exitcode))
                 if any(results[r].exitcode for r in dead):  # crashed: the others would wait forever
                     break
+            if any((r.error or "").startswith(_PORT_TAKEN) for r in results.values()):
+                break  # the others wait for rank 0's store: start over
             if time.monotonic() > deadline:
                 raise TimeoutError(f"ranks did not finish within {timeout}s (results so far: {results})")
             time.sleep(0.05)
