@@ -737,6 +737,8 @@ class Drill:
             provider = BootingProvider(provider, boot_seconds=self.o.node_boot_seconds)
         daemon_log = open(self.workdir / "daemon.log", "a")
         stack.callback(daemon_log.close)
+        # unwound first: nothing logs into the closed file after the drill (structlog raises there)
+        stack.callback(log.configure, level="info", stream=sys.stderr)
         log.configure(level="info", stream=daemon_log)
         ready = asyncio.Event()
         task = asyncio.create_task(daemon.run(
