@@ -12,6 +12,7 @@ import pytest
 import structlog
 from aiobotocore.session import AioSession
 
+from resilienced import log
 from resilienced.errors import BackendUnavailable
 from resilienced.local.aws import MotoServer, free_port
 from resilienced.local.raycluster import LocalRayCluster, LocalRayNode
@@ -150,6 +151,7 @@ async def test_cordon_does_nothing_and_record_logs(ray_cluster: LocalRayCluster)
     cluster = RayModeCluster(ray=gcs(ray_cluster), checkpoint_uri=URI)
     (target,) = (await cluster.locate(instance_ids=[WORKER_INSTANCE])).targets
     before = {n.node_id: n for n in await gcs(ray_cluster).nodes()}[target.ray_node_ids[0]]
+    log.configure(level="info")  # an earlier test may have left a higher level; it filters first
     with structlog.testing.capture_logs() as lines:
         await cluster.cordon(target, reason="spot_interruption", deadline=datetime.now(timezone.utc))
         await cluster.record(target, reason="Draining", message="drained for spot", warning=True)
