@@ -36,7 +36,7 @@ import socket
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
@@ -77,6 +77,9 @@ class Flight:
     received_unix: float = 0.0  # wall clock, to age the event against its ``time``
     claim_key: str | None = None
     settling: bool = False
+    # held while the event claim is renewed, completed or released: a renewal in flight lands
+    # before the completion, and none starts after it (ray mode's GCS KV has no compare-and-set)
+    claim_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
 
 class Consumer:
@@ -298,14 +301,16 @@ class Consumer:
                            error=f"{type(e).__name__}: {e}", exc_info=e)
             outcome = Outcome(result=Result.RETRY, event=event, plan=plan,
                               reason=f"responder raised {type(e).__name__}: {e}")
-        try:
-            if outcome.result is Result.RETRY:
-                await self.claims.release(key, holder=flight.holder)
-            else:
-                await self.claims.complete(key, holder=flight.holder,
-                                           details={"result": outcome.result.value})
-        except TemporaryError as e:
-            self.log.warning("claim update failed", key=key, error=str(e))
+        async with flight.claim_lock:  # after a renewal in flight; the keeper renews no more
+            flight.claim_key = None
+            try:
+                if outcome.result is Result.RETRY:
+                    await self.claims.release(key, holder=flight.holder)
+                else:
+                    await self.claims.complete(key, holder=flight.holder,
+                                               details={"result": outcome.result.value})
+            except TemporaryError as e:
+                self.log.warning("claim update failed", key=key, error=str(e))
         return outcome
 
     def _not_claimed(self, *, event_id: str | None, plan: Plan, message: Message,
@@ -338,12 +343,13 @@ class Consumer:
                 self.metrics.queue_errors.labels("change_visibility").inc()
                 self.log.warning("visibility extension failed",
                                  message_id=flight.message.message_id, error=str(e))
-            if flight.claim_key is not None:
-                try:
-                    await self.claims.acquire(flight.claim_key, holder=flight.holder,
-                                              ttl_seconds=float(self.settings.visibility_timeout))
-                except TemporaryError as e:
-                    self.log.warning("claim renewal failed", key=flight.claim_key, error=str(e))
+            async with flight.claim_lock:
+                if flight.claim_key is not None:
+                    try:
+                        await self.claims.acquire(flight.claim_key, holder=flight.holder,
+                                                  ttl_seconds=float(self.settings.visibility_timeout))
+                    except TemporaryError as e:
+                        self.log.warning("claim renewal failed", key=flight.claim_key, error=str(e))
 
     async def _release(self, flight: Flight) -> None:
         """Give an unfinished message back to the queue at once (and its claim)."""
@@ -353,11 +359,13 @@ class Consumer:
             self.metrics.queue_errors.labels("change_visibility").inc()
             self.log.warning("release failed; the message returns after its visibility timeout",
                              message_id=flight.message.message_id, error=str(e))
-        if flight.claim_key is not None:
-            try:
-                await self.claims.release(flight.claim_key, holder=flight.holder)
-            except TemporaryError as e:
-                self.log.warning("claim release failed", key=flight.claim_key, error=str(e))
+        async with flight.claim_lock:
+            key, flight.claim_key = flight.claim_key, None
+            if key is not None:
+                try:
+                    await self.claims.release(key, holder=flight.holder)
+                except TemporaryError as e:
+                    self.log.warning("claim release failed", key=key, error=str(e))
         self.metrics.released.inc()
         self.log.info("released", message_id=flight.message.message_id,
                       receive_count=flight.message.receive_count)

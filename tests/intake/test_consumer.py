@@ -183,6 +183,58 @@ async def test_a_handler_slower_than_the_visibility_timeout_is_not_redelivered_m
     assert queues.counts() == (0, 0)
 
 
+class HeldRenewal(MemoryClaims):
+    """The real in-memory claim store; a renewal of an event claim (its second acquire) is held
+    until the test lets it go, and every call is written down in order."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[str] = []
+        self.renewing = asyncio.Event()
+        self.let_go = asyncio.Event()
+
+    async def acquire(self, key, *, holder, ttl_seconds):
+        renewal = any(c == f"acquire {key}" for c in self.calls)
+        self.calls.append(f"acquire {key}")
+        if renewal and not self.let_go.is_set():
+            self.renewing.set()
+            try:
+                await self.let_go.wait()
+            except asyncio.CancelledError:
+                self.calls.append("renewal abandoned")
+                raise
+            self.calls.append("renewed")
+        return await super().acquire(key, holder=holder, ttl_seconds=ttl_seconds)
+
+    async def complete(self, key, *, holder, details):
+        self.calls.append("complete")
+        await super().complete(key, holder=holder, details=details)
+
+
+async def test_a_renewal_in_flight_lands_before_the_event_claim_is_completed(queues, make_consumer):
+    """The message keeper renews the event claim; the completion waits for a renewal in flight
+    (in ray mode one landing after it would turn the done claim back into a held one)."""
+    gate, claims = Gate(), HeldRenewal()
+    consumer = make_consumer(gate, claims=claims, visibility_timeout=2)
+    queues.send(p.spot())
+    handling = asyncio.create_task(consumer.run_once())
+    await gate.wait_entered(1)
+    await asyncio.wait_for(claims.renewing.wait(), timeout=30)  # the keeper's renewal is held
+    gate.open(p.INSTANCE)
+    for _ in range(200):  # let the handler finish; without the lock it completes meanwhile
+        if "complete" in claims.calls:
+            break
+        await asyncio.sleep(0)
+    claims.let_go.set()
+    [outcome] = await handling
+
+    assert outcome.result is Result.DONE
+    assert "renewal abandoned" not in claims.calls
+    assert claims.calls[-2:] == ["renewed", "complete"], claims.calls
+    key = next(c.split(" ", 1)[1] for c in claims.calls if c.startswith("acquire "))
+    assert (await claims.get(key)).state == "done"
+
+
 # --------------------------------------------------------------------------- poison
 @pytest.mark.parametrize("body, result", [
     ("this is not JSON", Result.UNDECODABLE),
