@@ -174,6 +174,6 @@ IAM_ACTIONS: Mapping[str, Call] = {
                                             "resilienced.aws.fsx",
                                             "durable, export mode 'task': wait for SUCCEEDED"),
     "autoscaling:CompleteLifecycleAction": Call("autoscaling", ("CompleteLifecycleAction",),
-                                                "resilienced.recovery.responder",
+                                                "resilienced.aws.autoscaling",
                                                 "asg_lifecycle: CONTINUE once the checkpoint is durable"),
 }

@@ -60,10 +60,10 @@ def stdlib_loggers(source: str) -> list[int]:
 
 def long_functions(source: str) -> list[tuple[str, int, int]]:
     """(name, first line, lines) of every function of ``MAX_LINES`` lines or more."""
-    return [(node.name, node.lineno, node.end_lineno - node.lineno)  # type: ignore[operator]
+    return [(node.name, node.lineno, node.end_lineno - node.lineno + 1)  # type: ignore[operator]
             for node in ast.walk(ast.parse(source))
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
-            and node.end_lineno - node.lineno >= MAX_LINES]  # type: ignore[operator]
+            and node.end_lineno - node.lineno + 1 >= MAX_LINES]  # type: ignore[operator]
 
 
 BAD_LOGS = '''
@@ -96,8 +96,8 @@ def test_the_daemon_logs_through_structlog_only() -> None:
 
 
 def test_the_function_length_checker_finds_a_long_function() -> None:
-    body = "\n".join(f"    x{i} = {i}" for i in range(MAX_LINES))
-    short = "\n".join(f"    y{i} = {i}" for i in range(MAX_LINES - 1))
+    body = "\n".join(f"    x{i} = {i}" for i in range(MAX_LINES - 1))  # with its def: 80 lines
+    short = "\n".join(f"    y{i} = {i}" for i in range(MAX_LINES - 2))  # 79 lines
     found = long_functions(f"def long():\n{body}\n\nasync def short():\n{short}\n")
     assert found == [("long", 1, MAX_LINES)]
 

@@ -1,6 +1,6 @@
 """The local node provider of the drill and the tests.
 
-:class:`LocalNodeProvider` implements :class:`~resilienced.ray.requeue.NodeProvider`: it starts
+:class:`LocalNodeProvider` implements :class:`~resilienced.ports.NodeProvider`: it starts
 real Ray nodes on a :class:`~resilienced.local.raycluster.LocalRayCluster`, labelled with the capacity type and a
 made-up instance id, from a per-capacity budget (``{"spot": 0, "capacity-block": 2}``: the
 drill's ``--spot-capacity 0``).

@@ -20,6 +20,7 @@ from datetime import datetime
 from typing import Any
 
 from resilienced.aws.errors import translate  # the one AWS error translation
+from resilienced.errors import PermanentError
 from resilienced.log import get as get_logger
 from resilienced.model import RunFacts, Target
 from resilienced.ports import Location, RayControl, RayNode
@@ -98,10 +99,18 @@ class RayModeCluster:
             if iid:
                 by_label.setdefault(iid, []).append(node)
         rest = [iid for iid in wanted if iid not in by_label]
-        addresses = await self._private_addresses(rest) if rest and self._ec2 is not None else {}
+        refused: str | None = None
+        try:
+            addresses = await self._private_addresses(rest) if rest and self._ec2 is not None else {}
+        except PermanentError as e:  # the instances found by label are still drained
+            addresses, refused = {}, str(e)
         for iid in wanted:
             if iid in by_label:
                 targets.append(self._target(iid, by_label[iid], matched_by="label"))
+                continue
+            if refused is not None:
+                unresolved[iid] = (f"no Ray node labelled {self.instance_label}={iid}, and EC2 "
+                                   f"refused the private-IP lookup: {refused}")
                 continue
             if self._ec2 is None:
                 unresolved[iid] = (

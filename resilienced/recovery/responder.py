@@ -435,10 +435,11 @@ class Recovery:
 
     async def _record(self, target: Target, event: Event, *, reason: str, message: str, warning: bool) -> None:
         """An Event once per (run, reason, notice): a retry or a replica taking the run over does
-        not record the work already recorded again."""
+        not record the work already recorded again.  The key names the run too: two runs with
+        pods on one Node each get their Event on it."""
         try:
             await self.cluster.record(target, reason=reason, message=message, warning=warning,
-                                      once=event.event_id)
+                                      once=f"{event.event_id}/{target.run_key}")
         except ResilienceError as e:  # an Event is a courtesy; the step itself is done
             self._log.warning("recording an event failed", run=target.run_key, reason=reason,
                               error=str(e))

@@ -23,7 +23,8 @@ from resilienced.aws.autoscaling import Lifecycle
 from resilienced.capacity import ec2
 from resilienced.capacity.ec2 import Ec2Capacity
 from resilienced.errors import BackendUnavailable, PermanentError
-from resilienced.ray.cluster import RayModeCluster
+from resilienced.ports import RayNode
+from resilienced.ray.cluster import INSTANCE_ID_LABEL, RayModeCluster
 
 from tests.support.checkpoints import BUCKET, REGION
 
@@ -122,6 +123,30 @@ async def test_an_ec2_refusal_is_permanent_on_every_ec2_path() -> None:
             await cluster._private_addresses(["i-0123456789abcdef0"])
         with pytest.raises(PermanentError, match="UnauthorizedOperation"):
             await Ec2Capacity(client).reservation_instances(reservation_id="cr-0123456789abcdef0")
+
+
+class TwoNodes:
+    """The GCS's node table (the only call ray-mode locate makes on it): one node labelled with
+    its instance, one that is not."""
+
+    async def nodes(self) -> list[RayNode]:
+        return [RayNode(node_id="aa" * 14, address="10.0.0.5", alive=True,
+                        labels={INSTANCE_ID_LABEL: "i-0aaaaaaaaaaaaaaaa"}),
+                RayNode(node_id="bb" * 14, address="10.0.0.6", alive=True, labels={})]
+
+
+async def test_an_ec2_refusal_of_the_ip_fallback_still_locates_the_labelled_instances() -> None:
+    """A refusal is permanent, but it costs only the instances that needed the fallback: the
+    labelled one is still located (and drained), the other is unresolved with the reason."""
+    async with stubbed("ec2") as (client, stub):
+        stub.add_client_error("describe_instances", service_error_code="UnauthorizedOperation",
+                              service_message="You are not authorized", http_status_code=403)
+        cluster = RayModeCluster(ray=TwoNodes(), checkpoint_uri="s3://ckpt-bucket/runs/", ec2=client)  # type: ignore[arg-type]
+        location = await cluster.locate(instance_ids=["i-0aaaaaaaaaaaaaaaa", "i-0bbbbbbbbbbbbbbbb"])
+    assert [t.instance_id for t in location.targets] == ["i-0aaaaaaaaaaaaaaaa"]
+    assert location.targets[0].ray_node_ids == ("aa" * 14,)
+    assert list(location.unresolved) == ["i-0bbbbbbbbbbbbbbbb"]
+    assert "UnauthorizedOperation" in location.unresolved["i-0bbbbbbbbbbbbbbbb"]
 
 
 async def test_ec2_throttling_is_retried_on_the_locate_path() -> None:

@@ -15,6 +15,11 @@ from resilienced import cli
 ROOT = Path(__file__).resolve().parents[2]
 
 
+def test_the_documented_commands_are_all_registered():
+    # demo and drill come from the package's entry points: an install without them loses them
+    assert set(cli.commands()) == {"run", "replay", "status", "inject", "demo", "drill"}
+
+
 def test_every_registered_command_has_configure_and_main():
     import importlib
     for name, (module_name, help_text) in cli.commands().items():
