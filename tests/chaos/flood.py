@@ -29,6 +29,7 @@ class Flood:
     label: dict[str, str] = field(default_factory=dict)  # body -> valid | bad
     valid_ids: set[str] = field(default_factory=set)
     runs: list[int] = field(default_factory=list)  # trial numbers whose instance has a job
+    run_ids: set[str] = field(default_factory=set)  # event ids of the notices that hit a job
 
     def add(self, body: str, label: str, event_id: str | None = None) -> None:
         self.bodies.append(body)
@@ -77,6 +78,8 @@ def build(total: int, *, runs: int, seed: int = 14) -> Flood:
         event = notice(target, event_id=str(uuid.UUID(int=rng.getrandbits(128))), when=now)
         originals.append(event)
         flood.add(json.dumps(event), "valid", event["id"])
+        if k < runs:
+            flood.run_ids.add(event["id"])
     for k in range(n_dup):
         event = dict(rng.choice(originals))
         if k % 3 == 0:  # a changed body under the same event id

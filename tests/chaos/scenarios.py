@@ -205,6 +205,9 @@ def _check_flood(w: World, plan: flood_mod.Flood, dead: list[dict[str, Any]], ta
         elif final[event_id] == 0 and event_id not in seen:
             if f"event/{event_id}" in claimed:  # done, but SIGKILLed between the delete and the log line
                 unlogged += 1
+            elif event_id in plan.run_ids:  # it hit a job: it is claimed before any work, so lost
+                tally.events_lost += 1
+                tally.violations.append(f"event {event_id} hit a job and has neither a decision nor a done claim")
             else:  # no claim to show for it (not actionable: stale, future, no Node)
                 unclaimed.append(event_id)
     # The queue is empty and the DLQ holds only bad messages, so every valid message was deleted,
