@@ -16,10 +16,12 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
+import botocore.exceptions
 from aiobotocore.config import AioConfig
 from aiobotocore.session import get_session
 
 from resilienced.aws.errors import translate
+from resilienced.errors import ConfigError
 
 CONNECT_TIMEOUT_S = 5
 READ_TIMEOUT_S = 30
@@ -42,7 +44,8 @@ async def open_client(service: str, *, region: str | None, endpoint_url: str | N
                       max_connections: int = MAX_CONNECTIONS) -> AsyncIterator[Any]:
     """An aiobotocore client of ``service``, closed on exit.
 
-    A client that cannot be made (no region, bad endpoint URL) raises the translated error
+    No region or a malformed endpoint URL is a :class:`~resilienced.errors.ConfigError` naming
+    the flag; anything else that keeps the client from being made is translated
     (:func:`resilienced.aws.errors.translate`, backend ``service``).
     """
     try:
@@ -50,6 +53,10 @@ async def open_client(service: str, *, region: str | None, endpoint_url: str | N
             service, region_name=region, endpoint_url=endpoint_url,
             config=aws_config(service, max_connections=max_connections))
         client = await client_cm.__aenter__()
+    except botocore.exceptions.NoRegionError as e:
+        raise ConfigError("--region", f"{service}: no region (set --region or AWS_REGION)") from e
+    except ValueError as e:  # botocore refuses a malformed endpoint URL with a ValueError
+        raise ConfigError("--endpoint-url", f"{service}: {e}") from e
     except Exception as e:
         raise translate(e, backend=service, operation="create client") from e
     try:

@@ -22,7 +22,8 @@ from resilienced.aws import errors, fsx, s3, sqs
 from resilienced.aws.autoscaling import Lifecycle
 from resilienced.capacity import ec2
 from resilienced.capacity.ec2 import Ec2Capacity
-from resilienced.errors import BackendUnavailable, PermanentError
+from resilienced.aws.clients import open_client
+from resilienced.errors import BackendUnavailable, ConfigError, PermanentError
 from resilienced.ports import RayNode
 from resilienced.ray.cluster import INSTANCE_ID_LABEL, RayModeCluster
 
@@ -203,3 +204,18 @@ async def test_the_queue_is_retried_when_it_refuses() -> None:
         queue = sqs.SqsQueue(client=client, queue_url="https://sqs.us-east-1.amazonaws.com/1/q")
         with pytest.raises(BackendUnavailable, match=r"AccessDenied .*\(refused\)"):
             await queue.receive(max_messages=1, wait_seconds=0, visibility_timeout=30)
+
+
+@pytest.mark.parametrize(("kwargs", "flag"), [
+    ({"region": None}, "--region"),
+    ({"region": REGION, "endpoint_url": "not a url"}, "--endpoint-url"),
+], ids=["no-region", "bad-endpoint"])
+async def test_a_client_that_cannot_be_made_is_a_config_error_naming_the_flag(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Any, kwargs: dict[str, Any], flag: str) -> None:
+    """Not "retry later": no retry makes a missing region or a malformed URL work."""
+    for name in ("AWS_REGION", "AWS_DEFAULT_REGION"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    with pytest.raises(ConfigError, match=f"^{flag}: ec2: "):
+        async with open_client("ec2", **kwargs):
+            pass
