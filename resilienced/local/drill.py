@@ -51,6 +51,7 @@ from pathlib import Path
 from typing import Any, TextIO
 from urllib.parse import urlsplit
 
+from resilienced import log
 from resilienced.errors import ConfigError, ResilienceError
 from resilienced.ray.cluster import CAPACITY_TYPE_LABEL as CAPACITY_LABEL
 from resilienced.ray.cluster import ELASTIC_LABEL
@@ -438,6 +439,10 @@ class BootingProvider:
         try:
             await asyncio.sleep(self._boot_seconds)
             await self._inner.launch(capacity=node.capacity, node_labels=[node.labels], reservation_id=reservation_id)
+        except Exception as e:  # nobody awaits this task: say why the replacement never joined
+            log.get("resilienced.drill").error("replacement node failed to boot", instance_id=node.instance_id,
+                                               error=f"{type(e).__name__}: {e}")
+            raise
         finally:
             self._booting.pop(node.instance_id, None)
 
@@ -700,7 +705,7 @@ class Drill:
 
     async def _start_daemon(self, stack: contextlib.AsyncExitStack, endpoint: str, queue_url: str,
                             cluster: Any, stop: asyncio.Event) -> asyncio.Task[int]:
-        from resilienced import daemon, log
+        from resilienced import daemon
         from resilienced.capacity.static import StaticCapacity
         from resilienced.local.provider import LocalNodeProvider
         from resilienced.ports import CapacityReservation

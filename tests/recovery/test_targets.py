@@ -66,7 +66,7 @@ async def test_a_capacity_block_without_ec2_access_says_so() -> None:
         await find_targets(block_expiry(), cluster=cluster(), capacity=None)
 
 
-async def test_the_reservation_instances_are_located(ec2: tuple[Any, Stubber]) -> None:
+async def test_the_reservation_instances_are_listed_and_each_unlocated_one_says_why(ec2: tuple[Any, Stubber]) -> None:
     client, stub = ec2
     stub.add_response("describe_instances", {"Reservations": [{"Instances": [
         {"InstanceId": p.INSTANCE}, {"InstanceId": p.OTHER_INSTANCE}]}]})
