@@ -16,6 +16,7 @@ test_ray_preemption.py.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Iterator
 import time
 
 import pytest
@@ -38,14 +39,25 @@ def workers_alive(cluster: LocalRayCluster) -> list[LocalRayNode]:
     return [n for n in cluster.workers if n.running() and n.node_id in alive]
 
 
-def exactly_three_workers(cluster: LocalRayCluster) -> None:
-    """The shared cluster, with exactly three alive worker nodes: the run's max, nothing spare."""
-    while len(workers_alive(cluster)) < 3:
+def exactly_workers(cluster: LocalRayCluster, count: int) -> None:
+    """The shared cluster with exactly ``count`` alive worker nodes (nothing spare: the other Ray
+    tests drain the first running worker and expect a rank on it)."""
+    while len(workers_alive(cluster)) < count:
         cluster.add_node(labels=node_labels(next(_serial)))
-    for extra in workers_alive(cluster)[3:]:
+    for extra in workers_alive(cluster)[count:]:
         cluster.kill_node(extra)
-    cluster.wait_for(lambda nodes: sum(1 for n in nodes if n.alive and not n.is_head) == 3, timeout_s=60,
-                     what="three alive worker nodes")
+    cluster.wait_for(lambda nodes: sum(1 for n in nodes if n.alive and not n.is_head) == count, timeout_s=60,
+                     what=f"{count} alive worker nodes")
+
+
+@pytest.fixture
+def three_workers(ray_cluster: LocalRayCluster) -> Iterator[LocalRayCluster]:
+    """Three alive worker nodes for the run's max; the session's two given back afterwards."""
+    exactly_workers(ray_cluster, 3)
+    try:
+        yield ray_cluster
+    finally:
+        exactly_workers(ray_cluster, 2)
 
 
 def attempts(run: TrainerRun) -> list[tuple[int, int | None]]:
@@ -53,9 +65,9 @@ def attempts(run: TrainerRun) -> list[tuple[int, int | None]]:
 
 
 def test_an_elastic_run_goes_on_at_two_after_a_notice_and_grows_back_to_three(
-    ray_cluster: LocalRayCluster, trainer_runs
+    three_workers: LocalRayCluster, trainer_runs
 ) -> None:
-    exactly_three_workers(ray_cluster)
+    ray_cluster = three_workers
     env = {**ray_cluster.env, "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.5"}
     run = trainer_runs.start(["--ray-address", ray_cluster.address, "--num-workers", "3", "--min-workers", "2",
                               "--resize-interval-s", "2", "--min-step-seconds", "0.2", *MODEL], env=env)
