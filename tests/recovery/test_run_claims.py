@@ -107,3 +107,66 @@ async def test_a_renewal_in_flight_finishes_before_the_run_claim_is_completed(wo
     assert 499 not in updates, f"a renewal was abandoned mid-request: {updates}"
     assert updates[-2:] == [200, 200], updates  # the held renewal, then the completion
     assert lease_of(world, key)["metadata"]["annotations"][STATE_ANNOTATION] == STATE_DONE
+
+
+async def test_a_holder_whose_claim_was_taken_over_stops_before_its_next_step(world: World) -> None:
+    """Fencing: a replica that could not renew its claim in time (a stalled API server, a paused
+    process) and finds it taken over takes no further step and does not complete the claim; the
+    new holder finishes the run. Before, it went on and requeued the run as well (found reading
+    the keeper after the campaign's scenario 1 failed once under heavy load: a late renewal lets
+    the other replica take over while the first still works)."""
+    world.recovery.options = replace(world.recovery.options, claim_ttl_seconds=TTL)
+    plan = spot_plan()
+    key = f"run/{plan.event.event_id}/{NS}/train"
+    name = lease_name(key)
+    working = asyncio.create_task(world.recovery.act(plan, holder="replica-a/m1"))  # waits for S3
+    while not world.gcs.drains:
+        await asyncio.sleep(0.02)
+    # replica b takes the claim over (as it may once a's renewals are late past the TTL)
+    lease = lease_of(world, key)
+    now = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    world.kubeapi.put({**lease, "spec": {**lease["spec"], "holderIdentity": "replica-b/m2", "renewTime": now,
+                                         "leaseDurationSeconds": 600}})
+    reads = sum(1 for r in world.kubeapi.requests if r.verb == "get" and r.name == name)
+    end = time.monotonic() + 10 * TTL
+    while sum(1 for r in world.kubeapi.requests if r.verb == "get" and r.name == name) == reads:
+        assert time.monotonic() < end, "the holder never tried to renew its run claim"
+        await asyncio.sleep(0.02)  # a's keeper has looked at the lease and found b holding it
+    await put_checkpoint(world.s3, step=6, saved=datetime.now(timezone.utc),
+                         files={"__0_0.distcp": b"r" * 50, ".metadata": b"m"})
+    try:
+        await asyncio.wait_for(working, timeout=60)
+        raise AssertionError("a replica that lost its claim finished the run")
+    except TemporaryError as e:
+        assert "lost: taken over by replica-b/m2" in str(e) and e.delay == TTL, str(e)
+    assert world.events("Requeued") == [], "the replica that lost its claim requeued the run"
+    job = world.kubeapi.get("rayjobs", "train", namespace=NS)
+    assert not any(k.startswith("resilienced.io/requeued") for k in job["metadata"].get("annotations", {}))
+    after = lease_of(world, key)  # b's claim: not completed, not released by a
+    assert after["spec"]["holderIdentity"] == "replica-b/m2"
+    assert after["metadata"]["annotations"][STATE_ANNOTATION] != STATE_DONE
+
+
+async def test_a_holder_that_cannot_renew_for_a_whole_ttl_stops_before_its_next_step(world: World) -> None:
+    """The API server refuses every renewal for longer than the claim's TTL: the claim may have
+    been taken over meanwhile, so the holder takes no further step (as client-go's leader
+    election gives up leading when it cannot renew within its deadline)."""
+    world.recovery.options = replace(world.recovery.options, claim_ttl_seconds=TTL)
+    plan = spot_plan()
+    key = f"run/{plan.event.event_id}/{NS}/train"
+    working = asyncio.create_task(world.recovery.act(plan, holder="replica-a/m1"))  # waits for S3
+    while not world.gcs.drains:
+        await asyncio.sleep(0.02)
+    refused = world.kubeapi.fail(verb="create", resource="leases", status=500, times=None)  # a renewal starts with a create
+    end = time.monotonic() + 10 * TTL
+    while refused.hits < 3:  # three renewals refused: a whole TTL (2 s, one every 2/3 s) without one
+        assert time.monotonic() < end, "the holder never tried to renew its run claim"
+        await asyncio.sleep(0.02)
+    await put_checkpoint(world.s3, step=6, saved=datetime.now(timezone.utc),
+                         files={"__0_0.distcp": b"r" * 50, ".metadata": b"m"})
+    try:
+        await asyncio.wait_for(working, timeout=60)
+        raise AssertionError("a replica that could not renew its claim finished the run")
+    except TemporaryError as e:
+        assert f"lost: not renewed for {TTL:g}s" in str(e), str(e)
+    assert world.events("Requeued") == []
