@@ -77,6 +77,9 @@ class Flight:
     received_unix: float = 0.0  # wall clock, to age the event against its ``time``
     claim_key: str | None = None
     settling: bool = False
+    # why the event claim was lost while handling (a renewal found it taken over): the new
+    # holder decides the event; this replica's outcome becomes a retry, its decision not final
+    claim_lost: str | None = None
     # held while the event claim is renewed, completed or released: a renewal in flight lands
     # before the completion, and none starts after it (ray mode's GCS KV has no compare-and-set)
     claim_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
@@ -303,6 +306,8 @@ class Consumer:
                               reason=f"responder raised {type(e).__name__}: {e}")
         async with flight.claim_lock:  # after a renewal in flight; the keeper renews no more
             flight.claim_key = None
+            if flight.claim_lost is not None:
+                return self._lost(flight, key, outcome)
             try:
                 if outcome.result is Result.RETRY:
                     await self.claims.release(key, holder=flight.holder)
@@ -312,6 +317,21 @@ class Consumer:
             except TemporaryError as e:
                 self.log.warning("claim update failed", key=key, error=str(e))
         return outcome
+
+    def _lost(self, flight: Flight, key: str, outcome: Outcome) -> Outcome:
+        """The event claim was taken over while this replica handled the event (it could not
+        renew it within its TTL: a stalled claim store, a starved process): the holder decides
+        the event, so this replica's outcome is not final. It neither completes nor releases the
+        claim, and keeps the message (RETRY after the TTL): if the holder dies unfinished, the
+        next delivery takes the event again. Every step of the work is idempotent, and the
+        recovery's run claims fence its steps the same way."""
+        self.log.warning("event claim lost while handling it", key=key, why=flight.claim_lost,
+                         result=outcome.result.value)
+        return Outcome(result=Result.RETRY, event=outcome.event, plan=outcome.plan,
+                       retry_delay=float(self.settings.visibility_timeout),
+                       reason=f"event claim {key} lost while handling it ({flight.claim_lost}); its "
+                              f"holder decides (this delivery's outcome was {outcome.result.value}: "
+                              f"{outcome.reason})")
 
     def _not_claimed(self, *, event_id: str | None, plan: Plan, message: Message,
                      existing: Any) -> Outcome:
@@ -346,8 +366,14 @@ class Consumer:
             async with flight.claim_lock:
                 if flight.claim_key is not None:
                     try:
-                        await self.claims.acquire(flight.claim_key, holder=flight.holder,
-                                                  ttl_seconds=float(self.settings.visibility_timeout))
+                        renewed = await self.claims.acquire(
+                            flight.claim_key, holder=flight.holder,
+                            ttl_seconds=float(self.settings.visibility_timeout))
+                        if renewed is None:  # it lapsed and another delivery took it over
+                            current = await self.claims.get(flight.claim_key)
+                            flight.claim_lost = (f"taken over by {current.holder}" if current is not None
+                                                 else "it lapsed")
+                            flight.claim_key = None  # renew it no more
                     except TemporaryError as e:
                         self.log.warning("claim renewal failed", key=flight.claim_key, error=str(e))
 

@@ -235,6 +235,49 @@ async def test_a_renewal_in_flight_lands_before_the_event_claim_is_completed(que
     assert (await claims.get(key)).state == "done"
 
 
+class TakenOver(MemoryClaims):
+    """The real in-memory claim store on a clock the test moves; ``lost`` is set when a renewal
+    by the first holder of a key finds it held by another."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        super().__init__(clock=lambda: self.now)
+        self.first: dict[str, str] = {}
+        self.lost = asyncio.Event()
+
+    async def acquire(self, key, *, holder, ttl_seconds):
+        claim = await super().acquire(key, holder=holder, ttl_seconds=ttl_seconds)
+        self.first.setdefault(key, holder)
+        if claim is None and holder == self.first[key]:
+            self.lost.set()
+        return claim
+
+
+async def test_a_delivery_whose_event_claim_was_taken_over_does_not_decide_the_event(queues, make_consumer):
+    """A replica that could not renew its event claim in time (a stalled store, a starved process)
+    finds it taken over by another delivery: the holder decides, so this one's outcome is a retry
+    (not a final decision: the event would be decided twice), and it leaves the claim alone."""
+    gate, claims = Gate(), TakenOver()
+    consumer = make_consumer(gate, claims=claims, visibility_timeout=2)
+    queues.send(p.spot())
+    handling = asyncio.create_task(consumer.run_once())
+    await gate.wait_entered(1)
+    [key] = claims.first
+    claims.now += 60  # past the claim's TTL: it lapsed
+    other = "replica-b/another-delivery"
+    assert await claims.acquire(key, holder=other, ttl_seconds=600) is not None
+    await asyncio.wait_for(claims.lost.wait(), timeout=30)  # the keeper's renewal found it taken
+    gate.open(p.INSTANCE)
+    [outcome] = await handling
+
+    assert outcome.result is Result.RETRY, outcome
+    assert f"event claim {key} lost while handling it (taken over by {other})" in outcome.reason
+    assert outcome.retry_delay == 2
+    claim = await claims.get(key)
+    assert (claim.holder, claim.state) == (other, "held")
+    assert sum(queues.counts()) == 1  # the message stays on the queue for the holder to settle
+
+
 # --------------------------------------------------------------------------- poison
 @pytest.mark.parametrize("body, result", [
     ("this is not JSON", Result.UNDECODABLE),
