@@ -37,12 +37,45 @@ import botocore.session
 from resilienced.local.aws import FAKE_CREDENTIALS, MotoServer
 from tests.intake.process import DaemonProcess
 from tests.recovery.conftest import DAEMON_NS, REGION, node, pod_template, rbac
-from tests.support.faultproxy import EMPTY_CAPACITY_RESERVATIONS, FaultProxy, aws_action
-from tests.support.kubeapi import KubeApiServer
+from tests.support.ec2blocks import Block, Ec2Blocks
+from tests.support.faultproxy import FaultProxy
+from tests.support.kubeapi import KubeApiServer, ResourceType
 
 BUCKET = "ckpt"
 ACCOUNT = "123456789012"
 MAX_RECEIVES = 5
+
+
+#: Karpenter's kinds as aws/karpenter-provider-aws serves them (pkg/apis/crds/karpenter.sh_nodepools.yaml,
+#: karpenter.k8s.aws_ec2nodeclasses.yaml: cluster-scoped, status subresource); served by a world
+#: made with ``karpenter=True``.
+KARPENTER_RESOURCES = (
+    ResourceType("karpenter.sh", ("v1",), "nodepools", "NodePool", namespaced=False),
+    ResourceType("karpenter.k8s.aws", ("v1",), "ec2nodeclasses", "EC2NodeClass", namespaced=False),
+)
+#: The EC2NodeClass of the reserved NodePool selects Capacity Reservations by these tags
+#: (spec.capacityReservationSelectorTerms); the daemons put them on a block they buy
+#: (--purchase-tags), so Karpenter can launch into it.
+BLOCK_TAGS = {"resilienced.io/pool": "training"}
+NODECLASS = "reserved"
+
+
+def karpenter_objects() -> list[dict[str, Any]]:
+    """A NodePool that launches reserved capacity of the runs' type, and its EC2NodeClass (no block yet)."""
+    return [
+        {"apiVersion": "karpenter.sh/v1", "kind": "NodePool", "metadata": {"name": "reserved"},
+         "spec": {"template": {"spec": {
+             "nodeClassRef": {"group": "karpenter.k8s.aws", "kind": "EC2NodeClass", "name": NODECLASS},
+             "requirements": [{"key": "karpenter.sh/capacity-type", "operator": "In", "values": ["reserved"]},
+                              {"key": "node.kubernetes.io/instance-type", "operator": "In",
+                               "values": ["p5.48xlarge"]}]}}}},
+        {"apiVersion": "karpenter.k8s.aws/v1", "kind": "EC2NodeClass", "metadata": {"name": NODECLASS},
+         "spec": {"amiSelectorTerms": [{"alias": "al2023@latest"}], "role": "KarpenterNodeRole",
+                  "subnetSelectorTerms": [{"tags": {"karpenter.sh/discovery": "chaos"}}],
+                  "securityGroupSelectorTerms": [{"tags": {"karpenter.sh/discovery": "chaos"}}],
+                  "capacityReservationSelectorTerms": [{"tags": dict(BLOCK_TAGS)}]},
+         "status": {"capacityReservations": []}},
+    ]
 
 
 def instance(n: int) -> str:
@@ -131,7 +164,8 @@ def run_job(n: int) -> dict[str, Any]:
 class World:
     """moto + emulated API + N daemon replicas; every process stopped by :meth:`close`."""
 
-    def __init__(self, workdir: Path, *, moto: MotoServer | None = None, visibility: int = 4) -> None:
+    def __init__(self, workdir: Path, *, moto: MotoServer | None = None, visibility: int = 4,
+                 karpenter: bool = False) -> None:
         self.workdir = workdir
         self.visibility = visibility
         self._own_moto = moto is None
@@ -151,10 +185,16 @@ class World:
             {"deadLetterTargetArn": arn, "maxReceiveCount": str(MAX_RECEIVES)})})["QueueUrl"]
         self.kube = ThreadedKubeApi()
         # the daemons reach AWS through the fault proxy (scenario 2), which also answers the EC2
-        # call moto lacks
+        # Capacity Block calls moto lacks, from ``self.ec2`` (no block, no offering until a
+        # scenario adds them); its state lives on the kube loop (w.kube.call to change it)
         self.aws_proxy: FaultProxy = self.kube.run(FaultProxy(self.moto.endpoint_url).start())
-        self.kube.call(self.aws_proxy.answer, EMPTY_CAPACITY_RESERVATIONS,
-                       match=aws_action("DescribeCapacityReservations"))
+        self.karpenter = karpenter
+        self.ec2 = Ec2Blocks(on_active=self._karpenter_resolves)
+        self.kube.call(self.ec2.install, self.aws_proxy)
+        if karpenter:  # before any replica starts: kubernetes mode discovers the kinds at start
+            for rtype in KARPENTER_RESOURCES:
+                self.kube.call(self.kube.server.register, rtype)
+            self.kube.call(self.kube.server.seed, *karpenter_objects())
         self.kubeconfig = self.kube.call(self.kube.server.write_kubeconfig, workdir / "kubeconfig")
         self.replicas: list[DaemonProcess] = []
         self.retired: list[DaemonProcess] = []
@@ -179,9 +219,9 @@ class World:
             self.wait_started(daemon)
         return daemon
 
-    def start_replicas(self, count: int) -> list[DaemonProcess]:
+    def start_replicas(self, count: int, *extra: str) -> list[DaemonProcess]:
         """``count`` replicas started side by side (their imports overlap), each waited for."""
-        daemons = [self.start_replica(wait=False) for _ in range(count)]
+        daemons = [self.start_replica(*extra, wait=False) for _ in range(count)]
         for daemon in daemons:
             self.wait_started(daemon)
         return daemons
@@ -263,6 +303,25 @@ class World:
 
     def decisions(self) -> list[dict[str, Any]]:
         return [line for d in (*self.retired, *self.replicas) for line in d.lines if line.get("event") == "decision"]
+
+    # ------------------------------------------------------------------ Karpenter
+    def _karpenter_resolves(self, block: Block) -> None:
+        """Karpenter's part (on the kube loop): an active block carrying the EC2NodeClass's selector
+        tags joins its ``status.capacityReservations`` (aws/karpenter-provider-aws
+        pkg/providers/capacityreservation resolves capacityReservationSelectorTerms; the entry's
+        fields: pkg/apis/v1/ec2nodeclass_status.go)."""
+        if not self.karpenter or block.state != "active" or any(block.tags.get(k) != v for k, v in BLOCK_TAGS.items()):
+            return
+        current = self.kube.server.get("ec2nodeclasses.karpenter.k8s.aws", NODECLASS) or {}
+        listed = list((current.get("status") or {}).get("capacityReservations") or [])
+        if any(r.get("id") == block.reservation_id for r in listed):
+            return
+        listed.append({"id": block.reservation_id, "instanceType": block.instance_type,
+                       "availabilityZone": block.availability_zone, "ownerID": ACCOUNT,
+                       "instanceMatchCriteria": "targeted", "reservationType": "capacity-block",
+                       "state": "active", "endTime": block.end.strftime("%Y-%m-%dT%H:%M:%SZ")})
+        self.kube.server.patch("ec2nodeclasses.karpenter.k8s.aws", NODECLASS,
+                               {"status": {"capacityReservations": listed}})
 
     # ------------------------------------------------------------------ backends
     def queue_counts(self, url: str | None = None) -> tuple[int, int]:
