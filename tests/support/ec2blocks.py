@@ -198,7 +198,7 @@ class Ec2Blocks:
 
     def _describe_offerings(self, params: Mapping[str, str]) -> str:
         instance_type = params.get("InstanceType")
-        count = int(params["InstanceCount"])
+        count = int(params.get("InstanceCount", "1"))
         hours = int(params["CapacityDurationHours"])
         after = _time(params["StartDateRange"]) if "StartDateRange" in params else self.clock()
         items = []
