@@ -127,14 +127,21 @@ def _ray_spec() -> dict[str, Any]:
                                   "rayStartParams": {}, "template": pod_template()}]}
 
 
-def run_objects(n: int, *, job_uid: str, head_ip: str = "127.0.0.1") -> list[dict[str, Any]]:
-    """Run ``trial-n/train``: the Node, RayCluster and head pod of RayJob ``job_uid`` (:func:`run_job`)."""
+def run_objects(n: int, *, job_uid: str, head_ip: str = "127.0.0.1",
+                reservation: str | None = None) -> list[dict[str, Any]]:
+    """Run ``trial-n/train``: the Node, RayCluster and head pod of RayJob ``job_uid`` (:func:`run_job`).
+
+    ``reservation``: the Node is Karpenter's reserved capacity in that Capacity Block (labels
+    ``karpenter.sh/capacity-type=reserved``, ``karpenter.k8s.aws/capacity-reservation-id``).
+    """
     ns = f"trial-{n}"
     spec = _ray_spec()
     # every run's Node is in the same pool (p5.48xlarge x us-east-1a): the replicas' in-memory
     # interruption histories of that pool differ, so a replica taking a run over after its requeue
     # must keep the move already applied rather than decide again (docs/reliability.md)
-    host = node(f"node-{n}", instance(n))
+    host = node(f"node-{n}", instance(n), capacity="reserved" if reservation else "spot")
+    if reservation:
+        host["metadata"]["labels"]["karpenter.k8s.aws/capacity-reservation-id"] = reservation
     return [
         host,
         {"apiVersion": "ray.io/v1", "kind": "RayCluster",
@@ -358,9 +365,9 @@ class World:
                               for k, v in files.items()]}
         self.s3.put_object(Bucket=BUCKET, Key=f"{prefix}/manifest.json", Body=json.dumps(manifest).encode())
 
-    def seed_run(self, n: int) -> None:
+    def seed_run(self, n: int, *, reservation: str | None = None) -> None:
         job = self.kube.call(self.kube.server.create, run_job(n))
-        self.kube.call(self.kube.server.seed, *run_objects(n, job_uid=job["metadata"]["uid"]))
+        self.kube.call(self.kube.server.seed, *run_objects(n, job_uid=job["metadata"]["uid"], reservation=reservation))
 
     def run_events(self, n: int, reason: str) -> list[dict[str, Any]]:
         events = self.kube.call(self.kube.server.list, "events", namespace=f"trial-{n}")
@@ -383,6 +390,16 @@ def world(workdir: Path, **kwargs: Any) -> Iterator[World]:
         yield w
     finally:
         w.close()
+
+
+def expiry_notice(reservation_id: str, *, end: datetime, event_id: str, when: datetime) -> dict[str, Any]:
+    """A Capacity Block Reservation Expiration Warning (EC2 User Guide, "Monitor Capacity Blocks
+    using EventBridge"; the envelope as handlers/capacity_block_expiry.py reads it)."""
+    return {"version": "0", "id": event_id, "detail-type": "Capacity Block Reservation Expiration Warning",
+            "source": "aws.ec2", "account": ACCOUNT, "time": when.strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "region": REGION,
+            "resources": [f"arn:aws:ec2:{REGION}:{ACCOUNT}:capacity-reservation/{reservation_id}"],
+            "detail": {"capacity-reservation-id": reservation_id, "end-date": end.strftime("%Y-%m-%dT%H:%M:%SZ")}}
 
 
 def notice(n: int, *, event_id: str, when: datetime, account: str = ACCOUNT, source: str = "aws.ec2",

@@ -31,6 +31,12 @@ the EC2 query protocol's XML, in the shape of the EC2 API reference:
   skipped), carrying the request's tags (``TagSpecification`` of resource type
   ``capacity-reservation``), so a ``tag:`` filter finds it.
 
+* ``DescribeInstances`` with a ``capacity-reservation-id`` filter (the instances in a block;
+  https://docs.aws.amazon.com/AWSEC2/latest/APIReference/API_DescribeInstances.html, its filter
+  list names ``capacity-reservation-id`` and ``instance-state-name``): ``reservationSet`` of
+  ``Reservation`` items with an ``instancesSet``, from the blocks' :attr:`Block.instances` (all
+  ``running``); moto holds no instance of these blocks. Any other DescribeInstances goes to moto.
+
 Install with :meth:`Ec2Blocks.install` on a :class:`~tests.support.faultproxy.FaultProxy`; the
 answers are standing rules, and faults armed later on the proxy win over them (and a ``lose``
 rule lets the purchase happen and drops its answer).
@@ -79,6 +85,7 @@ class Block:
     state: str = "active"
     tags: dict[str, str] = field(default_factory=dict)
     next_state: str | None = None  # the state from the next DescribeCapacityReservations on
+    instances: list[str] = field(default_factory=list)  # ids of the instances running in it
 
     def xml(self) -> str:
         tags = "".join(f"<item><key>{escape(k)}</key><value>{escape(v)}</value></item>"
@@ -135,7 +142,7 @@ class Ec2Blocks:
         self.offerings: list[Offering] = []
         self.purchases: list[dict[str, Any]] = []
         self.dry_runs = 0
-        self.calls: dict[str, int] = dict.fromkeys(ACTIONS, 0)
+        self.calls: dict[str, int] = dict.fromkeys((*ACTIONS, "DescribeInstances"), 0)
         self.clock = clock
         self.on_active = on_active
         self._ids = itertools.count(1)
@@ -143,11 +150,12 @@ class Ec2Blocks:
 
     # ------------------------------------------------------------------ data
     def add_block(self, *, instance_type: str, availability_zone: str, total: int, available: int | None = None,
-                  hours: float = 24, tags: Mapping[str, str] | None = None) -> Block:
+                  hours: float = 24, tags: Mapping[str, str] | None = None,
+                  instances: list[str] | None = None) -> Block:
         now = self.clock()
         block = Block(self._new_id(), instance_type, availability_zone, total,
                       total if available is None else available, now - timedelta(hours=1),
-                      now + timedelta(hours=hours), tags=dict(tags or {}))
+                      now + timedelta(hours=hours), tags=dict(tags or {}), instances=list(instances or []))
         self.blocks.append(block)
         if self.on_active is not None:
             self.on_active(block)
@@ -165,7 +173,12 @@ class Ec2Blocks:
     def action(request: web.Request, body: bytes) -> str | None:
         if request.method != "POST" or body[:1] in (b"{", b"<"):
             return None
-        action = parse_qs(body.decode("utf-8", "replace")).get("Action", [""])[0]
+        params = parse_qs(body.decode("utf-8", "replace"))
+        action = params.get("Action", [""])[0]
+        if action == "DescribeInstances":  # only the instances of a block; moto has the rest
+            names = {k for k, v in params.items() if k.startswith("Filter.") and k.endswith(".Name")
+                     and v[0] == "capacity-reservation-id"}
+            return action if names else None
         return action if action in ACTIONS else None
 
     def respond(self, request: web.Request, body: bytes) -> tuple[int, str]:
@@ -177,6 +190,8 @@ class Ec2Blocks:
                 return 200, self._describe_reservations(params)
             if action == "DescribeCapacityBlockOfferings":
                 return 200, self._describe_offerings(params)
+            if action == "DescribeInstances":
+                return 200, self._describe_instances(params)
             return self._purchase(params)
         except ValueError as e:
             return 400, ec2_error("InvalidParameterValue", str(e))
@@ -195,6 +210,28 @@ class Ec2Blocks:
         return _response("DescribeCapacityReservations",
                          "<capacityReservationSet>" + "".join(f"<item>{b.xml()}</item>" for b in items)
                          + "</capacityReservationSet>")
+
+    def _describe_instances(self, params: Mapping[str, str]) -> str:
+        filters = dict(_filters(params))
+        unknown = set(filters) - {"capacity-reservation-id", "instance-state-name"}
+        if unknown:
+            raise ValueError(f"filters {sorted(unknown)} are not modelled by tests/support/ec2blocks.py")
+        states = filters.get("instance-state-name")
+        items = []
+        for block in self.blocks:
+            if block.reservation_id not in filters["capacity-reservation-id"] or not block.instances:
+                continue
+            if states is not None and "running" not in states:
+                continue
+            instances = "".join(
+                f"<item><instanceId>{i}</instanceId><instanceType>{block.instance_type}</instanceType>"
+                f"<instanceState><code>16</code><name>running</name></instanceState>"
+                f"<placement><availabilityZone>{block.availability_zone}</availabilityZone><tenancy>default"
+                f"</tenancy></placement><capacityReservationId>{block.reservation_id}</capacityReservationId>"
+                f"</item>" for i in block.instances)
+            items.append(f"<item><reservationId>r-{block.reservation_id[3:]}</reservationId><ownerId>{ACCOUNT}"
+                         f"</ownerId><groupSet/><instancesSet>{instances}</instancesSet></item>")
+        return _response("DescribeInstances", "<reservationSet>" + "".join(items) + "</reservationSet>")
 
     def _describe_offerings(self, params: Mapping[str, str]) -> str:
         instance_type = params.get("InstanceType")

@@ -55,6 +55,21 @@ async def test_reservations_parse_into_what_the_decision_reads(world) -> None:
     assert blocks.calls["DescribeCapacityReservations"] == 1
 
 
+async def test_the_instances_of_a_block_parse_and_other_instance_queries_go_to_the_backend(world) -> None:
+    proxy, blocks, ec2 = world
+    block = blocks.add_block(instance_type=TYPE, availability_zone=AZ, total=2, available=0,
+                             instances=["i-0000000000000000a", "i-0000000000000000b"])
+    blocks.add_block(instance_type=TYPE, availability_zone=AZ, total=1, instances=["i-0000000000000000c"])
+    got = await ec2.reservation_instances(reservation_id=block.reservation_id)
+    assert got == ["i-0000000000000000a", "i-0000000000000000b"]
+    assert blocks.calls["DescribeInstances"] == 1
+    before = proxy.requests
+    # no capacity-reservation-id filter: forwarded to the backend (none here: the proxy's own 500)
+    with pytest.raises(Exception):  # noqa: B017 - which parse error botocore raises is not the point
+        await ec2._client.describe_instances(InstanceIds=["i-0000000000000000a"])
+    assert proxy.requests > before and blocks.calls["DescribeInstances"] == 1
+
+
 async def test_offerings_and_a_purchase_parse_and_the_purchase_key_finds_the_block(world) -> None:
     _, blocks, ec2 = world
     blocks.offerings.append(Offering("cb-0123456789abcdef0", TYPE, AZ, "3120.00"))
