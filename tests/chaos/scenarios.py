@@ -369,10 +369,11 @@ BACKEND_FAULTS: dict[str, tuple[str, Callable[[World], Any], bool]] = {
 
 
 # EC2 with Capacity Blocks. The scenario's replicas run with BLOCK_FLAGS (one interruption makes
-# a pool's Spot unreliable; buying on) against Karpenter's NodePool/EC2NodeClass (world.py): a
-# run either goes to a block with room that the EC2NodeClass lists ("block") or, with no block
-# with room, to a block it buys from the one offering ("buy"); see EC2_SETUP.
-#: (call, fault kind) -> (status, code); "reset": the connection closed with no answer
+# a pool's Spot unreliable; a block with room first; buying on) against Karpenter's
+# NodePool/EC2NodeClass (world.py): a run either goes to a block with room that the EC2NodeClass
+# lists ("block"), or, with no block with room, to a block it buys from the one offering ("buy"),
+# or leaves its expiring block for another ("expiry"); see EC2_SETUP and tests/support/ec2blocks.py.
+#: fault kind -> (HTTP status, EC2 error code); "reset": the connection closed with no answer
 _EC2_FAULTS = {"503": (503, "RequestLimitExceeded"), "500": (500, "InternalError"), "reset": (0, "")}
 #: the EC2 call each group of faults hits, the world it needs, and how often it is injected: a
 #: Describe call is retried by botocore (3 attempts), so 6 faults are 2 failed calls of the
