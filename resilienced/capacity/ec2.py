@@ -19,9 +19,10 @@ Calls (and the IAM actions in :data:`IAM_ACTIONS`):
 
 PurchaseCapacityBlock is sent once per :meth:`Ec2Capacity.purchase`: the client's own retries
 (botocore's standard mode, 3 attempts) are turned off for that one operation.  The API takes no
-client token, so a resent request is a second purchase; after a lost answer (connection closed,
-a 5xx) the SDK resent it and bought a second block (the reliability campaign's
-``ec2-purchase-answer-lost`` trial).  The caller's retry instead looks the purchase key up first.
+client token, so a resent request is a second purchase: with the SDK's retries, one answer lost
+after the purchase (the connection closed) bought two blocks (the reliability campaign's
+``ec2-purchase-answer-lost`` trial; a 5xx after the purchase would do the same).  The caller's
+retry (the event redelivered) instead looks the purchase key up first.
 
 botocore and connection errors are translated here by the one rule of
 :mod:`resilienced.aws.errors`: throttling, 429, 5xx and connection failures become

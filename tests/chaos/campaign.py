@@ -1,10 +1,11 @@
 """The reliability campaign: ``python -m tests.chaos.campaign [--quick] [--only NAME ...]``.
 
 ``make chaos`` runs the full form; ``--quick`` is the form the test suite runs
-(tests/chaos/test_campaign.py). ``--faults PREFIX ...`` runs only the backend faults of scenario 2
-whose names start with one of the prefixes (``--only backends --faults ec2-``: the EC2 faults;
-the names are the keys of ``BACKEND_FAULTS`` in tests/chaos/scenarios.py). Prints one JSON object per scenario (its tally, see
-tests/chaos/scenarios.py) and exits 1 when any scenario found a violation. docs/reliability.md
+(tests/chaos/test_campaign.py). ``--faults PREFIX ...`` runs only the backend faults of
+scenario 2 whose names start with one of the prefixes (``--only backends --faults ec2-``: the EC2
+faults; the names are the keys of ``BACKEND_FAULTS`` in tests/chaos/scenarios.py), in the full
+form's configuration whether or not ``--quick`` is given. Prints one JSON object per scenario
+(its tally, see tests/chaos/scenarios.py) and exits 1 when any scenario found a violation. docs/reliability.md
 tabulates the figures.
 """
 
