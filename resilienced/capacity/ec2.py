@@ -17,6 +17,13 @@ Calls (and the IAM actions in :data:`IAM_ACTIONS`):
   ``--purchase-tags`` (the tags the EC2NodeClass selects reservations on: Karpenter launches
   only into reservations an EC2NodeClass selects).
 
+PurchaseCapacityBlock is sent once per :meth:`Ec2Capacity.purchase`: the client's own retries
+(botocore's standard mode, 3 attempts) are turned off for that one operation.  The API takes no
+client token, so a resent request is a second purchase: with the SDK's retries, one answer lost
+after the purchase (the connection closed) bought two blocks (the reliability campaign's
+``ec2-purchase-answer-lost`` trial; a 5xx after the purchase would do the same).  The caller's
+retry (the event redelivered) instead looks the purchase key up first.
+
 botocore and connection errors are translated here by the one rule of
 :mod:`resilienced.aws.errors`: throttling, 429, 5xx and connection failures become
 :class:`~resilienced.errors.BackendUnavailable` (retry later, in :data:`RETRY_DELAY_S`); anything
@@ -58,6 +65,19 @@ PURCHASE_KEY_TAG = POLICY_PURCHASE_KEY_TAG
 
 #: Seconds before a retry of an EC2 call that could not be made.
 RETRY_DELAY_S = 5.0
+
+#: The botocore event asked whether to resend a failed PurchaseCapacityBlock.
+PURCHASE_RETRY_EVENT = "needs-retry.ec2.PurchaseCapacityBlock"
+
+
+def _send_once(**_: Any) -> bool:
+    """``needs-retry`` handler of PurchaseCapacityBlock: never resend it.
+
+    Handlers of the most specific event name run first and aiobotocore's endpoint stops at the
+    first answer that is not None; ``False`` there means "do not retry"
+    (aiobotocore/endpoint.py ``_needs_retry``, aiobotocore 3.x).
+    """
+    return False
 
 
 def translate(error: BaseException, *, action: str) -> Exception:
@@ -148,6 +168,9 @@ class Ec2Capacity:
             raise ValueError(f"page_size must be between 5 and 1000, got {page_size}")
         self._client = client
         self._page_size = page_size
+        events = getattr(getattr(client, "meta", None), "events", None)
+        if events is not None:  # a purchase is never resent by the SDK (see the module doc)
+            events.register(PURCHASE_RETRY_EVENT, _send_once, unique_id="resilienced-purchase-sent-once")
 
     async def _pages(self, operation: str, action: str, **params: Any) -> AsyncIterator[Mapping[str, Any]]:
         paginator = self._client.get_paginator(operation)

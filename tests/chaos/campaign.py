@@ -1,8 +1,11 @@
 """The reliability campaign: ``python -m tests.chaos.campaign [--quick] [--only NAME ...]``.
 
 ``make chaos`` runs the full form; ``--quick`` is the form the test suite runs
-(tests/chaos/test_campaign.py). Prints one JSON object per scenario (its tally, see
-tests/chaos/scenarios.py) and exits 1 when any scenario found a violation. docs/reliability.md
+(tests/chaos/test_campaign.py). ``--faults PREFIX ...`` runs only the backend faults of
+scenario 2 whose names start with one of the prefixes (``--only backends --faults ec2-``: the EC2
+faults; the names are the keys of ``BACKEND_FAULTS`` in tests/chaos/scenarios.py), in the full
+form's configuration whether or not ``--quick`` is given. Prints one JSON object per scenario
+(its tally, see tests/chaos/scenarios.py) and exits 1 when any scenario found a violation. docs/reliability.md
 tabulates the figures.
 """
 
@@ -52,7 +55,13 @@ def main(argv: list[str] | None = None) -> int:
                         help="scenarios to run (default: all)")
     parser.add_argument("--out", type=Path, help="also write the tallies to this JSON file")
     parser.add_argument("--flood-total", type=int, help="messages in the flood (default: 150 quick, 5000 full)")
+    parser.add_argument("--faults", nargs="+", metavar="PREFIX",
+                        help="scenario 2 (backends): only the faults whose names start with these")
     args = parser.parse_args(argv)
+    if args.faults:
+        scenarios.select_faults(quick=args.quick, only=args.faults)  # an unknown prefix fails here
+        for size in SIZES["backends"]:
+            size["only"] = args.faults
     if args.flood_total:
         SIZES["flood"][0 if args.quick else 1]["total"] = args.flood_total
     # SIGTERM stops the daemons, the servers and moto too (the worlds' finally blocks run)

@@ -20,9 +20,11 @@ from pathlib import Path
 from collections.abc import Callable
 from typing import Any
 
+from resilienced.capacity.request import ANNOTATION_RESERVATION
 from resilienced.kube.leases import DETAILS_ANNOTATION, KEY_ANNOTATION, STATE_ANNOTATION, STATE_DONE, lease_name
 from tests.chaos import flood as flood_mod
-from tests.chaos.world import BUCKET, MAX_RECEIVES, World, notice, world
+from tests.chaos.world import BLOCK_TAGS, BUCKET, MAX_RECEIVES, World, expiry_notice, instance, notice, world
+from tests.support.ec2blocks import Offering
 from tests.support.faultproxy import aws_action, path_contains
 
 
@@ -364,9 +366,9 @@ BACKEND_FAULTS: dict[str, tuple[str, Callable[[World], Any], bool]] = {
                lambda w: w.kube.call(w.aws_proxy.fail, 500, times=10, match=path_contains(f"/{BUCKET}")), True),
     "s3-stall": ("proxy: 2 S3 requests held 35 s (past the 30 s read timeout)",
                  lambda w: w.kube.call(w.aws_proxy.stall, 35, times=2, match=path_contains(f"/{BUCKET}")), False),
-    "ec2-throttle": ("proxy: RequestLimitExceeded (HTTP 503) on 6 DescribeCapacityReservations",
+    "ec2-throttle": ("proxy: RequestLimitExceeded (HTTP 503) on 6 DescribeCapacityReservations (no block)",
                      lambda w: w.kube.call(w.aws_proxy.fail, 503, code="RequestLimitExceeded", times=6,
-                                           match=aws_action("DescribeCapacityReservations")), True),
+                                           match=aws_action("DescribeCapacityReservations")), False),
     "kube-500-node": ("emulator: 500 on 4 Node patches", lambda w: w.kube.call(
         w.kube.server.fail, verb="patch", resource="nodes", status=500, times=4), False),
     "kube-429-rayjob": ("emulator: 429 Retry-After 1 on 4 RayJob patches", lambda w: w.kube.call(
@@ -376,6 +378,108 @@ BACKEND_FAULTS: dict[str, tuple[str, Callable[[World], Any], bool]] = {
     "kube-stall-events": ("emulator: 2 Event creates held 70 s", lambda w: w.kube.call(
         w.kube.server.delay, 70, verb="create", resource="events", times=2), False),
 }
+
+
+# EC2 with Capacity Blocks. The scenario's replicas run with BLOCK_FLAGS (one interruption makes
+# a pool's Spot unreliable; a block with room first; buying on) against Karpenter's
+# NodePool/EC2NodeClass (world.py): a run either goes to a block with room that the EC2NodeClass
+# lists ("block"), or, with no block with room, to a block it buys from the one offering ("buy"),
+# or leaves its expiring block for another ("expiry"); see EC2_SETUP and tests/support/ec2blocks.py.
+#: fault kind -> (HTTP status, EC2 error code); "reset": the connection closed with no answer
+_EC2_FAULTS = {"503": (503, "RequestLimitExceeded"), "500": (500, "InternalError"), "reset": (0, "")}
+#: the EC2 call each group of faults hits, the world it needs, and how often it is injected: a
+#: Describe call is retried by botocore (3 attempts), so 6 faults are 2 failed calls of the
+#: daemon; PurchaseCapacityBlock is sent once per attempt (resilienced/capacity/ec2.py), so 2
+_EC2_CALLS = {"instances": ("DescribeInstances", "expiry", 6),
+              "reservations": ("DescribeCapacityReservations", "block", 6),
+              "offerings": ("DescribeCapacityBlockOfferings", "buy", 6),
+              "purchase": ("PurchaseCapacityBlock", "buy", 2)}
+#: fault name -> "block" | "buy" | "expiry" (what the trial sets up in the EC2 stand-in, and
+#: checks after; "expiry": the run is on a block about to end, whose instances the daemon asks EC2
+#: for, and moves to another block with room)
+EC2_SETUP: dict[str, str] = {}
+
+
+def _ec2_fault(action: str, kind: str, times: int) -> Callable[[World], Any]:
+    status, code = _EC2_FAULTS[kind]
+    if kind == "reset":
+        return lambda w: w.kube.call(w.aws_proxy.reset, times=times, match=aws_action(action))
+    return lambda w: w.kube.call(w.aws_proxy.fail, status, code=code, style="ec2", times=times,
+                                 match=aws_action(action))
+
+
+for _call, (_action, _setup, _times) in _EC2_CALLS.items():
+    for _kind, (_status, _code) in _EC2_FAULTS.items():
+        _name = f"ec2-{_call}-{_kind}"
+        _how = "connection reset" if _kind == "reset" else f"{_status} {_code}"
+        _world = {"block": "a Capacity Block with room", "buy": "no block with room, one offering to buy",
+                  "expiry": "the run's block expiring, another with room"}[_setup]
+        BACKEND_FAULTS[_name] = (f"proxy: {_how} on {_times} {_action} ({_world})",
+                                 _ec2_fault(_action, _kind, _times), _name == "ec2-reservations-503")
+        EC2_SETUP[_name] = _setup
+BACKEND_FAULTS["ec2-purchase-answer-lost"] = (
+    "proxy: PurchaseCapacityBlock served (the block bought), then the connection reset before the answer "
+    "(no block with room, one offering to buy)",
+    lambda w: w.kube.call(w.aws_proxy.lose, times=1, match=aws_action("PurchaseCapacityBlock")), False)
+EC2_SETUP["ec2-purchase-answer-lost"] = "buy"
+
+#: what scenario 2's replicas run with: Spot of a pool is unreliable after one interruption, and a
+#: block is bought (for real, within the cap) when no block has room; bought blocks carry the tags
+#: the EC2NodeClass selects on; a run waiting for a block just bought is retried after 1 s; a block
+#: with room goes before Spot (a run leaving an expiring block need not have seen an interruption)
+BLOCK_FLAGS = ("--interruption-threshold", "1", "--prefer-blocks", "true",
+               "--purchase-blocks", "true", "--price-cap", "5000",
+               "--purchase-dry-run", "false", "--wait-retry", "1s",
+               "--purchase-tags", ",".join(f"{k}={v}" for k, v in BLOCK_TAGS.items()))
+OFFERING_FEE = "3120.00"
+
+
+def ec2_setup(w: World, name: str, n: int) -> dict[str, Any]:
+    """Before trial ``name``: every block so far is full (the runs requeued onto it hold it), no
+    offering; then a block with room ("block"), one offering ("buy"), or a block holding run n's
+    instance that ends in 40 min and a block with room ("expiry"). What to check after."""
+    setup = EC2_SETUP.get(name)
+
+    def prepare() -> dict[str, Any]:
+        for block in w.ec2.blocks:
+            block.available = 0
+        w.ec2.offerings.clear()
+        out: dict[str, Any] = {"setup": setup, "purchases_before": len(w.ec2.purchases)}
+        if setup == "expiry":  # run n's instance is in a block ending in 40 min (the warning's lead)
+            old = w.ec2.add_block(instance_type="p5.48xlarge", availability_zone="us-east-1a", total=1, available=0,
+                                  hours=40 / 60, tags=BLOCK_TAGS, instances=[instance(n)])
+            out.update(old_block=old.reservation_id, old_end=old.end)
+        if setup in ("block", "expiry"):
+            out["block"] = w.ec2.add_block(instance_type="p5.48xlarge", availability_zone="us-east-1a", total=4,
+                                           hours=48, tags=BLOCK_TAGS).reservation_id
+        elif setup == "buy":
+            w.ec2.offerings.append(Offering(f"cb-{len(w.ec2.purchases) + 1:017x}", "p5.48xlarge", "us-east-1a",
+                                            OFFERING_FEE))
+        return out
+    return w.kube.call(prepare)
+
+
+def check_ec2(w: World, n: int, name: str, expect: dict[str, Any], tally: Tally) -> None:
+    """The run went onto the block ("block", "expiry": the one with room, nothing bought; "buy":
+    the one bought, once), as its RayJob's worker groups and reservation annotation say."""
+    if expect.get("setup") is None:
+        return
+    purchases = w.kube.call(lambda: list(w.ec2.purchases[expect["purchases_before"]:]))
+    job = w.kube.call(w.kube.server.get, "rayjobs.ray.io", "train", namespace=f"trial-{n}") or {}
+    notes = job.get("metadata", {}).get("annotations", {})
+    groups = job.get("spec", {}).get("rayClusterSpec", {}).get("workerGroupSpecs", [])
+    selectors = [g.get("template", {}).get("spec", {}).get("nodeSelector", {}) for g in groups]
+    want = expect.get("block") if expect["setup"] in ("block", "expiry") else (purchases[0]["reservation_id"] if purchases else None)
+    on = {s.get("karpenter.k8s.aws/capacity-reservation-id") for s in selectors}
+    record = {"purchases": len(purchases), "annotation": notes.get(ANNOTATION_RESERVATION),
+              "worker_selector_reservations": sorted(map(str, on))}
+    tally.extra.setdefault("ec2", {})[name] = record
+    if expect["setup"] == "buy" and len(purchases) != 1:
+        tally.violations.append(f"{name}: {len(purchases)} Capacity Blocks bought for one run, want 1: {purchases}")
+    if expect["setup"] in ("block", "expiry") and purchases:
+        tally.violations.append(f"{name}: bought {len(purchases)} blocks although one had room: {purchases}")
+    if want is None or on != {want} or record["annotation"] != want:
+        tally.violations.append(f"{name}: the run's worker groups are not placed on {want}: {record}")
 
 
 class _Once:
@@ -395,15 +499,21 @@ BACKEND_FAULTS["kube-watch-410"] = (
 UNREADY_OK = ("sqs-",)
 
 
-def fault_trial(w: World, n: int, name: str) -> tuple[float, dict[str, Any]]:
+def fault_trial(w: World, n: int, name: str, expect: dict[str, Any] | None = None) -> tuple[float, dict[str, Any]]:
     """Arm ``name``, send a notice for a new run n; once the fault is spent, the seconds to recover.
 
     Also what the replicas' ``/readyz`` said while the fault lasted (polled), and after.
+    ``expect`` (:func:`ec2_setup`) with an ``old_block``: the run is on that block and the notice
+    is its expiration warning.
     """
     rule = BACKEND_FAULTS[name][1](w)
-    w.seed_run(n)
+    old = (expect or {}).get("old_block")
+    w.seed_run(n, reservation=old)
     w.put_checkpoint(n, step=3, saved=datetime.now(timezone.utc) + timedelta(seconds=1))
-    w.send([json.dumps(notice_for(n))])
+    now = datetime.now(timezone.utc)
+    event = notice_for(n) if old is None else expiry_notice(
+        old, end=(expect or {})["old_end"], event_id=f"{old}-approaching-expiry", when=now)
+    w.send([json.dumps(event)])
     seen: list[tuple[int, str]] = []
 
     def spent() -> bool:
@@ -432,7 +542,7 @@ def fault_trial(w: World, n: int, name: str) -> tuple[float, dict[str, Any]]:
     except AssertionError:
         ready_again = None
     return took, {"polls": len(seen), "unready": len(unready), "reasons": sorted({r[:160] for _, r in unready})[:3],
-                  "ready_again_s": ready_again}
+                  "ready_again_s": ready_again, "injected": rule.hits}
 
 
 def check_readyz(name: str, readyz: dict[str, Any], tally: Tally) -> None:
@@ -446,25 +556,46 @@ def check_readyz(name: str, readyz: dict[str, Any], tally: Tally) -> None:
         tally.violations.append(f"{name}: /readyz not ready 120 s after the fault ended: {readyz}")
 
 
-def scenario_backends(workdir: Path, *, quick: bool, moto: Any = None) -> Tally:
-    """Scenario 2: each backend fault once (the --quick subset, or all), two replicas."""
+def select_faults(*, quick: bool, only: list[str] | None = None) -> list[str]:
+    """The faults to run: the --quick subset or all; ``only``: those whose name starts with one of
+    these (``--faults`` of the campaign, e.g. ``ec2-`` or ``ec2-purchase-answer-lost``)."""
     names = [k for k, (_, _, in_quick) in BACKEND_FAULTS.items() if in_quick or not quick]
+    if only:
+        names = [k for k in BACKEND_FAULTS if any(k.startswith(prefix) for prefix in only)]
+        if not names:
+            raise ValueError(f"no backend fault starts with {only}; the faults: {', '.join(BACKEND_FAULTS)}")
+    return names
+
+
+def scenario_backends(workdir: Path, *, quick: bool, moto: Any = None, only: list[str] | None = None) -> Tally:
+    """Scenario 2: each backend fault once (the --quick subset, or all, or ``only``), two replicas
+    with BLOCK_FLAGS against Karpenter's objects (a fault not about EC2 sees no block, no offering)."""
+    names = select_faults(quick=quick, only=only)
     tally = Tally("backends", "; ".join(f"{k}: {BACKEND_FAULTS[k][0]}" for k in names))
     trials: list[int] = []
-    with world(workdir, moto=moto) as w:
-        w.start_replicas(2)
+    with world(workdir, moto=moto, karpenter=True) as w:
+        w.start_replicas(2, *BLOCK_FLAGS)
         for k, name in enumerate(names, start=1):
             trials.append(k)
             tally.injected += 1
+            expect = ec2_setup(w, name, k)
             try:
-                took, readyz = fault_trial(w, k, name)
+                took, readyz = fault_trial(w, k, name, expect)
             except AssertionError as e:
                 tally.violations.append(f"{name}: {e}")
                 continue
             tally.recover_s.append(round(took, 1))
             tally.survived += 1
             tally.extra.setdefault("readyz", {})[name] = readyz
+            tally.extra.setdefault("injected", {})[name] = readyz.pop("injected")
             check_readyz(name, readyz, tally)
+            violations = len(tally.violations)
+            check_ec2(w, k, name, expect, tally)
+            if len(tally.violations) > violations:
+                tally.survived -= 1
         _finish(w, trials, tally)
         tally.extra["faults"] = names
+        tally.extra["purchases"] = w.kube.call(lambda: len(w.ec2.purchases))
+        tally.extra["ec2_calls_answered"] = w.kube.call(lambda: dict(w.ec2.calls))  # by the stand-in, faults not counted
     return tally
+

@@ -37,12 +37,45 @@ import botocore.session
 from resilienced.local.aws import FAKE_CREDENTIALS, MotoServer
 from tests.intake.process import DaemonProcess
 from tests.recovery.conftest import DAEMON_NS, REGION, node, pod_template, rbac
-from tests.support.faultproxy import EMPTY_CAPACITY_RESERVATIONS, FaultProxy, aws_action
-from tests.support.kubeapi import KubeApiServer
+from tests.support.ec2blocks import Block, Ec2Blocks
+from tests.support.faultproxy import FaultProxy
+from tests.support.kubeapi import KubeApiServer, ResourceType
 
 BUCKET = "ckpt"
 ACCOUNT = "123456789012"
 MAX_RECEIVES = 5
+
+
+#: Karpenter's kinds as aws/karpenter-provider-aws serves them (pkg/apis/crds/karpenter.sh_nodepools.yaml,
+#: karpenter.k8s.aws_ec2nodeclasses.yaml: cluster-scoped, status subresource); served by a world
+#: made with ``karpenter=True``.
+KARPENTER_RESOURCES = (
+    ResourceType("karpenter.sh", ("v1",), "nodepools", "NodePool", namespaced=False),
+    ResourceType("karpenter.k8s.aws", ("v1",), "ec2nodeclasses", "EC2NodeClass", namespaced=False),
+)
+#: The EC2NodeClass of the reserved NodePool selects Capacity Reservations by these tags
+#: (spec.capacityReservationSelectorTerms); the daemons put them on a block they buy
+#: (--purchase-tags), so Karpenter can launch into it.
+BLOCK_TAGS = {"resilienced.io/pool": "training"}
+NODECLASS = "reserved"
+
+
+def karpenter_objects() -> list[dict[str, Any]]:
+    """A NodePool that launches reserved capacity of the runs' type, and its EC2NodeClass (no block yet)."""
+    return [
+        {"apiVersion": "karpenter.sh/v1", "kind": "NodePool", "metadata": {"name": "reserved"},
+         "spec": {"template": {"spec": {
+             "nodeClassRef": {"group": "karpenter.k8s.aws", "kind": "EC2NodeClass", "name": NODECLASS},
+             "requirements": [{"key": "karpenter.sh/capacity-type", "operator": "In", "values": ["reserved"]},
+                              {"key": "node.kubernetes.io/instance-type", "operator": "In",
+                               "values": ["p5.48xlarge"]}]}}}},
+        {"apiVersion": "karpenter.k8s.aws/v1", "kind": "EC2NodeClass", "metadata": {"name": NODECLASS},
+         "spec": {"amiSelectorTerms": [{"alias": "al2023@latest"}], "role": "KarpenterNodeRole",
+                  "subnetSelectorTerms": [{"tags": {"karpenter.sh/discovery": "chaos"}}],
+                  "securityGroupSelectorTerms": [{"tags": {"karpenter.sh/discovery": "chaos"}}],
+                  "capacityReservationSelectorTerms": [{"tags": dict(BLOCK_TAGS)}]},
+         "status": {"capacityReservations": []}},
+    ]
 
 
 def instance(n: int) -> str:
@@ -94,14 +127,21 @@ def _ray_spec() -> dict[str, Any]:
                                   "rayStartParams": {}, "template": pod_template()}]}
 
 
-def run_objects(n: int, *, job_uid: str, head_ip: str = "127.0.0.1") -> list[dict[str, Any]]:
-    """Run ``trial-n/train``: the Node, RayCluster and head pod of RayJob ``job_uid`` (:func:`run_job`)."""
+def run_objects(n: int, *, job_uid: str, head_ip: str = "127.0.0.1",
+                reservation: str | None = None) -> list[dict[str, Any]]:
+    """Run ``trial-n/train``: the Node, RayCluster and head pod of RayJob ``job_uid`` (:func:`run_job`).
+
+    ``reservation``: the Node is Karpenter's reserved capacity in that Capacity Block (labels
+    ``karpenter.sh/capacity-type=reserved``, ``karpenter.k8s.aws/capacity-reservation-id``).
+    """
     ns = f"trial-{n}"
     spec = _ray_spec()
     # every run's Node is in the same pool (p5.48xlarge x us-east-1a): the replicas' in-memory
     # interruption histories of that pool differ, so a replica taking a run over after its requeue
     # must keep the move already applied rather than decide again (docs/reliability.md)
-    host = node(f"node-{n}", instance(n))
+    host = node(f"node-{n}", instance(n), capacity="reserved" if reservation else "spot")
+    if reservation:
+        host["metadata"]["labels"]["karpenter.k8s.aws/capacity-reservation-id"] = reservation
     return [
         host,
         {"apiVersion": "ray.io/v1", "kind": "RayCluster",
@@ -131,7 +171,8 @@ def run_job(n: int) -> dict[str, Any]:
 class World:
     """moto + emulated API + N daemon replicas; every process stopped by :meth:`close`."""
 
-    def __init__(self, workdir: Path, *, moto: MotoServer | None = None, visibility: int = 4) -> None:
+    def __init__(self, workdir: Path, *, moto: MotoServer | None = None, visibility: int = 4,
+                 karpenter: bool = False) -> None:
         self.workdir = workdir
         self.visibility = visibility
         self._own_moto = moto is None
@@ -151,10 +192,16 @@ class World:
             {"deadLetterTargetArn": arn, "maxReceiveCount": str(MAX_RECEIVES)})})["QueueUrl"]
         self.kube = ThreadedKubeApi()
         # the daemons reach AWS through the fault proxy (scenario 2), which also answers the EC2
-        # call moto lacks
+        # Capacity Block calls moto lacks, from ``self.ec2`` (no block, no offering until a
+        # scenario adds them); its state lives on the kube loop (w.kube.call to change it)
         self.aws_proxy: FaultProxy = self.kube.run(FaultProxy(self.moto.endpoint_url).start())
-        self.kube.call(self.aws_proxy.answer, EMPTY_CAPACITY_RESERVATIONS,
-                       match=aws_action("DescribeCapacityReservations"))
+        self.karpenter = karpenter
+        self.ec2 = Ec2Blocks(on_active=self._karpenter_resolves)
+        self.kube.call(self.ec2.install, self.aws_proxy)
+        if karpenter:  # before any replica starts: kubernetes mode discovers the kinds at start
+            for rtype in KARPENTER_RESOURCES:
+                self.kube.call(self.kube.server.register, rtype)
+            self.kube.call(self.kube.server.seed, *karpenter_objects())
         self.kubeconfig = self.kube.call(self.kube.server.write_kubeconfig, workdir / "kubeconfig")
         self.replicas: list[DaemonProcess] = []
         self.retired: list[DaemonProcess] = []
@@ -179,9 +226,9 @@ class World:
             self.wait_started(daemon)
         return daemon
 
-    def start_replicas(self, count: int) -> list[DaemonProcess]:
+    def start_replicas(self, count: int, *extra: str) -> list[DaemonProcess]:
         """``count`` replicas started side by side (their imports overlap), each waited for."""
-        daemons = [self.start_replica(wait=False) for _ in range(count)]
+        daemons = [self.start_replica(*extra, wait=False) for _ in range(count)]
         for daemon in daemons:
             self.wait_started(daemon)
         return daemons
@@ -264,6 +311,25 @@ class World:
     def decisions(self) -> list[dict[str, Any]]:
         return [line for d in (*self.retired, *self.replicas) for line in d.lines if line.get("event") == "decision"]
 
+    # ------------------------------------------------------------------ Karpenter
+    def _karpenter_resolves(self, block: Block) -> None:
+        """Karpenter's part (on the kube loop): an active block carrying the EC2NodeClass's selector
+        tags joins its ``status.capacityReservations`` (aws/karpenter-provider-aws
+        pkg/providers/capacityreservation resolves capacityReservationSelectorTerms; the entry's
+        fields: pkg/apis/v1/ec2nodeclass_status.go)."""
+        if not self.karpenter or block.state != "active" or any(block.tags.get(k) != v for k, v in BLOCK_TAGS.items()):
+            return
+        current = self.kube.server.get("ec2nodeclasses.karpenter.k8s.aws", NODECLASS) or {}
+        listed = list((current.get("status") or {}).get("capacityReservations") or [])
+        if any(r.get("id") == block.reservation_id for r in listed):
+            return
+        listed.append({"id": block.reservation_id, "instanceType": block.instance_type,
+                       "availabilityZone": block.availability_zone, "ownerID": ACCOUNT,
+                       "instanceMatchCriteria": "targeted", "reservationType": "capacity-block",
+                       "state": "active", "endTime": block.end.strftime("%Y-%m-%dT%H:%M:%SZ")})
+        self.kube.server.patch("ec2nodeclasses.karpenter.k8s.aws", NODECLASS,
+                               {"status": {"capacityReservations": listed}})
+
     # ------------------------------------------------------------------ backends
     def queue_counts(self, url: str | None = None) -> tuple[int, int]:
         attrs = self.sqs.get_queue_attributes(QueueUrl=url or self.queue_url, AttributeNames=["All"])["Attributes"]
@@ -299,9 +365,9 @@ class World:
                               for k, v in files.items()]}
         self.s3.put_object(Bucket=BUCKET, Key=f"{prefix}/manifest.json", Body=json.dumps(manifest).encode())
 
-    def seed_run(self, n: int) -> None:
+    def seed_run(self, n: int, *, reservation: str | None = None) -> None:
         job = self.kube.call(self.kube.server.create, run_job(n))
-        self.kube.call(self.kube.server.seed, *run_objects(n, job_uid=job["metadata"]["uid"]))
+        self.kube.call(self.kube.server.seed, *run_objects(n, job_uid=job["metadata"]["uid"], reservation=reservation))
 
     def run_events(self, n: int, reason: str) -> list[dict[str, Any]]:
         events = self.kube.call(self.kube.server.list, "events", namespace=f"trial-{n}")
@@ -324,6 +390,16 @@ def world(workdir: Path, **kwargs: Any) -> Iterator[World]:
         yield w
     finally:
         w.close()
+
+
+def expiry_notice(reservation_id: str, *, end: datetime, event_id: str, when: datetime) -> dict[str, Any]:
+    """A Capacity Block Reservation Expiration Warning (EC2 User Guide, "Monitor Capacity Blocks
+    using EventBridge"; the envelope as handlers/capacity_block_expiry.py reads it)."""
+    return {"version": "0", "id": event_id, "detail-type": "Capacity Block Reservation Expiration Warning",
+            "source": "aws.ec2", "account": ACCOUNT, "time": when.strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "region": REGION,
+            "resources": [f"arn:aws:ec2:{REGION}:{ACCOUNT}:capacity-reservation/{reservation_id}"],
+            "detail": {"capacity-reservation-id": reservation_id, "end-date": end.strftime("%Y-%m-%dT%H:%M:%SZ")}}
 
 
 def notice(n: int, *, event_id: str, when: datetime, account: str = ACCOUNT, source: str = "aws.ec2",

@@ -9,6 +9,11 @@ instead of the backend's. Every request is forwarded unchanged, unless a rule ma
 ``stall(seconds, match=, times=)`` hold the request ``seconds`` before forwarding it
 ``answer(status, body, match=)``   answer with a fixed body instead of the backend (a call the
                                    backend lacks; see :data:`EMPTY_CAPACITY_RESERVATIONS`)
+``handle(fn, match=)``             answer with ``fn(request, body) -> (status, body)`` instead of
+                                   the backend (calls answered from data: tests/support/ec2blocks.py)
+``lose(match=, times=)``           let the request be served (by a standing ``answer``/``handle``
+                                   rule, or the backend), then close the connection before the
+                                   answer: the call happened, its caller never learns so
 
 ``match(request, body) -> bool`` sees the aiohttp request and its body; :func:`aws_action`
 matches AWS query-protocol actions (``Action=...`` in the form body) and JSON-protocol ones
@@ -62,7 +67,7 @@ def path_contains(text: str) -> Match:
 
 @dataclass
 class Rule:
-    kind: str  # fail | reset | stall | answer
+    kind: str  # fail | reset | stall | answer | handle | lose
     match: Match
     times: int | None
     status: int = 500
@@ -70,6 +75,8 @@ class Rule:
     seconds: float = 0.0
     body: str = ""
     hits: int = 0
+    style: str = "query"  # fail: "query" (<ErrorResponse>) or "ec2" (<Response><Errors>)
+    fn: Callable[[web.Request, bytes], tuple[int, str]] | None = None
 
     def take(self, request: web.Request, body: bytes) -> bool:
         if self.times is not None and self.hits >= self.times:
@@ -118,8 +125,10 @@ class FaultProxy:
         return rule
 
     def fail(self, status: int = 500, *, code: str = "InternalError", match: Match = lambda r, b: True,
-             times: int | None = None) -> Rule:
-        return self._add(Rule("fail", match, times, status=status, code=code))
+             times: int | None = None, style: str = "query") -> Rule:
+        """``style="ec2"``: EC2's error body (``Response/Errors/Error``, ``RequestID``; EC2 API
+        reference, "Error codes for the Amazon EC2 API"), else the query protocol's ``ErrorResponse``."""
+        return self._add(Rule("fail", match, times, status=status, code=code, style=style))
 
     def reset(self, *, match: Match = lambda r, b: True, times: int | None = None) -> Rule:
         return self._add(Rule("reset", match, times))
@@ -130,31 +139,52 @@ class FaultProxy:
     def answer(self, body: str, *, status: int = 200, match: Match, times: int | None = None) -> Rule:
         return self._add(Rule("answer", match, times, status=status, body=body))
 
+    def handle(self, fn: Callable[[web.Request, bytes], tuple[int, str]], *, match: Match,
+               times: int | None = None) -> Rule:
+        return self._add(Rule("handle", match, times, fn=fn))
+
+    def lose(self, *, match: Match = lambda r, b: True, times: int | None = None) -> Rule:
+        return self._add(Rule("lose", match, times))
+
     def clear(self, *, keep_answers: bool = True) -> None:
-        self.rules = [r for r in self.rules if keep_answers and r.kind == "answer"]
+        self.rules = [r for r in self.rules if keep_answers and r.kind in ("answer", "handle")]
 
     # ------------------------------------------------------------------ serving
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         body = await request.read()
         self.requests += 1
+        lose = False
+        response: web.StreamResponse | None = None
         for rule in list(self.rules):
             if not rule.take(request, body):
                 continue
+            if rule.kind == "lose":  # served below, then the answer is dropped
+                lose = True
+                continue
             if rule.kind == "answer":
-                return web.Response(status=rule.status, text=rule.body, content_type="text/xml")
-            if rule.kind == "fail":
-                return web.Response(status=rule.status, content_type="text/xml", text=(
-                    f"<ErrorResponse><Error><Type>Receiver</Type><Code>{rule.code}</Code>"
-                    f"<Message>injected by the fault proxy</Message></Error>"
-                    f"<RequestId>00000000-0000-4000-8000-000000000000</RequestId></ErrorResponse>"))
-            if rule.kind == "reset":
-                assert request.transport is not None
-                request.transport.abort()
-                raise asyncio.CancelledError  # aiohttp drops the handler with the connection
-            if rule.kind == "stall":
+                response = web.Response(status=rule.status, text=rule.body, content_type="text/xml")
+            elif rule.kind == "handle":
+                assert rule.fn is not None
+                status, text = rule.fn(request, body)
+                response = web.Response(status=status, text=text, content_type="text/xml")
+            elif rule.kind == "fail":
+                response = web.Response(status=rule.status, content_type="text/xml", text=_error(rule))
+            elif rule.kind == "reset":
+                self._abort(request)
+            elif rule.kind == "stall":
                 await asyncio.sleep(rule.seconds)
             break
-        return await self._forward(request, body)
+        if response is None:
+            response = await self._forward(request, body)
+        if lose:
+            self._abort(request)
+        return response
+
+    @staticmethod
+    def _abort(request: web.Request) -> None:
+        assert request.transport is not None
+        request.transport.abort()
+        raise asyncio.CancelledError  # aiohttp drops the handler with the connection
 
     async def _forward(self, request: web.Request, body: bytes) -> web.StreamResponse:
         assert self._session is not None
@@ -166,3 +196,12 @@ class FaultProxy:
             if "Content-Encoding" in upstream.headers:
                 out["Content-Encoding"] = upstream.headers["Content-Encoding"]
             return web.Response(status=upstream.status, body=payload, headers=out)
+
+
+def _error(rule: Rule) -> str:
+    if rule.style == "ec2":
+        return (f"<Response><Errors><Error><Code>{rule.code}</Code><Message>injected by the fault proxy"
+                f"</Message></Error></Errors><RequestID>00000000-0000-4000-8000-000000000000</RequestID></Response>")
+    return (f"<ErrorResponse><Error><Type>Receiver</Type><Code>{rule.code}</Code>"
+            f"<Message>injected by the fault proxy</Message></Error>"
+            f"<RequestId>00000000-0000-4000-8000-000000000000</RequestId></ErrorResponse>")
