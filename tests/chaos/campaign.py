@@ -20,7 +20,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from tests.chaos import checkpoint_crash, fuzz, scenarios
+from tests.chaos import checkpoint_crash, fuzz, gcs, scenarios
 
 #: scenario -> (quick size, full size) and how to run it
 SIZES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
@@ -29,12 +29,14 @@ SIZES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
     "fuzz": ({"seconds": 8}, {"seconds": 180}),
     "backends": ({"quick": True}, {"quick": False}),
     "checkpoint": ({"repeats": 1, "batch": True}, {"repeats": 3}),
+    "gcs": ({"quick": True}, {"quick": False}),
 }
 RUNNERS: dict[str, Callable[..., scenarios.Tally]] = {
     "flood": scenarios.scenario_flood,
     "kill": scenarios.scenario_kill,
     "backends": scenarios.scenario_backends,
     "checkpoint": checkpoint_crash.scenario_checkpoint,
+    "gcs": gcs.scenario_gcs,
 }
 
 
