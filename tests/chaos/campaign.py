@@ -4,6 +4,11 @@
 (tests/chaos/test_campaign.py). Prints one JSON object per scenario (its tally, see
 tests/chaos/scenarios.py) and exits 1 when any scenario found a violation. docs/reliability.md
 tabulates the figures.
+
+``--only gcs`` is scenario 2 in ray mode (tests/chaos/gcs.py): two ``resilienced run --mode ray``
+replicas on a real local Ray cluster whose GCS is stopped (SIGSTOP), stopped past a whole GCS
+call's bound, stopped mid-recovery, or unreachable, while a notice is handled; ``--quick`` runs
+the first only.
 """
 
 from __future__ import annotations

@@ -12,11 +12,14 @@ fault proxy in front of moto, which also answers ``DescribeCapacityReservations`
   ray mode their claims (event and run) live in the GCS internal KV (resilienced/ray/claims.py),
   so a stopped GCS holds up the claims, ``locate`` and the drain alike.
 
-One trial: the worker of instance ``instance(n)`` is busy; the head's ``gcs_server`` is stopped
-(SIGSTOP: it keeps its listening socket, so a TCP connect still succeeds and every request hangs
-past the daemon's GCS timeout, ``RayGcs.timeout`` 10 s, resilienced/ray/gcs.py); the trainer's
-save is written to S3 and the Spot notice for ``instance(n)`` is sent; once a replica has
-received it the fault is held ``hold_s`` more, then the GCS is resumed (SIGCONT). Counted:
+The daemons reach the GCS through a TCP forwarder (:class:`TcpForwarder`), which can make the
+address unreachable. One trial (:data:`GCS_FAULTS`): the worker of instance ``instance(n)`` is
+busy; the head's ``gcs_server`` is stopped (SIGSTOP: it keeps its listening socket, so a TCP
+connect still succeeds and every request hangs past the daemon's GCS timeout, ``RayGcs.timeout``
+10 s, resilienced/ray/gcs.py), or the forwarder refuses connections; the trainer's save is written
+to S3 and the Spot notice for ``instance(n)`` is sent; once a replica has received it the fault
+is held ``hold_s`` more, then the GCS is resumed (SIGCONT) or reachable again. One fault starts
+later instead: once the node is drained, while the replica waits for the checkpoint. Counted:
 
 * drains: ``HandleDrainNode`` lines for the node in the GCS's own log (``gcs_server.out``; Ray
   2.60 ``src/ray/gcs/gcs_autoscaler_state_manager.cc`` logs one per DrainNode request it
@@ -46,6 +49,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
@@ -66,13 +70,101 @@ GCS_TIMEOUT_S = 10.0
 RUN = 0
 CHECKPOINT_URI = f"s3://{BUCKET}/trial-{RUN}/train"
 
-#: fault name -> (what is done, seconds the GCS is held stopped once a replica has the notice, quick)
-GCS_FAULTS: dict[str, tuple[str, float, bool]] = {
-    "gcs-stop": (f"SIGSTOP of the head's gcs_server held 15 s after the notice is received (past the "
-                 f"daemon's {GCS_TIMEOUT_S:g} s GCS timeout), then SIGCONT", 15.0, True),
-    "gcs-stop-long": ("SIGSTOP of the head's gcs_server held 50 s after the notice is received (past a "
-                      "whole GCS call's bound, 3 x 10 + 15 s), then SIGCONT", 50.0, False),
+
+@dataclass(frozen=True)
+class GcsFault:
+    what: str
+    #: seconds the fault is held: from the notice's receive (``when`` "notice"), or from the drain
+    hold_s: float
+    quick: bool
+    #: "notice": injected before the notice is sent (claims, locate and the drain meet it);
+    #: "drained": injected once a replica has drained the node, while it waits for the checkpoint
+    #: (the save comes 1 s later), so the durable step, the requeue and the run claim's renewal and
+    #: completion meet it
+    when: str = "notice"
+
+
+GCS_FAULTS: dict[str, GcsFault] = {
+    "gcs-stop": GcsFault(f"SIGSTOP of the head's gcs_server held 15 s after the notice is received (past the "
+                         f"daemon's {GCS_TIMEOUT_S:g} s GCS timeout), then SIGCONT", 15.0, True),
+    "gcs-stop-long": GcsFault("SIGSTOP of the head's gcs_server held 50 s after the notice is received (past a "
+                              "whole GCS call's bound, 3 x 10 + 15 s), then SIGCONT", 50.0, False),
+    "gcs-stop-after-drain": GcsFault(
+        "SIGSTOP of the head's gcs_server as soon as a replica has drained the node, while it waits for the "
+        "checkpoint (saved 1 s later), held 15 s, then SIGCONT", 15.0, False, when="drained"),
+    "gcs-unreachable": GcsFault(
+        "the GCS address refuses connections (the TCP forwarder in front of it closes its listener and resets "
+        "open connections) for 12 s after the notice is received, then accepts again", 12.0, False),
 }
+
+
+class TcpForwarder:
+    """A TCP forwarder in front of the GCS (the daemons' ``--ray-address``), on its own loop's thread.
+
+    :meth:`refuse` makes the address unreachable: the listener is closed (a connect is refused)
+    and every open connection is reset; :meth:`accept` listens again on the same port. gRPC is
+    bytes on a TCP stream to it, so forwarding changes nothing else.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, upstream: tuple[str, int]) -> None:
+        self.loop = loop
+        self.upstream = upstream
+        self.port = 0
+        self.connections = 0
+        self._server: asyncio.AbstractServer | None = None
+        self._open: set[asyncio.StreamWriter] = set()
+
+    def _run(self, coro: Any) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout=30)
+
+    def start(self) -> TcpForwarder:
+        self._run(self._listen())
+        return self
+
+    def refuse(self) -> None:
+        self._run(self._close())
+
+    def accept(self) -> None:
+        self._run(self._listen())
+
+    def stop(self) -> None:
+        self._run(self._close())
+
+    async def _listen(self) -> None:
+        self._server = await asyncio.start_server(self._pipe, "127.0.0.1", self.port, reuse_address=True)
+        self.port = self._server.sockets[0].getsockname()[1]
+
+    async def _close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            self._server = None
+        for writer in list(self._open):
+            writer.transport.abort()  # RST: the peer sees the connection reset
+        self._open.clear()
+
+    async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        try:
+            up_reader, up_writer = await asyncio.open_connection(*self.upstream)
+        except OSError:
+            writer.transport.abort()
+            return
+        self._open.update((writer, up_writer))
+
+        async def copy(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+            try:
+                while data := await src.read(65536):
+                    dst.write(data)
+                    await dst.drain()
+            except OSError:
+                pass
+            finally:
+                dst.close()
+
+        await asyncio.gather(copy(reader, up_writer), copy(up_reader, writer))
+        for w in (writer, up_writer):
+            self._open.discard(w)
+            w.close()
 
 
 class RayWorld:
@@ -81,6 +173,9 @@ class RayWorld:
     def __init__(self, w: World, cluster: LocalRayCluster) -> None:
         self.w = w
         self.cluster = cluster
+        #: the daemons reach the GCS through it (its port is their --ray-address)
+        self.forwarder = TcpForwarder(w.kube.loop, ("127.0.0.1", cluster.gcs_port)).start()
+        self.stopped_gcs: list[int] = []
         self.token_file = w.workdir / "ray-token"
         self.token_file.write_text(cluster.auth_token)
         self.token_file.chmod(0o600)
@@ -134,7 +229,8 @@ class RayWorld:
         env = {**FAKE_CREDENTIALS, "AWS_DEFAULT_REGION": REGION, "PYTHONUNBUFFERED": "1",
                "HOSTNAME": f"ray-replica-{len(w.replicas) + len(w.retired)}", "RAY_USAGE_STATS_ENABLED": "0"}
         argv = ["-m", "resilienced", "run", "--queue-url", w.queue_url, "--region", REGION,
-                "--endpoint-url", w.aws_proxy.url, "--mode", "ray", "--ray-address", self.cluster.address,
+                "--endpoint-url", w.aws_proxy.url, "--mode", "ray",
+                "--ray-address", f"127.0.0.1:{self.forwarder.port}",
                 "--ray-token-file", str(self.token_file), "--checkpoint-uri", CHECKPOINT_URI,
                 "--wait-seconds", "1", "--visibility-timeout", str(w.visibility), "--http-port", "0",
                 "--http-host", "127.0.0.1", "--allowed-accounts", ACCOUNT, "--durable-poll-seconds", "0.2"]
@@ -161,16 +257,15 @@ def ray_world(workdir: Path, *, moto: Any = None) -> Iterator[RayWorld]:
         stack.callback(cluster.stop)
         cluster.start()
         rw = RayWorld(w, cluster)
-        gcs: list[int] = []
+        stack.callback(rw.forwarder.stop)
 
         def resume() -> None:  # never leave a stopped GCS behind (its cluster could not stop)
-            for pid in gcs:
+            for pid in rw.stopped_gcs:
                 try:
                     os.kill(pid, signal.SIGCONT)
                 except ProcessLookupError:
                     pass
         stack.callback(resume)
-        rw.stopped_gcs = gcs  # type: ignore[attr-defined]
         yield rw
 
 
@@ -178,37 +273,64 @@ def _notice(n: int) -> dict[str, Any]:
     return notice(n, event_id=str(uuid.uuid4()), when=datetime.now(timezone.utc))
 
 
+def _inject(rw: RayWorld, name: str) -> Any:
+    """Start fault ``name``; the function that ends it."""
+    if name == "gcs-unreachable":
+        rw.forwarder.refuse()
+        return rw.forwarder.accept
+    pid = rw.gcs_pid()
+    os.kill(pid, signal.SIGSTOP)
+    rw.stopped_gcs.append(pid)
+
+    def resume() -> None:
+        os.kill(pid, signal.SIGCONT)
+        rw.stopped_gcs.remove(pid)
+    return resume
+
+
 def gcs_trial(rw: RayWorld, n: int, name: str, *, step: int) -> dict[str, Any]:
     """One notice for the busy worker of ``instance(n)`` while the GCS is stopped; what was seen."""
     w = rw.w
-    hold_s = GCS_FAULTS[name][1]
+    fault = GCS_FAULTS[name]
     node = rw.workers[n]
     event = _notice(n)
-    # the trainer's save (after the notice: the notice's time is whole seconds)
-    w.put_checkpoint(RUN, step=step, saved=datetime.now(timezone.utc) + timedelta(seconds=1))
-    pid = rw.gcs_pid()
-    os.kill(pid, signal.SIGSTOP)
-    rw.stopped_gcs.append(pid)  # type: ignore[attr-defined]
-    stopped = time.monotonic()
-    w.send([json.dumps(event)])
     seen: list[tuple[int, str]] = []
 
     def polled() -> None:
         seen.extend(w.readyz(d) for d in w.replicas)
 
-    def received() -> bool:
-        polled()
-        return w.queue_counts() == (0, 1)
-    w.wait(received, timeout=60, what=f"trial {n} ({name}): a replica to receive the notice", every=0.2)
-    received_at = time.monotonic()
+    def save() -> None:  # the trainer's save (after the notice: the notice's time is whole seconds)
+        w.put_checkpoint(RUN, step=step, saved=datetime.now(timezone.utc) + timedelta(seconds=1))
+
+    if fault.when == "notice":
+        save()
+        end = _inject(rw, name)
+        stopped = time.monotonic()
+        w.send([json.dumps(event)])
+
+        def received() -> bool:
+            polled()
+            return w.queue_counts() == (0, 1)
+        w.wait(received, timeout=60, what=f"trial {n} ({name}): a replica to receive the notice", every=0.2)
+        held_from = time.monotonic()
+    else:  # "drained": no checkpoint yet; the fault starts at the drain's log line
+        w.send([json.dumps(event)])
+
+        def drained() -> bool:
+            return any(line.get("node_id") == node.node_id for line in rw.lines("ray drain"))
+        w.wait(drained, timeout=60, what=f"trial {n} ({name}): a replica to drain the node")
+        end = _inject(rw, name)
+        stopped = held_from = time.monotonic()
+        w.wait(lambda: time.monotonic() - held_from >= 1.0, timeout=10, what="a second")
+        save()
 
     def held() -> bool:
         polled()
-        return time.monotonic() - received_at >= hold_s
-    w.wait(held, timeout=hold_s + 30, what="the fault's hold", every=0.2)
-    os.kill(pid, signal.SIGCONT)
-    rw.stopped_gcs.remove(pid)  # type: ignore[attr-defined]
+        return time.monotonic() - held_from >= fault.hold_s
+    w.wait(held, timeout=fault.hold_s + 30, what="the fault's hold", every=0.2)
+    end()
     resumed = time.monotonic()
+    resumed_at = datetime.now(timezone.utc)
     ready: list[float] = []
 
     def all_ready() -> bool:
@@ -229,8 +351,14 @@ def gcs_trial(rw: RayWorld, n: int, name: str, *, step: int) -> dict[str, Any]:
     except AssertionError:
         ready_again = None
     unready = [(status, reason) for status, reason in seen if status != 200]
-    return {"event_id": event["id"], "node_id": node.node_id, "stopped_s": round(resumed - stopped, 1),
+    record = (rw.done_run_claims(event["id"]) or [None])[0]
+    done_at = record.details.get("done_at") if record is not None else None
+    return {"event_id": event["id"], "instance": instance(n), "node_id": node.node_id, "stopped_s": round(resumed - stopped, 1),
             "draining_deadline_ms": draining,
+            # from the fault's end to the run claim completed (its record's done_at), and to that
+            # seen here with the message deleted (polled every 0.5 s)
+            "run_done_s": round((datetime.fromisoformat(done_at.replace("Z", "+00:00")) - resumed_at)
+                                .total_seconds(), 2) if done_at else None,
             "recover_s": round(took, 1),
             "readyz": {"polls": len(seen), "unready": len(unready),
                        "reasons": sorted({r[:160] for _, r in unready})[:3], "ready_again_s": ready_again}}
@@ -256,6 +384,13 @@ def check_trial(rw: RayWorld, name: str, seen: dict[str, Any], tally: Tally) -> 
     decisions = [d for d in rw.w.decisions() if d.get("event_id") == event_id]
     final = [d for d in decisions if d.get("outcome") in ("done", "not_actionable", "failed", "ignored")]
     verified = (record.get("durable") or {}).get("verified") is True
+    # ray mode records a step as a log line (resilienced/ray/cluster.py ``record``)
+    records = [line for d in (*rw.w.retired, *rw.w.replicas) for line in d.lines
+               if line.get("instance_id") == seen["instance"] and line.get("reason")]
+    seen["records"] = {reason: sum(1 for line in records if line["reason"] == reason)
+                       for reason in ("Draining", "CheckpointDurable", "CheckpointNotDurable")}
+    seen["claims_lost"] = [line.get("reason") for line in rw.lines("claim lost")
+                           if event_id in str(line.get("key"))]
     seen.update(drain_requests=len(drains), drain_outcomes=outcomes, run_claims_done=len(claims),
                 requeue_steps=len(requeues), checkpoint_verified=verified,
                 notice_deadline_ms=want_ms,
@@ -287,8 +422,8 @@ def check_trial(rw: RayWorld, name: str, seen: dict[str, Any], tally: Tally) -> 
 
 def scenario_gcs(workdir: Path, *, quick: bool, moto: Any = None) -> Tally:
     """The GCS faults (the --quick subset, or all), two ray-mode replicas, one busy worker a trial."""
-    names = [k for k, (_, _, in_quick) in GCS_FAULTS.items() if in_quick or not quick]
-    tally = Tally("gcs", "; ".join(f"{k}: {GCS_FAULTS[k][0]}" for k in names))
+    names = [k for k, fault in GCS_FAULTS.items() if fault.quick or not quick]
+    tally = Tally("gcs", "; ".join(f"{k}: {GCS_FAULTS[k].what}" for k in names))
     with ray_world(workdir, moto=moto) as rw:
         for k, _name in enumerate(names, start=1):
             rw.add_worker(k)
@@ -317,6 +452,9 @@ def scenario_gcs(workdir: Path, *, quick: bool, moto: Any = None) -> Tally:
         tally.events_lost = len(dead)
         if dead:
             tally.violations.append(f"{len(dead)} notices dead-lettered: {[m['Body'][:120] for m in dead]}")
+        # ray mode records a step as a log line and does not keep the once-per-(run, reason, notice)
+        # rule of kubernetes mode's Events: a retry after the GCS came back logs the step again
+        tally.extra["repeated_records"] = sum(max(0, c - 1) for t in seen.values() for c in t["records"].values())
         tally.extra.update(faults=names, trials=seen,
                            gcs_errors=sum(1 for d in (*rw.w.retired, *rw.w.replicas) for line in d.lines
                                           if "ray-gcs" in json.dumps(line)))
