@@ -338,11 +338,15 @@ def gcs_trial(rw: RayWorld, n: int, name: str, *, step: int) -> dict[str, Any]:
             ready.append(time.monotonic() - resumed)
         return bool(ready)
 
+    def decided() -> list[dict[str, Any]]:
+        return [line for line in rw.lines("decision") if line.get("event_id") == event["id"]
+                and line.get("outcome") == "done"]
+
     def done() -> bool:
         all_ready()
-        return bool(rw.done_run_claims(event["id"])) and w.queue_counts() == (0, 0)
+        return bool(rw.done_run_claims(event["id"])) and w.queue_counts() == (0, 0) and bool(decided())
     w.wait(done, timeout=float(os.environ.get("CHAOS_TRIAL_TIMEOUT", "600")),
-           what=f"trial {n} ({name}): the run claim done and the message deleted", every=0.5)
+           what=f"trial {n} ({name}): the run claim done, the message deleted and decided", every=0.5)
     took = time.monotonic() - resumed
     draining = rw.draining_deadline_ms(node.node_id)  # while the node is busy: an idle drained node exits
     try:
@@ -351,14 +355,14 @@ def gcs_trial(rw: RayWorld, n: int, name: str, *, step: int) -> dict[str, Any]:
     except AssertionError:
         ready_again = None
     unready = [(status, reason) for status, reason in seen if status != 200]
-    record = (rw.done_run_claims(event["id"]) or [None])[0]
-    done_at = record.details.get("done_at") if record is not None else None
-    return {"event_id": event["id"], "instance": instance(n), "node_id": node.node_id, "stopped_s": round(resumed - stopped, 1),
+    final = decided()
+    return {"event_id": event["id"], "instance": instance(n), "node_id": node.node_id,
+            "stopped_s": round(resumed - stopped, 1),
             "draining_deadline_ms": draining,
-            # from the fault's end to the run claim completed (its record's done_at), and to that
-            # seen here with the message deleted (polled every 0.5 s)
-            "run_done_s": round((datetime.fromisoformat(done_at.replace("Z", "+00:00")) - resumed_at)
-                                .total_seconds(), 2) if done_at else None,
+            # from the fault's end to the decision line of the run's message (written once it is
+            # deleted, the run claim done), and to that seen here (polled every 0.5 s)
+            "decided_s": round((datetime.fromisoformat(final[0]["timestamp"].replace("Z", "+00:00"))
+                                - resumed_at).total_seconds(), 2) if final else None,
             "recover_s": round(took, 1),
             "readyz": {"polls": len(seen), "unready": len(unready),
                        "reasons": sorted({r[:160] for _, r in unready})[:3], "ready_again_s": ready_again}}
