@@ -92,9 +92,13 @@ GCS_FAULTS: dict[str, GcsFault] = {
     "gcs-stop-after-drain": GcsFault(
         "SIGSTOP of the head's gcs_server as soon as a replica has drained the node, while it waits for the "
         "checkpoint (saved 1 s later), held 15 s, then SIGCONT", 15.0, False, when="drained"),
+    # A refused connect fails at once, and the retry comes after the visibility timeout (a GCS
+    # error carries no delay): each visibility timeout of the outage costs one receive of the
+    # redrive count, so an outage longer than about (5 - 1) x 4 s here dead-letters the notice
+    # (12 s held: done at receive 4 or 5 in the runs of 2026-12-01); 8 s leaves a margin.
     "gcs-unreachable": GcsFault(
         "the GCS address refuses connections (the TCP forwarder in front of it closes its listener and resets "
-        "open connections) for 12 s after the notice is received, then accepts again", 12.0, False),
+        "open connections) for 8 s after the notice is received, then accepts again", 8.0, False),
 }
 
 
