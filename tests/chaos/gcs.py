@@ -34,7 +34,9 @@ later instead: once the node is drained, while the replica waits for the checkpo
   (one wanted), and the run claim done once;
 * the message deleted, nothing in the DLQ, no receive past the redrive count, each replica's
   ``/readyz`` polled while the fault lasts (not ready only with a reason) and ready again after,
-  and the time from SIGCONT to the run done and the queue empty.
+  and the time from the fault's end (SIGCONT, or the address reachable again) to the run done:
+  ``decided_s`` to the done decision line (written once the message is deleted), ``recover_s``
+  to that seen here (the run claim done and the queue empty, polled every 0.5 s).
 """
 
 from __future__ import annotations
