@@ -352,30 +352,51 @@ class Consumer:
                               "message stays on the queue until that finishes")
 
     async def _keep_visible(self, flight: Flight) -> None:
+        """Every third of the visibility timeout: extend the message's visibility, and renew its
+        event claim beside it.
+
+        The renewal never holds up the extensions: a claim store that does not answer (ray mode:
+        a stopped GCS holds a call up to 45 s) would otherwise let the message become visible,
+        and another replica would handle the event a second time.  One renewal at a time; one in
+        flight is waited for, never cancelled (its write could land after the completion).
+        """
         interval = self.settings.visibility_timeout / 3
-        while True:
-            await asyncio.sleep(interval)
-            try:
-                await self.queue.change_visibility(flight.message,
-                                                   seconds=self.settings.visibility_timeout)
-                self.metrics.visibility_extensions.inc()
-            except BackendUnavailable as e:
-                self.metrics.queue_errors.labels("change_visibility").inc()
-                self.log.warning("visibility extension failed",
-                                 message_id=flight.message.message_id, error=str(e))
-            async with flight.claim_lock:
-                if flight.claim_key is not None:
-                    try:
-                        renewed = await self.claims.acquire(
-                            flight.claim_key, holder=flight.holder,
-                            ttl_seconds=float(self.settings.visibility_timeout))
-                        if renewed is None:  # it lapsed and another delivery took it over
-                            current = await self.claims.get(flight.claim_key)
-                            flight.claim_lost = (f"taken over by {current.holder}" if current is not None
-                                                 else "it lapsed")
-                            flight.claim_key = None  # renew it no more
-                    except TemporaryError as e:
-                        self.log.warning("claim renewal failed", key=flight.claim_key, error=str(e))
+        renewal: asyncio.Task[None] | None = None
+        try:
+            while True:
+                await asyncio.sleep(interval)
+                try:
+                    await self.queue.change_visibility(flight.message,
+                                                       seconds=self.settings.visibility_timeout)
+                    self.metrics.visibility_extensions.inc()
+                except BackendUnavailable as e:
+                    self.metrics.queue_errors.labels("change_visibility").inc()
+                    self.log.warning("visibility extension failed",
+                                     message_id=flight.message.message_id, error=str(e))
+                if renewal is not None and renewal.done():
+                    renewal, done = None, renewal
+                    done.result()  # an unexpected error ends the keeper, as it always did
+                if renewal is None:
+                    renewal = asyncio.create_task(self._renew_event_claim(flight),
+                                                  name=f"resilienced.renew/{flight.message.message_id}")
+        finally:
+            if renewal is not None:
+                await asyncio.gather(asyncio.shield(renewal), return_exceptions=True)
+
+    async def _renew_event_claim(self, flight: Flight) -> None:
+        async with flight.claim_lock:
+            if flight.claim_key is not None:
+                try:
+                    renewed = await self.claims.acquire(
+                        flight.claim_key, holder=flight.holder,
+                        ttl_seconds=float(self.settings.visibility_timeout))
+                    if renewed is None:  # it lapsed and another delivery took it over
+                        current = await self.claims.get(flight.claim_key)
+                        flight.claim_lost = (f"taken over by {current.holder}" if current is not None
+                                             else "it lapsed")
+                        flight.claim_key = None  # renew it no more
+                except TemporaryError as e:
+                    self.log.warning("claim renewal failed", key=flight.claim_key, error=str(e))
 
     async def _release(self, flight: Flight) -> None:
         """Give an unfinished message back to the queue at once (and its claim)."""

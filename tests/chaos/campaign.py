@@ -7,6 +7,11 @@ faults; the names are the keys of ``BACKEND_FAULTS`` in tests/chaos/scenarios.py
 form's configuration whether or not ``--quick`` is given. Prints one JSON object per scenario
 (its tally, see tests/chaos/scenarios.py) and exits 1 when any scenario found a violation. docs/reliability.md
 tabulates the figures.
+
+``--only gcs`` is scenario 2 in ray mode (tests/chaos/gcs.py): two ``resilienced run --mode ray``
+replicas on a real local Ray cluster whose GCS is stopped (SIGSTOP), stopped past a whole GCS
+call's bound, stopped mid-recovery, or unreachable, while a notice is handled; ``--quick`` runs
+the first only.
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from tests.chaos import checkpoint_crash, fuzz, scenarios
+from tests.chaos import checkpoint_crash, fuzz, gcs, scenarios
 
 #: scenario -> (quick size, full size) and how to run it
 SIZES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
@@ -32,12 +37,14 @@ SIZES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
     "fuzz": ({"seconds": 8}, {"seconds": 180}),
     "backends": ({"quick": True}, {"quick": False}),
     "checkpoint": ({"repeats": 1, "batch": True}, {"repeats": 3}),
+    "gcs": ({"quick": True}, {"quick": False}),
 }
 RUNNERS: dict[str, Callable[..., scenarios.Tally]] = {
     "flood": scenarios.scenario_flood,
     "kill": scenarios.scenario_kill,
     "backends": scenarios.scenario_backends,
     "checkpoint": checkpoint_crash.scenario_checkpoint,
+    "gcs": gcs.scenario_gcs,
 }
 
 

@@ -50,3 +50,10 @@ def test_backends_failing_then_recovering(moto_server: MotoServer, tmp_path: Pat
 def test_trainer_killed_at_each_phase_of_a_save(moto_server: MotoServer, tmp_path: Path) -> None:
     tally = _run("checkpoint", tmp_path, moto_server)
     assert tally.survived == tally.injected == len(campaign.checkpoint_crash.ckpt_ranks.PHASES)
+
+
+def test_ray_gcs_stopped_then_resumed(moto_server: MotoServer, tmp_path: Path) -> None:
+    tally = _run("gcs", tmp_path, moto_server)
+    assert tally.survived == tally.injected == len(tally.extra["faults"]) == 1
+    trial = tally.extra["trials"]["gcs-stop"]
+    assert trial["drain_requests"] == 1 and trial["checkpoint_verified"] and trial["requeue_steps"] == 1

@@ -278,6 +278,34 @@ async def test_a_delivery_whose_event_claim_was_taken_over_does_not_decide_the_e
     assert sum(queues.counts()) == 1  # the message stays on the queue for the holder to settle
 
 
+async def test_a_hung_claim_renewal_does_not_stop_the_visibility_extensions(queues, make_consumer):
+    """A claim store that does not answer (ray mode: the GCS stopped, a call held up to 45 s)
+    must not hold up the message's visibility extensions: the message would become visible and
+    another replica would handle the event a second time (the campaign's gcs scenario, the GCS
+    stopped after the drain: two ``done`` decisions for one event)."""
+    gate, claims = Gate(), HeldRenewal()
+    consumer = make_consumer(gate, claims=claims, visibility_timeout=2)
+    queues.send(p.spot())
+    handling = asyncio.create_task(consumer.run_once())
+    await gate.wait_entered(1)
+    await asyncio.wait_for(claims.renewing.wait(), timeout=30)  # the event claim's renewal hangs
+    extended = consumer.metrics.value("resilienced_visibility_extensions_total")
+    # a competitor watches the queue for three more visibility timeouts (6 s): it must not get it
+    loop = asyncio.get_running_loop()
+    end = loop.time() + 6
+    while loop.time() < end:
+        stolen = (await asyncio.to_thread(queues.sqs.receive_message, QueueUrl=queues.url,
+                                          WaitTimeSeconds=1, VisibilityTimeout=1)).get("Messages", [])
+        assert stolen == [], "redelivered while its handler was running and its claim renewal hung"
+    assert consumer.metrics.value("resilienced_visibility_extensions_total") >= extended + 6
+    claims.let_go.set()
+    gate.open(p.INSTANCE)
+    [outcome] = await handling
+    assert outcome.result is Result.DONE
+    assert "renewal abandoned" not in claims.calls
+    assert queues.counts() == (0, 0)
+
+
 # --------------------------------------------------------------------------- poison
 @pytest.mark.parametrize("body, result", [
     ("this is not JSON", Result.UNDECODABLE),
