@@ -8,7 +8,9 @@ result                                          verdict      why
 ==============================================  ===========  =================================
 DONE, DUPLICATE, NOT_ACTIONABLE, FAILED         DELETE       done, or nothing (more) to do
 RETRY                                           KEEP         may succeed later: redelivered
-                                                             (after ``retry_delay`` when given)
+                                                             (after ``retry_delay`` when given;
+                                                             a backend's failure: after
+                                                             :func:`backend_retry_delay`)
 UNDECODABLE, INVALID                            DEAD_LETTER  poison: the queue's DLQ keeps it
 ==============================================  ===========  =================================
 
@@ -59,3 +61,22 @@ def dead_letter_action(*, receive_count: int, max_receive_count: int | None,
     if receive_count >= max_receive_count:
         return DeadLetterAction.RELEASE_LAST
     return DeadLetterAction.RELEASE
+
+
+#: The longest a message waits for its next receive after a backend failed (seconds).
+MAX_BACKOFF_S = 900.0
+
+
+def backend_retry_delay(*, suggested: float | None, visibility_timeout: float, receive_count: int) -> float:
+    """Seconds until the next receive of a message whose handling failed on a backend.
+
+    Bounded exponential backoff by the message's receive count: the backend's own suggestion
+    (a claim store or API's retry delay), or the visibility timeout when it gave none, doubled
+    for each receive after the first, at most :data:`MAX_BACKOFF_S`. Each receive counts
+    towards the queue's redrive policy, so a fixed delay would dead-letter a valid notice after
+    ``maxReceiveCount`` short retries (the reliability campaign's GCS outage: 4 receives in
+    16 s); doubling widens the window an outage may last to about 15 times the base for 5
+    receives (15 min with the 60 s default), a Health event's days-ahead notice included.
+    """
+    base = suggested if suggested is not None and suggested > 0 else visibility_timeout
+    return min(MAX_BACKOFF_S, base * 2 ** max(0, receive_count - 1))

@@ -285,7 +285,7 @@ class Consumer:
             for backend in backends_of(e):
                 self.metrics.backend_errors.labels(backend=backend).inc()
             return Outcome(result=Result.RETRY, event=event, plan=plan,
-                           reason=f"claim store: {e}", retry_delay=e.delay)
+                           reason=f"claim store: {e}", retry_delay=self._retry_delay(e, message))
         if claim is None:
             return self._not_claimed(event_id=event.event_id, plan=plan, message=message,
                                      existing=existing)
@@ -296,7 +296,7 @@ class Consumer:
             for backend in backends_of(e):
                 self.metrics.backend_errors.labels(backend=backend).inc()
             outcome = Outcome(result=Result.RETRY, event=event, plan=plan, reason=str(e),
-                              retry_delay=e.delay)
+                              retry_delay=self._retry_delay(e, message))
         except PermanentError as e:
             outcome = Outcome(result=Result.FAILED, event=event, plan=plan, reason=str(e))
         except Exception as e:
@@ -317,6 +317,16 @@ class Consumer:
             except TemporaryError as e:
                 self.log.warning("claim update failed", key=key, error=str(e))
         return outcome
+
+    def _retry_delay(self, error: TemporaryError, message: Message) -> float | None:
+        """When to receive a message again after ``error``: a backend's failure backs off with
+        the receive count (:func:`ack.backend_retry_delay`); anything else (a run held by another
+        replica: retry when its claim would lapse) after the delay it gives."""
+        if not backends_of(error):
+            return error.delay
+        return ack.backend_retry_delay(suggested=error.delay,
+                                       visibility_timeout=float(self.settings.visibility_timeout),
+                                       receive_count=message.receive_count)
 
     def _lost(self, flight: Flight, key: str, outcome: Outcome) -> Outcome:
         """The event claim was taken over while this replica handled the event (it could not

@@ -44,3 +44,12 @@ DEAD_LETTER = [
 def test_dead_letter_action(receive_count, max_receive_count, expected):
     assert ack.dead_letter_action(receive_count=receive_count, max_receive_count=max_receive_count,
                                   max_receives_without_dlq=5) is expected
+
+
+@pytest.mark.parametrize("suggested, receive_count, expected", [
+    (None, 1, 60.0), (None, 2, 120.0), (None, 4, 480.0), (None, 5, 900.0),  # capped
+    (5.0, 1, 5.0), (5.0, 3, 20.0), (0.0, 2, 120.0), (None, 30, 900.0),
+])
+def test_a_backend_failure_backs_off_with_the_receive_count(suggested, receive_count, expected):
+    assert ack.backend_retry_delay(suggested=suggested, visibility_timeout=60.0,
+                                   receive_count=receive_count) == expected

@@ -11,7 +11,7 @@ import pytest
 
 import handlers
 from resilienced.claims import MemoryClaims
-from resilienced.errors import PermanentError, TemporaryError
+from resilienced.errors import BackendUnavailable, PermanentError, TemporaryError
 from resilienced.model import Kind, Outcome, Plan, Result, Wrapping
 from resilienced.settings import IntakeSettings
 
@@ -148,6 +148,21 @@ async def test_a_failing_handlers_message_comes_back_and_succeeds_later(queues, 
     assert responder.calls == 2
     assert queues.counts() == (0, 0)
     assert queues.receive_all(queues.dlq_url) == []
+
+
+async def test_a_backend_failure_is_retried_with_a_backoff_that_grows_with_the_receive_count(
+        queues, make_consumer):
+    """A backend that stays down (ray mode: the GCS unreachable) must not use up the redrive count
+    at one receive per visibility timeout: each retry waits twice as long as the one before."""
+    down = [BackendUnavailable("ray-gcs", "127.0.0.1:6379: cannot connect") for _ in range(2)]
+    responder = Failing(*down)
+    consumer = make_consumer(responder, visibility_timeout=1)
+    queues.send(p.spot())
+    outcomes = await run_until(consumer, 3)
+    assert [o.result for o in outcomes] == [Result.RETRY, Result.RETRY, Result.DONE]
+    assert [o.retry_delay for o in outcomes[:2]] == [1.0, 2.0]
+    assert consumer.metrics.value("resilienced_backend_errors_total", backend="ray-gcs") == 2
+    assert queues.counts() == (0, 0)
 
 
 async def test_a_permanent_failure_is_recorded_and_acknowledged(queues, make_consumer):
