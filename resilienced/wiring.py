@@ -10,9 +10,11 @@ kubernetes  ``KubeCluster`` (watch caches),     ``KubernetesRequeuer`` (Kueue, K
             ``KubeLeaseClaims``, a ``RayGcs``
             per RayCluster (token per cluster)
 ray         ``RayModeCluster`` on one ``RayGcs``, ``RayModeRequeuer`` when a node provider is
-            ``RayKvClaims`` on its GCS KV         given (the local drill's); else the decision is
-                                                  made and recorded, and Ray's autoscaler
-                                                  replaces the nodes
+            ``RayKvClaims`` on its GCS KV         given (the local drill's); else no capacity
+                                                  decision is made: the requeue step is
+                                                  recorded as "no capacity planner or requeuer
+                                                  configured", and Ray's autoscaler replaces
+                                                  the nodes
 ==========  ==================================  ================================================
 
 S3 (durable), EC2 (Capacity Blocks, DescribeInstances), FSx (export tasks) and Auto Scaling
