@@ -38,23 +38,25 @@ later instead: once the node is drained, while the replica waits for the checkpo
   ``decided_s`` to the done decision line (written once the message is deleted), ``recover_s``
   to that seen here (the run claim done and the queue empty, polled every 0.5 s).
 
-One fault (full form only), ``gcs-restart``, kills the GCS instead and needs GCS fault tolerance,
-as KubeRay configures it (resilienced/local/raycluster.py, module docstring: ``RAY_REDIS_ADDRESS``
-and ``RAY_external_storage_namespace`` on the head, ``RAY_gcs_rpc_server_reconnect_timeout_s=600``
-on the workers): it runs on a second cluster of its own whose head keeps the GCS's state in a
+Two faults (full form only) kill the GCS instead: ``gcs-restart`` before the notice is sent,
+``gcs-restart-after-drain`` once the node is drained (as ``gcs-stop-after-drain``: the run claim,
+held in the GCS KV, must outlive the GCS). They need GCS fault tolerance, as KubeRay configures it
+(resilienced/local/raycluster.py, module docstring: ``RAY_REDIS_ADDRESS`` and
+``RAY_external_storage_namespace`` on the head, ``RAY_gcs_rpc_server_reconnect_timeout_s=600`` on
+the workers): they run on a second cluster of their own whose head keeps the GCS's state in a
 ``redis-server`` started for it (tests/support/redis.py), with its own world (moto, two replicas).
-The head's ``gcs_server`` is SIGKILLed before the notice is sent; its ``ray start --block`` then
-kills the head's other processes and exits (Ray 2.60 ray/scripts/scripts.py), as a KubeRay head
-container exits with it; ``hold_s`` after a replica received the notice the head is started
-again with its first command line and environment (``LocalRayCluster.restart_head``, as the
-kubelet restarts the container): the fault's end, from which ``decided_s`` and ``recover_s``
+The head's ``gcs_server`` is SIGKILLed (before the notice is sent, or once drained); its ``ray start
+--block`` then kills the head's other processes and exits (Ray 2.60 ray/scripts/scripts.py), as a
+KubeRay head container exits with it; ``hold_s`` later (from the notice's receive, or the kill) the
+head is started again with its first command line and environment (``LocalRayCluster.restart_head``,
+as the kubelet restarts the container): the fault's end, from which ``decided_s`` and ``recover_s``
 count (``ending_s``: until the new head is listed ALIVE; its GCS serves a little earlier). The GCS
-reloads the cluster from Redis: the workers (which wait for it, up to the reconnect timeout),
-the GCS KV (the daemon's claims), the node's drain. The busy actor is a detached one there
+reloads the cluster from Redis: the workers (which wait for it, up to the reconnect timeout), the
+GCS KV (the daemon's claims), the node's drain. The busy actor is a detached one there
 (tests/support/ray.py ``busy``): its driver's job hangs on the old head node, which the restarted
-GCS marks dead. Counted as for the other faults (the GCS's log: ``gcs_server*.out``, the
-restarted GCS writing ``gcs_server.1.out``). Without ``redis-server`` on the PATH the fault is
-not run and ``extra["skipped"]`` says so (``make chaos`` installs it).
+GCS marks dead. Counted as for the other faults (the GCS's log: ``gcs_server*.out``, the restarted
+GCS writing ``gcs_server.1.out``). Without ``redis-server`` on the PATH the faults are not run and
+``extra["skipped"]`` says so (``make chaos`` installs it).
 """
 
 from __future__ import annotations
@@ -128,6 +130,11 @@ GCS_FAULTS: dict[str, GcsFault] = {
         "for the GCS: 10 s, and up to ~10 s more inside Ray) the head is started again with the same command line "
         "(the fault's end), its GCS reloading the cluster from Redis",
         30.0, False, restart=True),
+    "gcs-restart-after-drain": GcsFault(
+        "SIGKILL of the head's gcs_server on a Redis-backed head as soon as a replica has drained the node, while "
+        "it waits for the checkpoint (saved 1 s later); the head is started again 30 s later, its GCS reloading "
+        "the cluster (the run claim held in the GCS KV included) from Redis", 30.0, False, when="drained",
+        restart=True),
 }
 
 
