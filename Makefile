@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: demo test test-fast bench chaos install clean
+.PHONY: demo test test-fast bench chaos redis-server install clean
 
 .DEFAULT_GOAL := test
 
@@ -37,8 +37,21 @@ bench: $(STAMP)
 
 # The full reliability campaign (docs/reliability.md); its quick form runs in `make test`
 # (tests/chaos/test_campaign.py).
-chaos: $(STAMP)
+chaos: $(STAMP) redis-server
 	$(PY) -m tests.chaos.campaign --out chaos-report.json
+
+# The campaign's gcs-restart fault (tests/chaos/gcs.py) runs Ray's GCS fault tolerance on a Redis:
+# Debian's redis-server, installed with apt-get when none is on the PATH (as root, as
+# deploy/tools.mk installs promtool; elsewhere install it yourself). The campaign starts its own
+# on a free port; without one it reports the fault skipped. Not needed by `make test`.
+redis-server:
+	@if ! command -v redis-server >/dev/null 2>&1; then \
+	  if [ "$$(id -u)" != 0 ]; then \
+	    echo "redis-server not found: run as root, or: sudo apt-get install redis-server" >&2; exit 1; \
+	  fi; \
+	  apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends redis-server; \
+	fi
+	redis-server --version
 
 clean: deploy-tools-clean
 	rm -rf $(VENV) .pytest_cache .hypothesis

@@ -12,6 +12,10 @@ process group (session) that can be signalled as a whole, as the instance it sta
   which is a crash, not a drain.
 * :meth:`LocalRayCluster.kill_node` sends SIGKILL to the whole group: the instance is gone.
 * :meth:`LocalRayCluster.drain_node` asks the GCS for a drain, as the daemon does.
+* :meth:`LocalRayCluster.restart_head` starts the head again with its first command line and
+  environment, once its processes are gone, as the kubelet restarts a head Pod's container.  With
+  ``redis_address`` (GCS fault tolerance) the restarted GCS reloads the cluster from Redis and the
+  workers stay; without it the cluster's state is gone.
 
 Facts this module relies on (Ray 2.60, seen on a 2-core machine):
 
@@ -23,6 +27,20 @@ Facts this module relies on (Ray 2.60, seen on a 2-core machine):
 * Every port is chosen free per node, and every cluster has its own ``--temp-dir``, so two
   clusters (two test runs) never collide; nothing here runs ``ray stop`` or touches processes it
   did not start.
+* ``ray start --block`` polls its child processes every second and, when one (the GCS, the
+  raylet) exits with another code than 0 or SIGTERM's, kills the node's other processes and exits
+  1 (``ray/scripts/scripts.py``, the ``if block:`` loop, Ray 2.60): a SIGKILLed GCS takes its
+  head node down with it, and what brings it back is a restart of the head's ``ray start``.
+
+GCS fault tolerance (``redis_address``) is configured as KubeRay does it (kuberay
+``ray-operator/controllers/ray/common/pod.go``, ``configureGCSFaultTolerance`` /
+``configureRedisFT``; Ray's doc/source/cluster/kubernetes/user-guides/kuberay-gcs-ft.md): the head
+gets ``RAY_REDIS_ADDRESS`` (read by ``ray/_private/node.py`` in Ray 2.60: the GCS is started with
+``--redis_address``/``--redis_port``, ``ray/_private/services.py`` ``start_gcs_server``) and
+``RAY_external_storage_namespace`` (the cluster's key prefix in Redis; KubeRay uses the
+RayCluster's UID, here the cluster's id); the workers get ``RAY_gcs_rpc_server_reconnect_timeout_s
+= 600`` (Ray's default is 60, ``src/ray/common/ray_config_def.h``): a raylet that cannot reach the
+GCS for that long exits, and 600 s outlasts a head restart.
 """
 
 from __future__ import annotations
@@ -108,6 +126,9 @@ class LocalRayNode:
     node_manager_port: int
     process: subprocess.Popen[bytes] = field(repr=False)
     log_path: Path
+    #: the ``ray start`` command line and environment it was started with (a restart reuses them)
+    command: list[str] = field(default_factory=list, repr=False)
+    environment: dict[str, str] = field(default_factory=dict, repr=False)
     node_id: str = ""  # hex, set once the GCS lists the node ALIVE
     is_head: bool = False
 
@@ -148,6 +169,9 @@ class LocalRayCluster:
             ``RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S``, ``RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S``).
         start_timeout_s: how long one node may take to be listed ALIVE by the GCS.
         object_store_memory: bytes of object store per node (small: tests share one machine).
+        redis_address: ``host:port`` of a Redis the GCS keeps the cluster's state in (GCS fault
+            tolerance, configured as KubeRay does: see the module docstring), so that the cluster
+            survives :meth:`restart_head`.  None (the default): the GCS keeps it in memory.
     """
 
     def __init__(
@@ -160,6 +184,7 @@ class LocalRayCluster:
         env: Mapping[str, str] | None = None,
         start_timeout_s: float = 90.0,
         object_store_memory: int = 100 * 1024 * 1024,
+        redis_address: str | None = None,
     ) -> None:
         if head_num_cpus < 0:
             raise ValueError(f"head_num_cpus must be >= 0, got {head_num_cpus}")
@@ -185,6 +210,7 @@ class LocalRayCluster:
         self.workers: list[LocalRayNode] = []
         self._counter = 0
         self._cluster_id = secrets.token_hex(8)
+        self.redis_address = redis_address
         self._lock = threading.Lock()
         self._started = False
 
@@ -202,12 +228,18 @@ class LocalRayCluster:
         env.update(self._extra_env)
         return env
 
-    def _process_env(self) -> dict[str, str]:
+    def _process_env(self, *, head: bool = False) -> dict[str, str]:
         env = dict(os.environ)
         env.pop("RAY_AUTH_TOKEN_PATH", None)
         env.pop("RAY_ADDRESS", None)
         env.update(self.env)
         env.pop("RAY_ADDRESS", None)  # `ray start --address` says where; RAY_ADDRESS would too
+        if self.redis_address:  # GCS fault tolerance, as KubeRay sets it (module docstring)
+            if head:
+                env["RAY_REDIS_ADDRESS"] = self.redis_address
+                env["RAY_external_storage_namespace"] = self._cluster_id
+            else:
+                env.setdefault("RAY_gcs_rpc_server_reconnect_timeout_s", "600")
         return env
 
     # ------------------------------------------------------------------ lifecycle
@@ -302,24 +334,17 @@ class LocalRayCluster:
 
             cmd.append("--resources=" + json.dumps(dict(resources)))
         log_path = self.workdir / "logs" / f"{name}.log"
-        with open(log_path, "ab") as log:
-            proc = subprocess.Popen(
-                cmd,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                env={**self._process_env(), _NODE_MARKER: f"{self._cluster_id}/{name}"},
-                cwd=self.workdir,
-                start_new_session=True,
-            )
+        environment = {**self._process_env(head=head), _NODE_MARKER: f"{self._cluster_id}/{name}"}
         node = LocalRayNode(
             name=name,
             labels=dict(labels),
             num_cpus=num_cpus,
             node_manager_port=node_manager_port,
-            process=proc,
+            process=self._popen(cmd, environment, log_path),
             log_path=log_path,
             is_head=head,
+            command=cmd,
+            environment=environment,
         )
         if head:
             self.head = node
@@ -330,7 +355,61 @@ class LocalRayCluster:
             raise
         return node
 
-    def _wait_alive(self, node: LocalRayNode) -> str:
+    def _popen(self, cmd: list[str], environment: dict[str, str], log_path: Path) -> subprocess.Popen[bytes]:
+        with open(log_path, "ab") as log:
+            return subprocess.Popen(
+                cmd,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=environment,
+                cwd=self.workdir,
+                start_new_session=True,
+            )
+
+    def restart_head(self, *, exit_timeout_s: float = 30.0) -> LocalRayNode:
+        """Start the head again, with the command line and environment it was first started with.
+
+        As the kubelet restarts a head Pod's container: first the old head must be gone (its
+        ``ray start --block`` exits by itself once its GCS died, see the module docstring; it is
+        waited for up to ``exit_timeout_s``, then killed), then the same ``ray start`` runs again,
+        on the same ports.  Returns the head, with the node id its new raylet registered under
+        (a restarted raylet is a new node).  Only a cluster with ``redis_address`` keeps its
+        workers and its state across this.
+        """
+        old = self.head
+        if old is None:
+            raise LocalRayError("start() the cluster before restarting its head")
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            old.process.wait(timeout=exit_timeout_s)
+        self._kill_group(old)
+        # A restarted container has a fresh filesystem, without the ``ray_current_cluster`` file
+        # the first start wrote into the temp dir. Here it stays, and ``ray start --head``
+        # refuses to start when that file names its own address and a raylet on this machine
+        # (a worker's, here) carries that ``--gcs-address`` (Ray 2.60 ray/scripts/scripts.py
+        # "Fail early when starting a new cluster when one is already running";
+        # ray/_common/utils.py ``get_ray_address_file``): it goes, as in a new container.
+        (self.temp_dir / "ray_current_cluster").unlink(missing_ok=True)
+        node = LocalRayNode(
+            name=old.name,
+            labels=dict(old.labels),
+            num_cpus=old.num_cpus,
+            node_manager_port=old.node_manager_port,
+            process=self._popen(old.command, old.environment, old.log_path),
+            log_path=old.log_path,
+            is_head=True,
+            command=old.command,
+            environment=old.environment,
+        )
+        self.head = node
+        try:
+            node.node_id = self._wait_alive(node, not_id=old.node_id)
+        except BaseException:
+            self._kill_group(node)
+            raise
+        return node
+
+    def _wait_alive(self, node: LocalRayNode, *, not_id: str = "") -> str:
         deadline = time.monotonic() + self._start_timeout_s
         last_error: Exception | None = None
         while time.monotonic() < deadline:
@@ -341,7 +420,8 @@ class LocalRayCluster:
                 )
             try:
                 for info in self._node_infos(timeout_s=5.0):
-                    if info.port == node.node_manager_port and info.alive:
+                    # a restarted node reuses its port: the old entry may still be listed ALIVE
+                    if info.port == node.node_manager_port and info.alive and info.node_id != not_id:
                         return info.node_id
             except LocalRayError as e:  # the GCS is not up yet
                 last_error = e
@@ -449,7 +529,11 @@ class LocalRayCluster:
         if not self.address:
             raise LocalRayError("the cluster is not started")
         with _SWITCH.using(self.auth_token, wait_s=60.0, address=self.address):
-            yield GcsClient(address=self.address)
+            try:
+                client = GcsClient(address=self.address)
+            except Exception as e:  # Ray's RpcError: no GCS there (yet, or any more)
+                raise LocalRayError(f"GCS at {self.address} did not answer: {e}") from e
+            yield client
 
     # ------------------------------------------------------------------ teardown
     def stop(self) -> None:

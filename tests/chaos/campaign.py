@@ -10,8 +10,10 @@ tabulates the figures.
 
 ``--only gcs`` is scenario 2 in ray mode (tests/chaos/gcs.py): two ``resilienced run --mode ray``
 replicas on a real local Ray cluster whose GCS is stopped (SIGSTOP), stopped past a whole GCS
-call's bound, stopped mid-recovery, or unreachable, while a notice is handled; ``--quick`` runs
-the first only.
+call's bound, stopped mid-recovery, or unreachable, while a notice is handled, and (full form
+only, on a Redis-backed cluster of its own: GCS fault tolerance) killed with its head and the
+head restarted; ``--quick`` runs the first only. The restart needs ``redis-server`` on the PATH
+(``make chaos`` installs it); without it the fault is reported in the tally's ``extra.skipped``.
 """
 
 from __future__ import annotations

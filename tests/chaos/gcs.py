@@ -37,6 +37,26 @@ later instead: once the node is drained, while the replica waits for the checkpo
   and the time from the fault's end (SIGCONT, or the address reachable again) to the run done:
   ``decided_s`` to the done decision line (written once the message is deleted), ``recover_s``
   to that seen here (the run claim done and the queue empty, polled every 0.5 s).
+
+Two faults (full form only) kill the GCS instead: ``gcs-restart`` before the notice is sent,
+``gcs-restart-after-drain`` once the node is drained (as ``gcs-stop-after-drain``: the run claim,
+held in the GCS KV, must outlive the GCS). They need GCS fault tolerance, as KubeRay configures it
+(resilienced/local/raycluster.py, module docstring: ``RAY_REDIS_ADDRESS`` and
+``RAY_external_storage_namespace`` on the head, ``RAY_gcs_rpc_server_reconnect_timeout_s=600`` on
+the workers): they run on a second cluster of their own whose head keeps the GCS's state in a
+``redis-server`` started for it (tests/support/redis.py), with its own world (moto, two replicas).
+The head's ``gcs_server`` is SIGKILLed (before the notice is sent, or once drained); its ``ray start
+--block`` then kills the head's other processes and exits (Ray 2.60 ray/scripts/scripts.py), as a
+KubeRay head container exits with it; ``hold_s`` later (from the notice's receive, or the kill) the
+head is started again with its first command line and environment (``LocalRayCluster.restart_head``,
+as the kubelet restarts the container): the fault's end, from which ``decided_s`` and ``recover_s``
+count (``ending_s``: until the new head is listed ALIVE; its GCS serves a little earlier). The GCS
+reloads the cluster from Redis: the workers (which wait for it, up to the reconnect timeout), the
+GCS KV (the daemon's claims), the node's drain. The busy actor is a detached one there
+(tests/support/ray.py ``busy``): its driver's job hangs on the old head node, which the restarted
+GCS marks dead. Counted as for the other faults (the GCS's log: ``gcs_server*.out``, the restarted
+GCS writing ``gcs_server.1.out``). Without ``redis-server`` on the PATH the faults are not run and
+``extra["skipped"]`` says so (``make chaos`` installs it).
 """
 
 from __future__ import annotations
@@ -64,6 +84,7 @@ from tests.chaos.world import ACCOUNT, BUCKET, World, instance, notice, world
 from tests.intake.process import DaemonProcess
 from tests.recovery.conftest import REGION
 from tests.support.ray import busy
+from tests.support.redis import REDIS_SERVER, redis_server
 
 #: the daemon's GCS timeout (``RayGcs(timeout=10.0)``, resilienced/ray/gcs.py; ray mode does not
 #: change it): each step of a GCS call is bounded by it, a whole call by 3 x it + 15 s
@@ -84,6 +105,8 @@ class GcsFault:
     #: (the save comes 1 s later), so the durable step, the requeue and the run claim's renewal and
     #: completion meet it
     when: str = "notice"
+    #: the GCS is SIGKILLed and its head restarted: needs a Redis-backed head (GCS fault tolerance)
+    restart: bool = False
 
 
 GCS_FAULTS: dict[str, GcsFault] = {
@@ -101,6 +124,17 @@ GCS_FAULTS: dict[str, GcsFault] = {
     "gcs-unreachable": GcsFault(
         "the GCS address refuses connections (the TCP forwarder in front of it closes its listener and resets "
         "open connections) for 8 s after the notice is received, then accepts again", 8.0, False),
+    "gcs-restart": GcsFault(
+        "SIGKILL of the head's gcs_server on a Redis-backed head (GCS fault tolerance, as KubeRay sets it up), "
+        "the head going down with it; 30 s after the notice is received (past one GCS call's steps, which wait "
+        "for the GCS: 10 s, and up to ~10 s more inside Ray) the head is started again with the same command line "
+        "(the fault's end), its GCS reloading the cluster from Redis",
+        30.0, False, restart=True),
+    "gcs-restart-after-drain": GcsFault(
+        "SIGKILL of the head's gcs_server on a Redis-backed head as soon as a replica has drained the node, while "
+        "it waits for the checkpoint (saved 1 s later); the head is started again 30 s later, its GCS reloading "
+        "the cluster (the run claim held in the GCS KV included) from Redis", 30.0, False, when="drained",
+        restart=True),
 }
 
 
@@ -252,14 +286,16 @@ class RayWorld:
 
 
 @contextmanager
-def ray_world(workdir: Path, *, moto: Any = None) -> Iterator[RayWorld]:
-    """The world, a started Ray cluster (head only: workers come per trial), all stopped after."""
+def ray_world(workdir: Path, *, moto: Any = None, redis_address: str | None = None) -> Iterator[RayWorld]:
+    """The world, a started Ray cluster (head only: workers come per trial), all stopped after.
+
+    ``redis_address``: the head keeps the GCS's state there (GCS fault tolerance)."""
     # Ray's unix sockets live under the cluster's temp dir: it must be short, whatever ``workdir`` is
     raydir = Path(tempfile.mkdtemp(prefix="gcs-", dir="/tmp"))
     with ExitStack() as stack:
         stack.callback(shutil.rmtree, raydir, True)
         w = stack.enter_context(world(workdir, moto=moto))
-        cluster = LocalRayCluster(workdir=raydir, env={"RAY_USAGE_STATS_ENABLED": "0"})
+        cluster = LocalRayCluster(workdir=raydir, env={"RAY_USAGE_STATS_ENABLED": "0"}, redis_address=redis_address)
         stack.callback(cluster.stop)
         cluster.start()
         rw = RayWorld(w, cluster)
@@ -284,6 +320,12 @@ def _inject(rw: RayWorld, name: str) -> Any:
     if name == "gcs-unreachable":
         rw.forwarder.refuse()
         return rw.forwarder.accept
+    if GCS_FAULTS[name].restart:
+        os.kill(rw.gcs_pid(), signal.SIGKILL)  # the head's `ray start --block` ends the rest of the head
+
+        def restart() -> None:
+            rw.cluster.restart_head()
+        return restart
     pid = rw.gcs_pid()
     os.kill(pid, signal.SIGSTOP)
     rw.stopped_gcs.append(pid)
@@ -334,9 +376,12 @@ def gcs_trial(rw: RayWorld, n: int, name: str, *, step: int) -> dict[str, Any]:
         polled()
         return time.monotonic() - held_from >= fault.hold_s
     w.wait(held, timeout=fault.hold_s + 30, what="the fault's hold", every=0.2)
-    end()
+    # the fault's end: SIGCONT, the address reachable again, or the head's restart begun (its
+    # new GCS serves before the new head node is ALIVE, which is when end() returns then)
     resumed = time.monotonic()
     resumed_at = datetime.now(timezone.utc)
+    end()
+    ended = time.monotonic()
     ready: list[float] = []
 
     def all_ready() -> bool:
@@ -364,6 +409,8 @@ def gcs_trial(rw: RayWorld, n: int, name: str, *, step: int) -> dict[str, Any]:
     final = decided()
     return {"event_id": event["id"], "instance": instance(n), "node_id": node.node_id,
             "stopped_s": round(resumed - stopped, 1),
+            # how long ending the fault took (a head restart: until the new head is ALIVE)
+            "ending_s": round(ended - resumed, 1),
             "draining_deadline_ms": draining,
             # from the fault's end to the decision line of the run's message (written once it is
             # deleted, the run claim done), and to that seen here (polled every 0.5 s)
@@ -431,41 +478,64 @@ def check_trial(rw: RayWorld, name: str, seen: dict[str, Any], tally: Tally) -> 
 
 
 def scenario_gcs(workdir: Path, *, quick: bool, moto: Any = None) -> Tally:
-    """The GCS faults (the --quick subset, or all), two ray-mode replicas, one busy worker a trial."""
+    """The GCS faults (the --quick subset, or all), two ray-mode replicas, one busy worker a trial.
+
+    The faults that restart the head run on a Redis-backed cluster of their own (a second world),
+    or are reported skipped in ``extra["skipped"]`` when no ``redis-server`` is on the PATH."""
     names = [k for k, fault in GCS_FAULTS.items() if fault.quick or not quick]
     tally = Tally("gcs", "; ".join(f"{k}: {GCS_FAULTS[k].what}" for k in names))
-    with ray_world(workdir, moto=moto) as rw:
-        for k, _name in enumerate(names, start=1):
-            rw.add_worker(k)
-        daemons = [rw.start_replica(wait=False) for _ in range(2)]
-        for daemon in daemons:
-            rw.w.wait_started(daemon)
-        seen: dict[str, dict[str, Any]] = {}
-        for k, name in enumerate(names, start=1):
-            tally.injected += 1
-            try:
-                with busy(rw.cluster, rw.workers[k].node_id):
-                    seen[name] = gcs_trial(rw, k, name, step=10 * k)
-            except AssertionError as e:
-                tally.violations.append(f"{name}: {e}")
-                continue
-            tally.survived += 1
-            tally.recover_s.append(seen[name]["recover_s"])
-        rw.w.stop_replicas()
-        for name, got in seen.items():
-            before = len(tally.violations)
-            check_trial(rw, name, got, tally)
-            if len(tally.violations) > before:
-                tally.survived -= 1
-        check_past_redrive(rw.w, tally)
-        dead = rw.w.dead_letters()
-        tally.events_lost = len(dead)
-        if dead:
-            tally.violations.append(f"{len(dead)} notices dead-lettered: {[m['Body'][:120] for m in dead]}")
-        # ray mode records a step as a log line and does not keep the once-per-(run, reason, notice)
-        # rule of kubernetes mode's Events: a retry after the GCS came back logs the step again
-        tally.extra["repeated_records"] = sum(max(0, c - 1) for t in seen.values() for c in t["records"].values())
-        tally.extra.update(faults=names, trials=seen,
-                           gcs_errors=sum(1 for d in (*rw.w.retired, *rw.w.replicas) for line in d.lines
-                                          if "ray-gcs" in json.dumps(line)))
+    seen: dict[str, dict[str, Any]] = {}
+    skipped: dict[str, str] = {}
+    plain = [k for k in names if not GCS_FAULTS[k].restart]
+    restarts = [k for k in names if GCS_FAULTS[k].restart]
+    if plain:
+        with ray_world(workdir, moto=moto) as rw:
+            _trials(rw, plain, tally, seen)
+    if restarts and REDIS_SERVER is None:
+        for name in restarts:
+            skipped[name] = ("not run: redis-server is not on the PATH (GCS fault tolerance needs a Redis; "
+                             "`make chaos` installs Debian's redis-server)")
+    elif restarts:
+        with redis_server() as address, ray_world(workdir / "redis", redis_address=address) as rw:
+            _trials(rw, restarts, tally, seen)
+    # ray mode records a step as a log line and does not keep the once-per-(run, reason, notice)
+    # rule of kubernetes mode's Events: a retry after the GCS came back logs the step again
+    tally.extra["repeated_records"] = sum(max(0, c - 1) for t in seen.values() for c in t.get("records", {}).values())
+    tally.extra.update(faults=[k for k in names if k not in skipped], skipped=skipped, trials=seen)
     return tally
+
+
+def _trials(rw: RayWorld, names: list[str], tally: Tally, seen: dict[str, dict[str, Any]]) -> None:
+    """Faults ``names`` one after the other in world ``rw``, then their invariants (added to ``tally``)."""
+    for k, _name in enumerate(names, start=1):
+        rw.add_worker(k)
+    daemons = [rw.start_replica(wait=False) for _ in range(2)]
+    for daemon in daemons:
+        rw.w.wait_started(daemon)
+    for k, name in enumerate(names, start=1):
+        tally.injected += 1
+        try:
+            with busy(rw.cluster, rw.workers[k].node_id, detached=GCS_FAULTS[name].restart):
+                seen[name] = gcs_trial(rw, k, name, step=10 * k)
+        except AssertionError as e:
+            tally.violations.append(f"{name}: {e}")
+            continue
+        tally.survived += 1
+        tally.recover_s.append(seen[name]["recover_s"])
+    rw.w.stop_replicas()
+    for name in names:
+        if name not in seen:
+            continue
+        before = len(tally.violations)
+        check_trial(rw, name, seen[name], tally)
+        if len(tally.violations) > before:
+            tally.survived -= 1
+    past = tally.past_redrive
+    check_past_redrive(rw.w, tally)
+    tally.past_redrive += past
+    dead = rw.w.dead_letters()
+    tally.events_lost += len(dead)
+    if dead:
+        tally.violations.append(f"{len(dead)} notices dead-lettered: {[m['Body'][:120] for m in dead]}")
+    tally.extra["gcs_errors"] = tally.extra.get("gcs_errors", 0) + sum(
+        1 for d in (*rw.w.retired, *rw.w.replicas) for line in d.lines if "ray-gcs" in json.dumps(line))

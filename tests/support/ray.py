@@ -26,20 +26,35 @@ class Holder:
     def ping(self):
         return "pong"
 
-holder = Holder.options(scheduling_strategy=NodeAffinitySchedulingStrategy(sys.argv[2], soft=False)).remote()
+detached = sys.argv[3] == "detached"
+options = {"lifetime": "detached"} if detached else {}
+holder = Holder.options(scheduling_strategy=NodeAffinitySchedulingStrategy(sys.argv[2], soft=False),
+                        **options).remote()
 assert ray.get(holder.ping.remote(), timeout=120) == "pong"
 print("READY", flush=True)
 sys.stdin.read()  # hold the node busy until the test closes stdin or kills us
+if detached:  # a detached actor outlives its driver: end it
+    ray.kill(holder)
 """
 
 
 @contextlib.contextmanager
-def busy(cluster: LocalRayCluster, node_id: str, *, timeout: float = 120.0) -> Iterator[None]:
-    """Keep a node busy (an actor holding its CPU, from a driver process) while inside."""
+def busy(cluster: LocalRayCluster, node_id: str, *, timeout: float = 120.0, detached: bool = False) -> Iterator[None]:
+    """Keep a node busy (an actor holding its CPU, from a driver process) while inside.
+
+    ``detached``: the actor is a detached one (``lifetime="detached"``), which Ray keeps when its
+    driver's job ends. Needed across a restart of the head (``LocalRayCluster.restart_head``):
+    the driver's job is attached to the node of the raylet it connected to, the head's here,
+    and a restarted GCS marks the old head node dead and every job with a driver on it finished
+    (Ray 2.60 ``gcs_job_manager.cc``, "Node is dead, marking all jobs with drivers on this node
+    as finished", seen in ``gcs_server.out``), which ends the job's non-detached actors. On
+    leaving, stdin is closed and the driver kills the actor (``ray.kill``), 30 s at most.
+    """
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAY_AUTH_TOKEN_PATH")}
     env.update(cluster.env)
     env.pop("RAY_ADDRESS", None)
-    proc = subprocess.Popen([sys.executable, "-c", BUSY_DRIVER, cluster.address, node_id],
+    proc = subprocess.Popen([sys.executable, "-c", BUSY_DRIVER, cluster.address, node_id,
+                             "detached" if detached else "attached"],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             env=env, cwd=cluster.workdir, start_new_session=True)
     try:
@@ -59,6 +74,12 @@ def busy(cluster: LocalRayCluster, node_id: str, *, timeout: float = 120.0) -> I
             raise RuntimeError("the busy driver failed:\n" + "".join(lines[-30:]))
         yield
     finally:
+        if detached and proc.poll() is None:
+            with contextlib.suppress(OSError):
+                assert proc.stdin is not None
+                proc.stdin.close()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=30)
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
         with contextlib.suppress(subprocess.TimeoutExpired):

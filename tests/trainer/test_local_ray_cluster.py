@@ -60,3 +60,44 @@ def test_stop_leaves_no_process_and_no_temp_dir_also_after_a_failed_start() -> N
 def test_a_workdir_too_long_for_rays_sockets_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="too long"):
         LocalRayCluster(workdir=tmp_path / ("x" * 60))
+
+
+def test_without_a_redis_address_no_node_gets_gcs_fault_tolerance_settings(ray_cluster: LocalRayCluster) -> None:
+    assert ray_cluster.head is not None
+    for node in (ray_cluster.head, *ray_cluster.workers):
+        assert "RAY_REDIS_ADDRESS" not in node.environment
+        assert "RAY_external_storage_namespace" not in node.environment
+        assert node.environment.get("RAY_gcs_rpc_server_reconnect_timeout_s") is None
+
+
+@pytest.mark.skipif(shutil.which("redis-server") is None, reason="needs Debian's redis-server (GCS fault tolerance)")
+def test_a_redis_backed_cluster_survives_its_gcs_killed_and_its_head_restarted() -> None:
+    import os
+    import signal
+
+    from tests.support.redis import redis_server
+
+    workdir = Path(tempfile.mkdtemp(prefix="lr", dir="/tmp"))
+    try:
+        with redis_server() as address, LocalRayCluster(workdir=workdir, redis_address=address) as cluster:
+            assert cluster.head is not None
+            assert cluster.head.environment["RAY_REDIS_ADDRESS"] == address
+            worker = cluster.add_node(labels={INSTANCE_ID_LABEL: "i-0restart"})
+            assert worker.environment["RAY_gcs_rpc_server_reconnect_timeout_s"] == "600"
+            with cluster._gcs() as gcs:
+                gcs.internal_kv_put(b"key", b"value", True, b"test")
+            old_head = cluster.head
+            gcs_pid = next(pid for pid in cluster.processes(old_head)
+                           if Path(f"/proc/{pid}/comm").read_text().strip() == "gcs_server")
+            os.kill(gcs_pid, signal.SIGKILL)
+            assert old_head.process.wait(timeout=30) == 1  # `ray start --block` ends the head with its GCS
+            head = cluster.restart_head()
+            assert head.node_id != old_head.node_id and head.command == old_head.command
+            listed = {n.node_id: n for n in cluster.nodes()}
+            assert listed[head.node_id].alive and listed[head.node_id].is_head
+            assert listed[worker.node_id].alive and worker.running()
+            with cluster._gcs() as gcs:
+                assert gcs.internal_kv_get(b"key", b"test") == b"value"
+        assert cluster.processes() == []
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
