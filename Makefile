@@ -22,7 +22,7 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(VENV)/bin/resilienced drill
 
-test: $(STAMP) deploy-tools
+test: $(STAMP) deploy-tools redis-server
 	$(PY) -m pytest
 
 test-fast: $(STAMP)
@@ -43,7 +43,8 @@ chaos: $(STAMP) redis-server
 # The campaign's gcs-restart fault (tests/chaos/gcs.py) runs Ray's GCS fault tolerance on a Redis:
 # Debian's redis-server, installed with apt-get when none is on the PATH (as root, as
 # deploy/tools.mk installs promtool; elsewhere install it yourself). The campaign starts its own
-# on a free port; without one it reports the fault skipped. Not needed by `make test`.
+# on a free port; without one it reports the fault skipped. `make test` installs it too, for
+# tests/trainer/test_local_ray_cluster.py's GCS restart (skipped without it).
 redis-server:
 	@if ! command -v redis-server >/dev/null 2>&1; then \
 	  if [ "$$(id -u)" != 0 ]; then \
