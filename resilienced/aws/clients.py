@@ -1,7 +1,8 @@
 """The one place aiobotocore clients are made: the daemon (``wiring``, the SQS and S3 adapters),
 ``replay`` and ``inject`` all open theirs here, with one :class:`AioConfig`.
 
-The config: botocore's ``standard`` retry mode with :data:`MAX_ATTEMPTS` attempts (its own
+The config: botocore's ``standard`` retry mode with :data:`MAX_ATTEMPTS` retries after the first
+request (``retries.max_attempts`` counts retries, botocore/config.py: 4 requests in all; its own
 short retries of throttling and 5xx inside one call; what still fails is translated by
 :mod:`resilienced.aws.errors`), a :data:`CONNECT_TIMEOUT_S` connect timeout and a
 :data:`READ_TIMEOUT_S` read timeout -- except SQS, whose read timeout lies above its 20 s long

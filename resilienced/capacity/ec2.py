@@ -18,7 +18,7 @@ Calls (and the IAM actions in :data:`IAM_ACTIONS`):
   only into reservations an EC2NodeClass selects).
 
 PurchaseCapacityBlock is sent once per :meth:`Ec2Capacity.purchase`: the client's own retries
-(botocore's standard mode, 3 attempts) are turned off for that one operation.  The API takes no
+(botocore's standard mode, 3 retries after the first request) are turned off for that one operation.  The API takes no
 client token, so a resent request is a second purchase: with the SDK's retries, one answer lost
 after the purchase (the connection closed) bought two blocks (the reliability campaign's
 ``ec2-purchase-answer-lost`` trial; a 5xx after the purchase would do the same).  The caller's

@@ -369,6 +369,18 @@ BACKEND_FAULTS: dict[str, tuple[str, Callable[[World], Any], bool]] = {
     "ec2-throttle": ("proxy: RequestLimitExceeded (HTTP 503) on 6 DescribeCapacityReservations (no block)",
                      lambda w: w.kube.call(w.aws_proxy.fail, 503, code="RequestLimitExceeded", times=6,
                                            match=aws_action("DescribeCapacityReservations")), False),
+    "sqs-throttle": ("proxy: 400 RequestThrottled (SQS's JSON error) on 12 SQS ReceiveMessage/DeleteMessage/"
+                     "ChangeMessageVisibility",
+                     lambda w: w.kube.call(w.aws_proxy.fail, 400, code="RequestThrottled", style="json", times=12,
+                                           match=_sqs("ReceiveMessage", "DeleteMessage",
+                                                      "ChangeMessageVisibility")), False),
+    "sqs-stall": ("proxy: 2 SQS ReceiveMessage held 45 s (past the 40 s read timeout of the SQS client)",
+                  lambda w: w.kube.call(w.aws_proxy.stall, 45, times=2, match=_sqs("ReceiveMessage")), False),
+    "s3-throttle": ("proxy: 503 SlowDown (S3's error) on 10 S3 requests",
+                    lambda w: w.kube.call(w.aws_proxy.fail, 503, code="SlowDown", style="s3", times=10,
+                                          match=path_contains(f"/{BUCKET}")), False),
+    "s3-reset": ("proxy: connection reset on 6 S3 requests",
+                 lambda w: w.kube.call(w.aws_proxy.reset, times=6, match=path_contains(f"/{BUCKET}")), False),
     "kube-500-node": ("emulator: 500 on 4 Node patches", lambda w: w.kube.call(
         w.kube.server.fail, verb="patch", resource="nodes", status=500, times=4), False),
     "kube-429-rayjob": ("emulator: 429 Retry-After 1 on 4 RayJob patches", lambda w: w.kube.call(
@@ -388,8 +400,9 @@ BACKEND_FAULTS: dict[str, tuple[str, Callable[[World], Any], bool]] = {
 #: fault kind -> (HTTP status, EC2 error code); "reset": the connection closed with no answer
 _EC2_FAULTS = {"503": (503, "RequestLimitExceeded"), "500": (500, "InternalError"), "reset": (0, "")}
 #: the EC2 call each group of faults hits, the world it needs, and how often it is injected: a
-#: Describe call is retried by botocore (3 attempts), so 6 faults are 2 failed calls of the
-#: daemon; PurchaseCapacityBlock is sent once per attempt (resilienced/capacity/ec2.py), so 2
+#: Describe call is retried by botocore (3 retries: 4 requests a call), so 6 faults fail one call
+#: of the daemon (and 2 requests of the next); PurchaseCapacityBlock is sent once per attempt
+#: (resilienced/capacity/ec2.py), so 2
 _EC2_CALLS = {"instances": ("DescribeInstances", "expiry", 6),
               "reservations": ("DescribeCapacityReservations", "block", 6),
               "offerings": ("DescribeCapacityBlockOfferings", "buy", 6),
@@ -417,6 +430,10 @@ for _call, (_action, _setup, _times) in _EC2_CALLS.items():
         BACKEND_FAULTS[_name] = (f"proxy: {_how} on {_times} {_action} ({_world})",
                                  _ec2_fault(_action, _kind, _times), _name == "ec2-reservations-503")
         EC2_SETUP[_name] = _setup
+BACKEND_FAULTS["ec2-reservations-stall"] = (
+    "proxy: 2 DescribeCapacityReservations held 35 s, past the 30 s read timeout (a Capacity Block with room)",
+    lambda w: w.kube.call(w.aws_proxy.stall, 35, times=2, match=aws_action("DescribeCapacityReservations")), False)
+EC2_SETUP["ec2-reservations-stall"] = "block"
 BACKEND_FAULTS["ec2-purchase-answer-lost"] = (
     "proxy: PurchaseCapacityBlock served (the block bought), then the connection reset before the answer "
     "(no block with room, one offering to buy)",
@@ -495,6 +512,11 @@ BACKEND_FAULTS["kube-watch-410"] = (
     lambda w: _Once(lambda: w.kube.call(w.kube.server.expire_watches)), True)
 
 
+#: faults armed until spent before the trial's notice is sent: a receive held while the notice
+#: waits (otherwise a replica in its long poll at the arming takes the notice first, and the stall
+#: hits a receive after the work is done)
+HELD_BEFORE_THE_NOTICE = ("sqs-stall",)
+
 #: the faults during which a replica may say it is not ready: /readyz is about the queue (SQS)
 UNREADY_OK = ("sqs-",)
 
@@ -507,6 +529,8 @@ def fault_trial(w: World, n: int, name: str, expect: dict[str, Any] | None = Non
     is its expiration warning.
     """
     rule = BACKEND_FAULTS[name][1](w)
+    if name in HELD_BEFORE_THE_NOTICE:  # every replica's receive held before the notice is there
+        w.wait(lambda: rule.hits >= rule.times, timeout=60, what=f"{name}: every replica's receive held")
     old = (expect or {}).get("old_block")
     w.seed_run(n, reservation=old)
     w.put_checkpoint(n, step=3, saved=datetime.now(timezone.utc) + timedelta(seconds=1))

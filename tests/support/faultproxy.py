@@ -6,7 +6,8 @@ instead of the backend's. Every request is forwarded unchanged, unless a rule ma
 ``fail(status, match=, times=)``   answer ``status`` (500, 503, 429 ...) with an AWS-style error
                                    body (``code``, e.g. ``Throttling``, ``ServiceUnavailable``)
 ``reset(match=, times=)``          close the connection without an answer
-``stall(seconds, match=, times=)`` hold the request ``seconds`` before forwarding it
+``stall(seconds, match=, times=)`` hold the request ``seconds`` before serving it (forwarded, or
+                                   answered by a standing ``answer``/``handle`` rule)
 ``answer(status, body, match=)``   answer with a fixed body instead of the backend (a call the
                                    backend lacks; see :data:`EMPTY_CAPACITY_RESERVATIONS`)
 ``handle(fn, match=)``             answer with ``fn(request, body) -> (status, body)`` instead of
@@ -23,6 +24,7 @@ matches AWS query-protocol actions (``Action=...`` in the form body) and JSON-pr
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -75,7 +77,8 @@ class Rule:
     seconds: float = 0.0
     body: str = ""
     hits: int = 0
-    style: str = "query"  # fail: "query" (<ErrorResponse>) or "ec2" (<Response><Errors>)
+    style: str = "query"  # fail: "query" (<ErrorResponse>), "ec2" (<Response><Errors>), "s3" (<Error>),
+    # or "json" (SQS's JSON protocol: {"__type": ...} and x-amzn-query-error)
     fn: Callable[[web.Request, bytes], tuple[int, str]] | None = None
 
     def take(self, request: web.Request, body: bytes) -> bool:
@@ -127,7 +130,10 @@ class FaultProxy:
     def fail(self, status: int = 500, *, code: str = "InternalError", match: Match = lambda r, b: True,
              times: int | None = None, style: str = "query") -> Rule:
         """``style="ec2"``: EC2's error body (``Response/Errors/Error``, ``RequestID``; EC2 API
-        reference, "Error codes for the Amazon EC2 API"), else the query protocol's ``ErrorResponse``."""
+        reference, "Error codes for the Amazon EC2 API"); ``"s3"``: S3's ``Error`` (S3 API
+        reference, "Error responses"); ``"json"``: SQS's JSON protocol (``__type`` and the
+        ``x-amzn-query-error`` header of a query-compatible service: botocore's sqs service model
+        2012-11-05, ``awsQueryCompatible``); else the query protocol's ``ErrorResponse``."""
         return self._add(Rule("fail", match, times, status=status, code=code, style=style))
 
     def reset(self, *, match: Match = lambda r, b: True, times: int | None = None) -> Rule:
@@ -168,11 +174,12 @@ class FaultProxy:
                 status, text = rule.fn(request, body)
                 response = web.Response(status=status, text=text, content_type="text/xml")
             elif rule.kind == "fail":
-                response = web.Response(status=rule.status, content_type="text/xml", text=_error(rule))
+                response = _error_response(rule)
             elif rule.kind == "reset":
                 self._abort(request)
-            elif rule.kind == "stall":
+            elif rule.kind == "stall":  # then served as it would have been: by a standing answer or upstream
                 await asyncio.sleep(rule.seconds)
+                continue
             break
         if response is None:
             response = await self._forward(request, body)
@@ -198,7 +205,19 @@ class FaultProxy:
             return web.Response(status=upstream.status, body=payload, headers=out)
 
 
+def _error_response(rule: Rule) -> web.Response:
+    if rule.style == "json":  # SQS: JSON protocol, query-compatible (x-amzn-query-error)
+        return web.Response(status=rule.status, content_type="application/x-amz-json-1.0",
+                            headers={"x-amzn-query-error": f"{rule.code};Sender"},
+                            text=json.dumps({"__type": f"com.amazonaws.sqs#{rule.code}",
+                                             "message": "injected by the fault proxy"}))
+    return web.Response(status=rule.status, content_type="text/xml", text=_error(rule))
+
+
 def _error(rule: Rule) -> str:
+    if rule.style == "s3":  # S3's REST error body (S3 API reference, "Error responses")
+        return (f"<Error><Code>{rule.code}</Code><Message>injected by the fault proxy</Message>"
+                f"<RequestId>0000000000000000</RequestId></Error>")
     if rule.style == "ec2":
         return (f"<Response><Errors><Error><Code>{rule.code}</Code><Message>injected by the fault proxy"
                 f"</Message></Error></Errors><RequestID>00000000-0000-4000-8000-000000000000</RequestID></Response>")

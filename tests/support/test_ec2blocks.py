@@ -102,7 +102,7 @@ async def test_offerings_and_a_purchase_parse_and_the_purchase_key_finds_the_blo
 
 async def test_a_lost_purchase_answer_buys_one_block_not_one_per_sdk_retry(world) -> None:
     """PurchaseCapacityBlock takes no client token: a retry of it is a second purchase. The SDK's
-    own retries (standard mode, 3 attempts) resent it after a lost answer, buying up to three
+    own retries (standard mode, 3 retries) resent it after a lost answer, buying up to three
     blocks (the reliability campaign's purchase-answer-lost trial); the adapter makes the call
     once, and its caller's retry finds the block by its purchase key."""
     proxy, blocks, ec2 = world
