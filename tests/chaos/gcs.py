@@ -117,13 +117,15 @@ GCS_FAULTS: dict[str, GcsFault] = {
     "gcs-stop-after-drain": GcsFault(
         "SIGSTOP of the head's gcs_server as soon as a replica has drained the node, while it waits for the "
         "checkpoint (saved 1 s later), held 15 s, then SIGCONT", 15.0, False, when="drained"),
-    # A refused connect fails at once, and the retry comes after the visibility timeout (a GCS
-    # error carries no delay): each visibility timeout of the outage costs one receive of the
-    # redrive count, so an outage longer than about (5 - 1) x 4 s here dead-letters the notice
-    # (12 s held: done at receive 4 or 5 in the runs of 2026-12-01); 8 s leaves a margin.
+    # A refused connect fails at once and gives no retry delay. With a fixed delay (the visibility
+    # timeout, 4 s) each 4 s of outage cost one receive of the redrive count (5), so an outage of
+    # over 16 s dead-lettered the notice (12 s: done at receive 5 of 5 on 2026-12-01); with the
+    # backoff by receive count (docs/reliability.md, fix 9) receives come at 0, 4, 12, 28 s, so
+    # 20 s held is done at receive 4; with the fixed delay the receives at 0, 4, 8, 12 and 16 s
+    # would all fall inside the outage and the sixth would move the notice to the DLQ.
     "gcs-unreachable": GcsFault(
         "the GCS address refuses connections (the TCP forwarder in front of it closes its listener and resets "
-        "open connections) for 8 s after the notice is received, then accepts again", 8.0, False),
+        "open connections) for 20 s after the notice is received, then accepts again", 20.0, False),
     "gcs-restart": GcsFault(
         "SIGKILL of the head's gcs_server on a Redis-backed head (GCS fault tolerance, as KubeRay sets it up), "
         "the head going down with it; 30 s after the notice is received (past one GCS call's steps, which wait "

@@ -46,7 +46,8 @@ ACCOUNT = "123456789012"
 MAX_RECEIVES = 5
 
 
-#: Karpenter's kinds as aws/karpenter-provider-aws serves them (pkg/apis/crds/karpenter.sh_nodepools.yaml,
+#: Karpenter's kinds as aws/karpenter-provider-aws v1.14.1 serves them (the version whose CRDs
+#: tests/deploy/schemas vendors; pkg/apis/crds/karpenter.sh_nodepools.yaml,
 #: karpenter.k8s.aws_ec2nodeclasses.yaml: cluster-scoped, status subresource); served by a world
 #: made with ``karpenter=True``.
 KARPENTER_RESOURCES = (
@@ -314,7 +315,7 @@ class World:
     # ------------------------------------------------------------------ Karpenter
     def _karpenter_resolves(self, block: Block) -> None:
         """Karpenter's part (on the kube loop): an active block carrying the EC2NodeClass's selector
-        tags joins its ``status.capacityReservations`` (aws/karpenter-provider-aws
+        tags joins its ``status.capacityReservations`` (aws/karpenter-provider-aws v1.14.1
         pkg/providers/capacityreservation resolves capacityReservationSelectorTerms; the entry's
         fields: pkg/apis/v1/ec2nodeclass_status.go)."""
         if not self.karpenter or block.state != "active" or any(block.tags.get(k) != v for k, v in BLOCK_TAGS.items()):
