@@ -30,6 +30,8 @@ from packaging.utils import canonicalize_name
 
 import resilienced
 
+pytestmark = pytest.mark.unit
+
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("resilienced", "handlers", "trainer")
 LOCAL = "resilienced.local"

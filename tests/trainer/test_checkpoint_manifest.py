@@ -12,6 +12,8 @@ from trainer.checkpoint import find_resume_point, hash_file, prune, verify
 from trainer.errors import CorruptCheckpoint
 from trainer.manifest import FORMAT, MANIFEST, FileEntry, Manifest, ManifestError
 
+pytestmark = pytest.mark.unit
+
 
 def make_checkpoint(root: Path, step: int, *, committed: bool = True, world_size: int = 2,
                     with_manifest: bool = True) -> Path:

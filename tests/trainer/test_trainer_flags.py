@@ -11,6 +11,8 @@ import pytest
 from trainer.config import TrainConfig, parse_args
 from trainer.errors import ConfigError
 
+pytestmark = pytest.mark.unit
+
 REPO = Path(__file__).resolve().parents[2]
 
 

@@ -20,6 +20,8 @@ from resilienced.recovery.durable import wait_durable
 
 from tests.support.checkpoints import BUCKET, PREFIX, URI, make_ckpt, put_ckpt
 
+pytestmark = pytest.mark.integration
+
 #: The notice, an hour ago (so that a deadline in between has passed by the real clock).
 NOTICE = (datetime.now(timezone.utc) - timedelta(hours=1)).replace(microsecond=0)
 
