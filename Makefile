@@ -25,8 +25,9 @@ demo: $(STAMP)
 test: $(STAMP) deploy-tools redis-server
 	$(PY) -m pytest
 
-test-fast: $(STAMP)
-	$(PY) -m pytest -m "not e2e"
+# The unit and integration layers (tests/support/layers.py): no Ray, trainer or drill.
+test-fast: $(STAMP) deploy-tools
+	$(PY) -m pytest -m "unit or integration"
 
 bench: $(STAMP)
 	$(PY) bench/intake.py

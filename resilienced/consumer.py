@@ -22,9 +22,10 @@ message coming back (its visibility lapsed while the claim is still held): it is
 never deleted, so a slow or dead holder cannot make its event vanish.
 
 The loop (:meth:`Consumer.run`) receives only when a handling slot is free (``concurrency``),
-so received messages never wait unstarted.  :meth:`Consumer.stop` (SIGTERM) stops receiving,
-waits up to ``shutdown_timeout`` for in-flight messages, then cancels the rest and releases
-them (visibility 0) for another replica; unfinished work is never deleted.
+so received messages never wait unstarted.  :meth:`Consumer.stop` (SIGTERM) stops receiving
+(messages a long poll in flight returns after it are released at once, not started), waits up to
+``shutdown_timeout`` for in-flight messages, then cancels the rest and releases them
+(visibility 0) for another replica; unfinished work is never deleted.
 """
 
 from __future__ import annotations
@@ -168,6 +169,9 @@ class Consumer:
                     await self._until_stopped(asyncio.sleep(backoff))
                     continue
                 backoff = 0.0
+                if self._stopping.is_set():  # a long poll that answered as stop() came
+                    await self._give_back(messages or [])
+                    break
                 for message in messages or ():
                     self._start(message)
         finally:
@@ -407,6 +411,11 @@ class Consumer:
                         flight.claim_key = None  # renew it no more
                 except TemporaryError as e:
                     self.log.warning("claim renewal failed", key=flight.claim_key, error=str(e))
+
+    async def _give_back(self, messages: list[Message]) -> None:
+        """Messages received after stop() was called: not started, visible again at once."""
+        for message in messages:
+            await self._release(self._flight(message))
 
     async def _release(self, flight: Flight) -> None:
         """Give an unfinished message back to the queue at once (and its claim)."""

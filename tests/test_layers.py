@@ -7,7 +7,8 @@ Every ``import`` of every module of ``resilienced/``, ``handlers/`` and ``traine
    is in a layer and every name there is a module, so the list cannot go stale);
 2. nothing outside ``resilienced/local/`` imports ``resilienced.local`` or names it in a string
    (``importlib.import_module("resilienced.local...")``);
-3. ``trainer/`` imports nothing of ``resilienced`` or ``handlers``;
+3. ``trainer/`` imports nothing of ``resilienced`` or ``handlers``, and the daemon imports of
+   ``trainer/`` only ``trainer.manifest`` (the checkpoint format; standard library only);
 4. no import cycles.
 
 And the daemon's modules (all but ``resilienced.local``) import only what pyproject.toml's base
@@ -28,6 +29,8 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
 import resilienced
+
+pytestmark = pytest.mark.unit
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("resilienced", "handlers", "trainer")
@@ -151,6 +154,16 @@ def trainer_imports(edges: dict[str, list[tuple[int, str]]]) -> list[str]:
             if m.startswith("trainer") for line, t in targets if not t.startswith("trainer")]
 
 
+#: The one module of ``trainer/`` the daemon may import: the checkpoint format both sides read.
+SHARED_FORMAT = "trainer.manifest"
+
+
+def daemon_imports_of_trainer(edges: dict[str, list[tuple[int, str]]]) -> list[str]:
+    return [f"{MODULES[m].relative_to(ROOT)}:{line}: imports {t}" for m, targets in edges.items()
+            if not m.startswith("trainer") for line, t in targets
+            if t.startswith("trainer") and t != SHARED_FORMAT]
+
+
 def cycles(edges: dict[str, list[tuple[int, str]]]) -> list[list[str]]:
     """Every strongly connected component of more than one module (Tarjan)."""
     graph = {m: sorted({t for _, t in targets}) for m, targets in edges.items()}
@@ -210,6 +223,13 @@ def test_trainer_imports_nothing_of_the_daemon() -> None:
     assert trainer_imports(EDGES) == []
 
 
+def test_the_daemon_imports_of_trainer_only_the_checkpoint_format() -> None:
+    """The daemon image has no torch: of ``trainer/`` it reads only the manifest's one definition,
+    which imports nothing but the standard library."""
+    assert daemon_imports_of_trainer(EDGES) == []
+    assert EDGES.get(SHARED_FORMAT) == [] and third_party_imports([SHARED_FORMAT]) == {}
+
+
 def test_there_are_no_import_cycles() -> None:
     assert cycles(EDGES) == []
 
@@ -220,6 +240,7 @@ def test_there_are_no_import_cycles() -> None:
     (("resilienced.daemon", "resilienced.local.drill"), "local"),
     (("resilienced.cli", "resilienced.local"), "local"),
     (("trainer.loop", "resilienced.model"), "trainer"),
+    (("resilienced.recovery.durable", "trainer.checkpoint"), "daemon-trainer"),
     (("resilienced.ports", "resilienced.consumer"), "cycle"),
 ])
 def test_each_check_finds_a_forbidden_import(edge: tuple[str, str], check: str) -> None:
@@ -232,6 +253,8 @@ def test_each_check_finds_a_forbidden_import(edge: tuple[str, str], check: str) 
         assert any(f"imports {target}" in p for p in local_references(edges))
     elif check == "trainer":
         assert any(f"imports {target}" in p for p in trainer_imports(edges))
+    elif check == "daemon-trainer":
+        assert any(f"imports {target}" in p for p in daemon_imports_of_trainer(edges))
     else:
         assert any(source in c and target in c for c in cycles(edges))
 
@@ -276,7 +299,7 @@ def test_the_daemon_outside_local_needs_only_the_base_dependencies() -> None:
     """What the daemon image installs (no "test" or "train" extra: no moto, no torch) is enough for
     every module but ``resilienced.local``; local/'s own needs are not the image's."""
     daemon = [m for m in MODULES if m.split(".")[0] in ("resilienced", "handlers")
-              and not (m == LOCAL or m.startswith(LOCAL + "."))]
+              and not (m == LOCAL or m.startswith(LOCAL + "."))] + [SHARED_FORMAT]
     providers = metadata.packages_distributions()
     base = base_distributions()
     missing = {name: where for name, where in third_party_imports(daemon).items()

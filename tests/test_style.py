@@ -18,6 +18,9 @@ from __future__ import annotations
 import ast
 import re
 from pathlib import Path
+import pytest
+
+pytestmark = pytest.mark.unit
 
 ROOT = Path(__file__).resolve().parents[1]
 LOG_CONFIG = ROOT / "resilienced" / "log.py"

@@ -41,7 +41,6 @@ anything newer that fails is rejected (with the reason) and deleted.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import random
 import re
@@ -59,11 +58,9 @@ import torch
 import torch.distributed as dist
 
 from trainer.errors import CheckpointError, CorruptCheckpoint
+from trainer.manifest import MANIFEST, REASONS, STEP_DIR, FileEntry, Manifest, ManifestError
 
-FORMAT = "resilienced-checkpoint/1"
-MANIFEST = "manifest.json"
-REASONS = ("preemption", "periodic", "final", "resize")
-_COMMITTED = re.compile(r"^step-(0|[1-9][0-9]*)$")
+_COMMITTED = STEP_DIR
 _PARTIAL = re.compile(r"^step-([0-9]+)\.partial$")
 _HASH_CHUNK = 8 * 1024 * 1024
 
@@ -78,79 +75,6 @@ def partial_dir(root: Path, step: int) -> Path:
 
 def rng_file(rank: int) -> str:
     return f"rng-rank{rank}.pt"
-
-
-def utc_iso(unix: float) -> str:
-    """ISO-8601 UTC with microseconds and a Z, e.g. ``2026-11-30T00:00:00.123456Z``."""
-    return datetime.fromtimestamp(unix, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-
-
-# ---------------------------------------------------------------------- manifest
-@dataclass(frozen=True)
-class FileEntry:
-    path: str
-    size: int
-    sha256: str
-
-
-@dataclass(frozen=True)
-class Manifest:
-    step: int
-    world_size: int
-    time: str
-    saved_at_unix: float
-    reason: str
-    files: tuple[FileEntry, ...]
-
-    def to_json(self) -> str:
-        return json.dumps(
-            {
-                "format": FORMAT,
-                "step": self.step,
-                "world_size": self.world_size,
-                "time": self.time,
-                "saved_at_unix": self.saved_at_unix,
-                "reason": self.reason,
-                "files": [{"path": f.path, "size": f.size, "sha256": f.sha256} for f in self.files],
-            },
-            indent=1,
-        )
-
-    @classmethod
-    def parse(cls, text: str, *, where: str) -> "Manifest":
-        """Parse and check a manifest; CorruptCheckpoint names what is wrong."""
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise CorruptCheckpoint(where, f"manifest.json is not valid JSON ({e.msg} at char {e.pos})") from e
-        if not isinstance(data, dict):
-            raise CorruptCheckpoint(where, "manifest.json is not a JSON object")
-        if data.get("format") != FORMAT:
-            raise CorruptCheckpoint(where, f"manifest format is {data.get('format')!r}, expected {FORMAT!r}")
-        for key, kind in (("step", int), ("world_size", int), ("time", str), ("reason", str), ("files", list)):
-            if not isinstance(data.get(key), kind) or isinstance(data.get(key), bool):
-                raise CorruptCheckpoint(where, f"manifest field {key!r} is missing or not a {kind.__name__}")
-        if not isinstance(data.get("saved_at_unix"), (int, float)):
-            raise CorruptCheckpoint(where, "manifest field 'saved_at_unix' is missing or not a number")
-        files = []
-        for i, entry in enumerate(data["files"]):
-            if not (
-                isinstance(entry, dict)
-                and isinstance(entry.get("path"), str)
-                and isinstance(entry.get("size"), int)
-                and isinstance(entry.get("sha256"), str)
-            ):
-                raise CorruptCheckpoint(where, f"manifest files[{i}] is not {{path, size, sha256}}")
-            path = entry["path"]
-            if path.startswith("/") or ".." in path.split("/") or path == MANIFEST:
-                raise CorruptCheckpoint(where, f"manifest files[{i}] has a bad path {path!r}")
-            files.append(FileEntry(path, entry["size"], entry["sha256"]))
-        if not files:
-            raise CorruptCheckpoint(where, "manifest lists no files")
-        return cls(
-            step=data["step"], world_size=data["world_size"], time=data["time"],
-            saved_at_unix=float(data["saved_at_unix"]), reason=data["reason"], files=tuple(files),
-        )
 
 
 def hash_file(path: Path) -> tuple[int, str]:
@@ -206,7 +130,10 @@ def verify(step_dir: str | os.PathLike[str]) -> Manifest:
         raise CorruptCheckpoint(where, "manifest.json is missing") from None
     except (OSError, UnicodeDecodeError) as e:
         raise CorruptCheckpoint(where, f"manifest.json cannot be read: {e}") from e
-    manifest = Manifest.parse(text, where=where)
+    try:
+        manifest = Manifest.parse(text, where=where)
+    except ManifestError as e:
+        raise CorruptCheckpoint(where, f"manifest {e.why}") from e
     if manifest.step != int(m.group(1)):
         raise CorruptCheckpoint(where, f"manifest says step {manifest.step}, directory says {m.group(1)}")
     if manifest.world_size < 1:
@@ -360,7 +287,7 @@ def build_manifest(
             files[rel] = FileEntry(rel, size, digest)
     now = time.time()
     return Manifest(
-        step=step, world_size=world_size, time=utc_iso(now), saved_at_unix=now, reason=reason,
+        step=step, world_size=world_size, time=datetime.fromtimestamp(now, tz=timezone.utc), saved_at_unix=now, reason=reason,
         files=tuple(files[k] for k in sorted(files)),
     )
 

@@ -48,7 +48,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, TextIO, TypeVar
 from urllib.parse import urlsplit
 
 from resilienced import log
@@ -73,6 +73,14 @@ RESIZE_INTERVAL_S = 2.0
 #: Defaults of ``--scenario elastic`` where the flag is not given (3 workers, min 2; a replacement
 #: that joins after the lost node is gone; a run long enough to grow back before it ends).
 ELASTIC_DEFAULTS = {"workers": 3, "steps": 300, "node_boot_seconds": 60.0}
+
+
+T = TypeVar("T")
+#: In the environment of every process the drill starts (moto, Ray nodes, the trainer, the
+#: reference run): its work dir, so that what it left running can be found (the tests look).
+WORKDIR_MARKER = "RESILIENCED_DRILL_WORKDIR"
+#: Exit code after SIGTERM (128 + 15), as a shell reports a process ended by it; Ctrl-C: 130.
+EXIT_TERMINATED = 143
 
 
 class DrillError(ResilienceError):
@@ -480,6 +488,7 @@ class Drill:
         self._nodes: dict[str, Any] = {}
         self._cluster: Any = None
         self._spans: dict[str, list[float | None]] = {}  # worker node name -> [joined, gone]
+        self.terminated = False  # stopped by SIGTERM
 
     # ------------------------------------------------------------------ parts
     def _trainer_args(self, *, ray_address: str, checkpoint_dir: Path, metrics: Path,
@@ -619,11 +628,26 @@ class Drill:
 
     # ------------------------------------------------------------------ the story
     async def run(self) -> dict[str, Any]:
+        """The story (:meth:`_play`); SIGTERM stops it as Ctrl-C does: everything started is stopped."""
+        loop, me = asyncio.get_running_loop(), asyncio.current_task()
+        assert me is not None
+        loop.add_signal_handler(signal.SIGTERM, self._stop_requested, me)
+        try:
+            return await self._play()
+        finally:
+            loop.remove_signal_handler(signal.SIGTERM)
+
+    def _stop_requested(self, task: asyncio.Task[Any]) -> None:
+        self.terminated = True
+        task.cancel()
+
+    async def _play(self) -> dict[str, Any]:
         from resilienced.local.aws import FAKE_CREDENTIALS, MotoServer
 
         for key, value in FAKE_CREDENTIALS.items():  # the drill's AWS is a local moto
             os.environ[key] = value
         os.environ.setdefault("AWS_DEFAULT_REGION", REGION)
+        os.environ[WORKDIR_MARKER] = str(self.workdir)  # every process it starts inherits it
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.out.write(f"resilienced drill: scenario {self.o.scenario}, {self.o.workers} workers, "
                        f"{self.o.steps} steps, interrupt at step {self.o.interrupt_at_step}, "
@@ -631,8 +655,8 @@ class Drill:
                        f"daemon {'on' if self.o.daemon else 'off'}\n  work dir {self.workdir}\n")
         async with contextlib.AsyncExitStack() as stack:
             moto = MotoServer(log_path=self.workdir / "moto.log")
-            await asyncio.to_thread(moto.start)
             stack.callback(moto.stop)
+            await _in_thread(moto.start)
             queue_url = await self._provision_aws(moto.endpoint_url)
             self.timeline.add("aws", f"moto on {moto.endpoint_url}: EventBridge rules -> SQS (+DLQ), S3 bucket")
 
@@ -680,11 +704,11 @@ class Drill:
         cluster = LocalRayCluster(workdir=self.workdir, env={
             "RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S": str(self.o.preemption_poll)})
         stack.callback(cluster.stop)
-        await asyncio.to_thread(cluster.start)
+        await _in_thread(cluster.start)
         self._cluster = cluster
         elastic = {ELASTIC_LABEL: "true"} if self.o.scenario == "elastic" else {}
         for instance_id in self.instance_ids:
-            node = await asyncio.to_thread(cluster.add_node, labels={
+            node = await _in_thread(cluster.add_node, labels={
                 INSTANCE_LABEL: instance_id, CAPACITY_LABEL: "spot", **elastic}, num_cpus=1)
             self._nodes[instance_id] = node
             self._spans[node.name] = [time.time(), None]
@@ -803,7 +827,7 @@ class Drill:
         await self._terminate(endpoint, cluster, victim)
 
     async def _terminate(self, endpoint: str, cluster: Any, victim: str) -> None:
-        await asyncio.to_thread(cluster.kill_node, self._nodes[victim])
+        await _in_thread(cluster.kill_node, self._nodes[victim])
         self._spans[self._nodes[victim].name][1] = time.time()
         self.timeline.add("aws", f"instance {victim} terminated (its Ray node is gone)")
         await self._put(endpoint, state_change(victim, "terminated", datetime.now(timezone.utc)),
@@ -811,7 +835,7 @@ class Drill:
         if not self.o.daemon:  # nobody requeues: play the autoscaler that replaces the node
             replacement = made_up_ids(self.o.workers + 1, seed=self.o.seed)[-1]
             await asyncio.sleep(self.o.node_boot_seconds)
-            await asyncio.to_thread(cluster.add_node, labels={
+            await _in_thread(cluster.add_node, labels={
                 INSTANCE_LABEL: replacement, CAPACITY_LABEL: "on-demand"}, num_cpus=1)
             self.capacity = "on-demand"
             self.timeline.add("drill", f"(daemon off) an autoscaler replaced it with {replacement}")
@@ -851,6 +875,22 @@ class Drill:
                            f"events.jsonl, reference.jsonl, fsx/, ray logs)\n")
         else:
             shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+async def _in_thread(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """``fn`` in a thread; a cancel (Ctrl-C) lets it finish first, then goes on.
+
+    A start cut off half-way (``ray start`` of a node, moto) would leave behind what it started
+    and the teardown does not know of yet; waiting for it makes the teardown stop it too.
+    """
+    future = asyncio.ensure_future(asyncio.to_thread(fn, *args, **kwargs))
+    try:
+        return await asyncio.shield(future)
+    except asyncio.CancelledError:
+        while not future.done():  # a second Ctrl-C does not cut it off either
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.wait({future})
+        raise
 
 
 async def _cancel(task: asyncio.Task[Any]) -> None:
@@ -949,6 +989,13 @@ def main(args: argparse.Namespace) -> int:
             Path(options.json_report).write_text(json.dumps(
                 {"ok": False, "scenario": options.scenario, "error": message}, indent=2) + "\n")
         return 1
+    except (KeyboardInterrupt, asyncio.CancelledError) as e:
+        drill.cleanup()
+        stopped_by = "SIGTERM" if drill.terminated else "Ctrl-C"
+        print(f"resilienced drill: stopped by {stopped_by}; everything it started is stopped", file=sys.stderr)
+        if drill.terminated:
+            return EXIT_TERMINATED
+        raise KeyboardInterrupt from e  # the CLI's exit code for Ctrl-C: 130
     except BaseException:
         drill.cleanup()
         raise

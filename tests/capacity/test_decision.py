@@ -21,6 +21,8 @@ from resilienced.errors import ConfigError
 from resilienced.capacity.decision import Selectable
 from resilienced.ports import CapacityReservation
 
+pytestmark = pytest.mark.unit
+
 NOW = datetime(2026, 8, 20, 12, 0, tzinfo=timezone.utc)
 POOL = Pool("p5.48xlarge", "us-east-1a")
 H = timedelta(hours=1)

@@ -35,6 +35,8 @@ from tests.intake import payloads
 from tests.kube.conftest import KARPENTER_RESOURCES, instance, node, ray_pod, raycluster, rayjob
 from tests.support.kubeapi import KubeApiServer
 
+pytestmark = pytest.mark.e2e
+
 READ_VERBS = {"get", "list", "watch"}
 INSTANCE_LABEL = "resilienced.io/instance-id"
 P5 = {"node.kubernetes.io/instance-type": "p5.48xlarge", "topology.kubernetes.io/zone": "us-east-1a"}

@@ -9,6 +9,9 @@ from resilienced.metrics import Metrics
 
 from . import payloads as p
 from .conftest import Recorder
+import pytest
+
+pytestmark = pytest.mark.integration
 
 
 class Clock:

@@ -12,6 +12,8 @@ import pytest
 
 from resilienced.kube.karpenter import selectable_reservations
 
+pytestmark = pytest.mark.unit
+
 
 def pool(name: str, nodeclass: str, *requirements: dict[str, Any], kind: str = "EC2NodeClass") -> dict[str, Any]:
     return {"metadata": {"name": name}, "spec": {"template": {"spec": {

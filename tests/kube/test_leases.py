@@ -14,6 +14,8 @@ from resilienced.kube import KubeLeaseClaims, lease_name
 from resilienced.ports import ClaimStore
 from tests.support.kubeapi import KubeApiServer
 
+pytestmark = pytest.mark.integration
+
 NS = "resilienced"
 KEY = "evt-1234/ml/train"
 

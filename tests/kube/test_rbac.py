@@ -14,6 +14,8 @@ from resilienced.model import Target
 from .conftest import FAST, KARPENTER_RESOURCES, GcsFactory, eventually, instance, node, ray_node, ray_pod, raycluster, rayjob
 from tests.support.kubeapi import KubeApiServer, RbacRule
 
+pytestmark = pytest.mark.integration
+
 LEASES_NS = "resilienced"
 RAY_NS = "ml"
 

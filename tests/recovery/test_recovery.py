@@ -38,6 +38,8 @@ from tests.support.kubeapi import KubeApiServer
 
 from .conftest import DAEMON_NS, NS, REGION, RecordingGcs, instance, put_checkpoint, ray_nodes, seed_world
 
+pytestmark = pytest.mark.integration
+
 BLOCK = "cr-0123456789abcdef0"
 FAST = KubeOptions(cache=CacheOptions(request_timeout_s=2.0, watch_timeout_s=30, backoff_initial_s=0.05,
                                       backoff_max_s=0.2),

@@ -22,6 +22,9 @@ from tests.requeue.kuberay_sim import KubeRaySim
 from tests.requeue.kueue_sim import workload_for
 from tests.requeue.objects import NS, node, ray_pod, raycluster, rayjob
 from tests.support.kubeapi import KubeApiServer
+import pytest
+
+pytestmark = pytest.mark.integration
 
 NOW = datetime(2026, 8, 20, 12, 0, tzinfo=timezone.utc)
 BLOCK = CapacityDecision(Capacity.CAPACITY_BLOCK, "spot interrupted twice", reservation_id="cr-0block")

@@ -24,6 +24,8 @@ from tests.requeue.kueue_sim import KueueSim, equivalent, workload_for
 from tests.requeue.objects import NS, SPOT_AFFINITY, rayjob
 from tests.support.kubeapi import KubeApiServer
 
+pytestmark = pytest.mark.integration
+
 BLOCK = CapacityDecision(Capacity.CAPACITY_BLOCK, "spot interrupted twice", reservation_id="cr-0block")
 SPOT = CapacityDecision(Capacity.SPOT, "spot healthy")
 EVENT = Event(kind=Kind.SPOT_INTERRUPTION, event_id="ev-7", instance_ids=("i-0aaa",))

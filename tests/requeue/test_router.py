@@ -17,6 +17,8 @@ from tests.requeue.conftest import rbac_of_requeue
 from tests.requeue.objects import NS, ray_pod, raycluster, rayjob
 from tests.support.kubeapi import KubeApiServer, RbacRule
 
+pytestmark = pytest.mark.integration
+
 BLOCK = CapacityDecision(Capacity.CAPACITY_BLOCK, "spot interrupted twice", reservation_id="cr-0block")
 EVENT = Event(kind=Kind.SPOT_INTERRUPTION, event_id="ev-3", instance_ids=("i-0aaa",))
 

@@ -14,6 +14,8 @@ from resilienced.requeue.volcano import command_name
 from tests.requeue.objects import NS, pod_template
 from tests.support.kubeapi import KubeApiServer
 
+pytestmark = pytest.mark.integration
+
 ON_DEMAND = CapacityDecision(Capacity.ON_DEMAND, "no block with room")
 EVENT = Event(kind=Kind.SPOT_INTERRUPTION, event_id="ev-9", instance_ids=("i-0aaa",))
 TARGET = Target(instance_id="i-0aaa", node="spot-1", ray_cluster=None, ray_job=None, ray_node_ids=(),

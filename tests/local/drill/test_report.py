@@ -9,6 +9,8 @@ import pytest
 
 from resilienced.local.drill import DrillOptions, report_from
 
+pytestmark = pytest.mark.unit
+
 NOTICE = 1000.0
 
 
