@@ -1,4 +1,6 @@
-"""Notifications: one webhook POST per run per event once the daemon has handled it.
+"""Notifications: one webhook POST per run per event once the daemon has handled it, and one when
+the run trains again (``resumed``), falls back to other capacity (``fell back``) or is ``stuck``
+(``resilienced.recovery.followup``).
 
 :class:`Notifier` is off the recovery's path: :meth:`Notifier.submit` only puts the facts on a
 bounded in-memory queue (never waits, never raises; when the queue is full the notification
@@ -47,6 +49,8 @@ FACTS: dict[str, Any] = {
     "capacity_reason": "spot pool healthy",
     "outcome": "done",
     "reason": "",
+    "stage": "training",
+    "seconds_from_notice": "95",
 }
 #: How many notifications may wait for the webhook before new ones are dropped.
 QUEUE_SIZE = 1000
@@ -111,7 +115,8 @@ def slack_body(facts: Mapping[str, Any]) -> dict[str, Any]:
     fields = [("Kind", "kind"), ("Instance(s)", "instances"), ("Run", "run"),
               ("Drained nodes", "drained"), ("Checkpoint step", "checkpoint_step"),
               ("Durable", "durable"), ("Steps lost", "steps_lost"), ("Capacity", "capacity"),
-              ("Capacity reason", "capacity_reason"), ("Outcome", "outcome")]
+              ("Capacity reason", "capacity_reason"), ("Outcome", "outcome"), ("Stage", "stage"),
+              ("Seconds from the notice", "seconds_from_notice")]
     blocks: list[dict[str, Any]] = [
         {"type": "section", "text": {"type": "mrkdwn", "text": f"*resilienced*: {headline}"}},
         {"type": "section", "fields": [{"type": "mrkdwn", "text": f"*{title}*\n{f[key]}"}
