@@ -247,8 +247,9 @@ class Follower:
                 return fresh or record
             try:
                 after = await self._step(fresh)
-            except PermanentError as e:  # the run is gone, or cannot be moved: nothing more to try
-                after = await self._stuck(fresh, f"the follow-up cannot go on: {e}")
+            except (PermanentError, ValueError, KeyError) as e:  # the run is gone, cannot be moved or
+                # decided for (a fact missing): nothing more to try; said on the run and notified
+                after = await self._stuck(fresh, f"the follow-up cannot go on: {type(e).__name__}: {e}")
         except ResilienceError as e:
             self._log.warning("follow-up step failed", run=record.run, error=str(e))
             await self.let_go(record.run, holder=holder)
