@@ -6,8 +6,9 @@ details are the run's record (:mod:`resilienced.runs`): in kubernetes mode a Lea
 cluster's GCS KV.  ``status`` lists them, one row per (event, run): time, kind, instance(s),
 run, outcome, the run's stage since the requeue (its follow-up, :mod:`resilienced.followup`:
 ``admitted``, ``scheduled``, ``joined``, ``training``, or how it ended: ``resumed``, ``stuck``,
-``superseded``), checkpoint step, durable or not, capacity.  It only reads: Lease lists (the
-``list`` verb the daemon's Role already has), or GCS KV key listings and gets.
+``superseded``), checkpoint step, durable or not, capacity.  It only reads: one Lease list (the
+``list`` verb the daemon's Role already has: claims and follow-ups are Leases side by side), or
+GCS KV key listings and gets.
 
 The mode comes from ``--mode`` (env ``RESILIENCED_MODE``, as the daemon's ConfigMap sets it, so
 ``kubectl exec deploy/resilienced -- resilienced status`` works in the pod), or from
@@ -93,9 +94,11 @@ async def records(mode: ModeSettings) -> tuple[list[tuple[str, dict[str, Any]]],
         from resilienced.kube.leases import KubeLeaseClaims
 
         api = await connect(kubeconfig=mode.kubeconfig, context=mode.kube_context)
-        try:
-            claims = await KubeLeaseClaims(api, namespace=mode.claims_namespace).done(RUN_PREFIX)
-            follow_ups = await KubeFollowUps(api, namespace=mode.claims_namespace).all()
+        try:  # one list: the claims and the follow-ups are Leases of the daemon, side by side
+            store = KubeLeaseClaims(api, namespace=mode.claims_namespace)
+            leases = await store.leases()
+            claims = await store.done(RUN_PREFIX, leases=leases)
+            follow_ups = KubeFollowUps.records_in(leases)
         finally:
             await api.close()
     else:

@@ -86,6 +86,13 @@ class KubeFollowUps:
             raise
         return str((written.get("metadata") or {}).get("resourceVersion"))
 
+    @classmethod
+    def records_in(cls, leases: list[dict[str, Any]]) -> list[tuple[dict[str, Any], str]]:
+        """The follow-ups among ``leases`` (a list of the daemon's Leases, as ``status`` reads them)."""
+        return [r for r in (cls._record(lease) for lease in leases
+                            if ((lease.get("metadata") or {}).get("labels") or {}).items() >= KIND_LABEL.items())
+                if r is not None]
+
     async def all(self) -> list[tuple[dict[str, Any], str]]:
         selector = ",".join(f"{k}={v}" for k, v in {**MANAGED_BY, **KIND_LABEL}.items())
         listed = await call(verb="list", resource="leases", request=self._api.list_namespaced_lease(
