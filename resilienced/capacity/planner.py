@@ -110,15 +110,19 @@ class CapacityPlanner:
         ``cache``: EC2's answers (reservations, offerings) kept for further decisions of one plan.
         """
         request = CapacityRequest.from_target(target, event=event)
-        extra: tuple[datetime, ...] = ()
         if not dry_run:
             self.observe(event, request.pool)
-        elif event.kind in INTERRUPTION_KINDS and not self.history.seen(request.pool, event.event_id):
-            extra = (event.time or self.clock(),)
+        extra = self._uncounted(event, request.pool) if dry_run else ()
         kept = applied_decision(target, event=event)
         if kept is not None:
             return request, kept
         return request, await self.plan(request, dry_run=dry_run, extra_interruptions=extra, cache=cache)
+
+    def _uncounted(self, event: Event, pool: Pool) -> tuple[datetime, ...]:
+        """A dry run's interruption: ``event`` as if counted, when it is one the history lacks."""
+        if event.kind in INTERRUPTION_KINDS and not self.history.seen(pool, event.event_id):
+            return (event.time or self.clock(),)
+        return ()
 
     async def target_plan(self, target: Target, *, event: Event) -> dict[str, Any]:
         """``target.as_json()`` plus its ``capacity`` decision and ``reason``, and the ordered
@@ -150,7 +154,9 @@ class CapacityPlanner:
                 break
             exclude.append(stalled_key(current.capacity.value, current.reservation_id))
             passed = replace(target, facts=replace(target.facts, exclude=tuple(dict.fromkeys(exclude))))
-            current = await self.plan(CapacityRequest.from_target(passed, event=event), dry_run=True, cache=cache)
+            request = CapacityRequest.from_target(passed, event=event)
+            current = await self.plan(request, dry_run=True, cache=cache,
+                                      extra_interruptions=self._uncounted(event, request.pool))
             out.append(current)
         return out
 
