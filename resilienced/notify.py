@@ -106,12 +106,24 @@ def flat(facts: Mapping[str, Any]) -> dict[str, str]:
     return {key: text(facts.get(key)) for key in FACTS}
 
 
+#: Outcomes of the follow-up after the requeue (resilienced.recovery.followup), with their headline.
+FOLLOW_UP_OUTCOMES = {"resumed": "trains again", "fell back": "fell back", "stuck": "is stuck"}
+
+
+def headline_of(f: Mapping[str, str]) -> str:
+    """The one-line summary: the handled notice, or what the follow-up saw of the run afterwards."""
+    if f["outcome"] in FOLLOW_UP_OUTCOMES:
+        return (f"run {f['run']} {FOLLOW_UP_OUTCOMES[f['outcome']]} (stage {f['stage']}, capacity {f['capacity']}, "
+                f"{f['seconds_from_notice']}s after the notice; step {f['checkpoint_step']})")
+    return (f"{f['kind']} on {f['instances']}, run {f['run']}: {f['outcome']}; "
+            f"checkpoint step {f['checkpoint_step']} durable {f['durable']}, "
+            f"steps lost {f['steps_lost']}, capacity {f['capacity']}")
+
+
 def slack_body(facts: Mapping[str, Any]) -> dict[str, Any]:
     """The default body: Slack's ``text`` (fallback, and what other chat webhooks show) and blocks."""
     f = flat(facts)
-    headline = (f"{f['kind']} on {f['instances']}, run {f['run']}: {f['outcome']}; "
-                f"checkpoint step {f['checkpoint_step']} durable {f['durable']}, "
-                f"steps lost {f['steps_lost']}, capacity {f['capacity']}")
+    headline = headline_of(f)
     fields = [("Kind", "kind"), ("Instance(s)", "instances"), ("Run", "run"),
               ("Drained nodes", "drained"), ("Checkpoint step", "checkpoint_step"),
               ("Durable", "durable"), ("Steps lost", "steps_lost"), ("Capacity", "capacity"),

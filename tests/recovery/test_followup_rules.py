@@ -131,3 +131,15 @@ def test_the_follow_up_settings_have_their_documented_defaults_and_ranges() -> N
                          (["--scheduled-bound-seconds", "1"], "--scheduled-bound-seconds")):
         with pytest.raises(ConfigError, match=named):
             Settings.from_args(flags, {}).follow_up.validate()
+
+
+def test_a_follow_up_notification_says_how_the_run_came_back() -> None:
+    from resilienced.notify import render, slack_body
+
+    facts = {"event_id": "ev-1", "kind": "spot_interruption", "run": "ml/job", "outcome": "resumed",
+             "stage": "training", "capacity": "on-demand", "checkpoint_step": 27, "seconds_from_notice": 45}
+    assert slack_body(facts)["text"] == ("resilienced: run ml/job trains again (stage training, capacity on-demand, "
+                                         "45s after the notice; step 27)")
+    assert "fell back" in slack_body({**facts, "outcome": "fell back"})["text"]
+    assert render('{"s": "$stage after $seconds_from_notice s"}', {"stage": "training", "seconds_from_notice": "45"}) == {
+        "s": "training after 45 s"}
