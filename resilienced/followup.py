@@ -107,6 +107,7 @@ class FollowUp:
     state: str = State.FOLLOWING.value
     durable_step: int | None = None
     durable_world_size: int | None = None
+    elastic: bool = False
     resumed: Mapping[str, Any] | None = None
     ended_at: datetime | None = None
     reason: str | None = None
@@ -228,6 +229,9 @@ def judge(record: FollowUp, seen: StageSeen, *, now: datetime, bounds: Bounds,
     if waited < bound:
         return Judgement("wait", f"{stage.value} not yet after {fmt(waited)} (bound {fmt(bound)}): {seen.detail}")
     reason = f"{stage.value} not reached within {fmt(bound)}: {seen.detail}"
+    if record.elastic:
+        return Judgement("stuck", f"{reason}; an elastic run is not moved by the follow-up (its lost workers "
+                                  "were replaced; it trains with the survivors at its minimum)")
     if len(record.fallbacks) >= max_fallbacks:
         return Judgement("stuck", f"{reason}; {len(record.fallbacks)} fallback(s) made, at most {max_fallbacks}")
     return Judgement("fall_back", reason)

@@ -170,14 +170,15 @@ class Follower:
         existing = await self.read(target.run_key)
         if not opens_new(existing, event_id=event.event_id, event_time=event.time, changed=result.changed):
             return existing
-        if existing is not None and not existing.ended:
-            await self._save(replace(existing, state=State.SUPERSEDED.value, ended_at=now,
-                                     reason=f"superseded by event {event.event_id}"))
+        if existing is not None and not existing.ended:  # one record per run: the new one replaces it
             self._count_end("superseded")
+            self._log.info("follow-up superseded", run=existing.run, event_id=existing.event_id,
+                           by=event.event_id, stage=existing.stage)
         if event.kind is Kind.CAPACITY_BLOCK_EXPIRY and event.capacity_reservation_id:
             target = replace(target, facts=replace(target.facts, exclude=tuple(dict.fromkeys(
                 [*target.facts.exclude, event.capacity_reservation_id]))))
-        stages = stages_for(mode=self.options.mode, applier=result.kind)
+        elastic = bool(result.details.get("elastic"))
+        stages = (Stage.TRAINING,) if elastic else stages_for(mode=self.options.mode, applier=result.kind)
         durable = durable or {}
         record = FollowUp(
             run=target.run_key, event_id=event.event_id, kind=event.kind.value, notice_at=event.time or now,
@@ -187,7 +188,7 @@ class Follower:
                                        if k in unusable_now(existing, now=now)},
             durable_step=durable.get("step") if durable.get("verified") else durable.get("resume_step"),
             durable_world_size=durable.get("world_size") if durable.get("verified") else None,
-            version=existing.version if existing is not None else None)
+            elastic=elastic, version=existing.version if existing is not None else None)
         record = await self._save(record)
         self._log.info("follow-up opened", run=record.run, event_id=record.event_id, capacity=record.where,
                        stages=list(record.stages))

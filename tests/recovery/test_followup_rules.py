@@ -56,8 +56,9 @@ NOT_YET = StageSeen(False, "2 pods Unschedulable")
     (record(fallbacks=2), NOT_YET, timedelta(minutes=15), "stuck"),
     (record(fallbacks=1), NOT_YET, timedelta(minutes=15), "fall_back"),
     (record(state="stuck"), NOT_YET, timedelta(hours=5), "wait"),  # stuck: watched, never moved again
+    (record(stage="training", elastic=True), NOT_YET, timedelta(minutes=15), "stuck"),  # never moved
 ], ids=["reached", "trains again", "within the bound", "past the bound", "admitted bound",
-        "bound from the stage's start", "no move left", "one move left", "stuck"])
+        "bound from the stage's start", "no move left", "one move left", "stuck", "elastic"])
 def test_the_verdict_after_a_look(rec: FollowUp, seen: StageSeen, after: timedelta, action: str) -> None:
     verdict = judge(rec, seen, now=T0 + after, bounds=BOUNDS, max_fallbacks=2)
     assert verdict.action == action
@@ -143,3 +144,37 @@ def test_a_follow_up_notification_says_how_the_run_came_back() -> None:
     assert "fell back" in slack_body({**facts, "outcome": "fell back"})["text"]
     assert render('{"s": "$stage after $seconds_from_notice s"}', {"stage": "training", "seconds_from_notice": "45"}) == {
         "s": "training after 45 s"}
+
+
+async def test_a_new_move_replaces_the_open_follow_up_and_a_redelivery_keeps_it() -> None:
+    from prometheus_client import CollectorRegistry
+
+    from resilienced.claims import MemoryClaims
+    from resilienced.followups import MemoryFollowUps
+    from resilienced.model import Capacity, Event, Kind, RequeueResult
+    from resilienced.recovery.followup import Follower, FollowUpMetrics
+
+    registry = CollectorRegistry()
+    follower = Follower(store=MemoryFollowUps(), claims=MemoryClaims(), cluster=None, progress=None,  # type: ignore[arg-type]
+                        planner=None, requeue=None, objects=None, metrics=FollowUpMetrics(registry),  # type: ignore[arg-type]
+                        clock=lambda: T0)
+
+    def moved(capacity: Capacity, *, changes: tuple[str, ...] = ("patched",), **details) -> RequeueResult:
+        return RequeueResult(run_key="ml/job", kind="kuberay", capacity=capacity, reason="r", changes=changes,
+                             reservation_id="cr-1" if capacity is Capacity.CAPACITY_BLOCK else None, details=details)
+
+    first = await follower.open(TARGET, event=Event(kind=Kind.SPOT_INTERRUPTION, event_id="ev-1", time=T0),
+                                result=moved(Capacity.CAPACITY_BLOCK), durable={"verified": True, "step": 9, "world_size": 2})
+    assert (first.stages, first.durable_step, first.durable_world_size) == (("scheduled", "training"), 9, 2)
+    again = await follower.open(TARGET, event=Event(kind=Kind.SPOT_INTERRUPTION, event_id="ev-1", time=T0),
+                                result=moved(Capacity.CAPACITY_BLOCK, changes=()))
+    assert again == first  # a redelivery keeps it
+    second = await follower.open(TARGET, event=Event(kind=Kind.STATE_CHANGE, event_id="ev-2", time=T0),
+                                 result=moved(Capacity.ON_DEMAND))
+    assert (second.event_id, second.capacity) == ("ev-2", "on-demand") and (await follower.read("ml/job")) == second
+    assert registry.get_sample_value("resilienced_recoveries_total", {"outcome": "superseded"}) == 1
+    elastic = await follower.open(TARGET, event=Event(kind=Kind.SPOT_INTERRUPTION, event_id="ev-3", time=T0),
+                                  result=moved(Capacity.SPOT, elastic=True, lost=["i-0aaa"]))
+    assert elastic.elastic and elastic.stages == ("training",)
+    assert await follower.open(TARGET, event=Event(kind=Kind.SPOT_INTERRUPTION, event_id="ev-4", time=T0),
+                               result=moved(Capacity.WAIT, changes=())) is None  # nothing placed: nothing followed
