@@ -503,10 +503,11 @@ class FollowUpSettings(Group):
         help="Seconds between two looks at every followed run (0.2-600). 15 s: a few API reads per "
              "run, small next to the bounds.")
     follow_up_claim_ttl_seconds: float = option(
-        300.0, parse=seconds, metavar="S",
-        help="TTL of a run's move claim (held while one replica moves or looks at the run), in "
-             "seconds (10-3600). Longer than a move takes (a Kueue requeue waits up to 60 s); a "
-             "replica that dies mid-move leaves it to another after it.")
+        60.0, parse=seconds, metavar="S",
+        help="TTL of a run's move claim held by the follow-up while it looks at or moves the run, "
+             "renewed every third of it, in seconds (10-3600). 60 s, as the run claims (the "
+             "visibility timeout): a replica that dies mid-move leaves the run to another within "
+             "it. (The requeue step of a notice holds the same claim with the run claim's TTL.)")
 
     def validate(self) -> None:
         for flag, value, low, high in (

@@ -6,8 +6,8 @@ move claim as the requeue, and then completes the notice: the SQS message is not
 minutes a run takes to train again (docs/requeue.md, "Following the run after the requeue").
 Every ``interval`` the follower lists the follow-ups (``ports.FollowUpStore``: a Lease per run
 in kubernetes mode, the GCS KV in ray mode) and, for each open one, under the run's move claim
-``move/<run>`` (TTL ``claim_ttl``; never two moves of one run at once, and a replica that dies
-mid-move leaves the claim to expire before another goes on):
+``move/<run>`` (TTL ``claim_ttl``, renewed while held; never two moves of one run at once, and a
+replica that dies mid-move leaves the claim to expire before another goes on):
 
 1. finishes a move another replica recorded as decided and did not record as made (the
    record's ``moving``: applied again, which changes nothing if it was applied: the run is
@@ -25,7 +25,8 @@ Each end and each fallback is an Event on the run, a webhook notification and me
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Mapping
+import contextlib
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta, timezone
 from typing import Any
@@ -73,7 +74,7 @@ class FollowUpOptions:
     max_fallbacks: int = 2
     cooldown: timedelta = timedelta(minutes=30)
     interval_s: float = 15.0
-    claim_ttl_s: float = 300.0
+    claim_ttl_s: float = 60.0
     keep: timedelta = timedelta(hours=24)
     mode: str = "kubernetes"
 
@@ -132,16 +133,50 @@ class Follower:
     def move_key(run: str) -> str:
         return f"move/{run}"
 
-    async def hold(self, run: str, *, holder: str) -> bool:
-        """Take the run's move claim (False: another replica moves or follows the run now)."""
-        return await self.claims.acquire(self.move_key(run), holder=holder,
-                                         ttl_seconds=self.options.claim_ttl_s) is not None
+    @contextlib.asynccontextmanager
+    async def moving(self, run: str, *, holder: str, ttl: float | None = None) -> AsyncIterator[bool]:
+        """Hold the run's move claim for the block (yields False when another replica holds it).
 
-    async def let_go(self, run: str, *, holder: str) -> None:
+        Renewed every third of ``ttl`` while held (default ``claim_ttl_s``); released at the end,
+        also after a failure, but not when the holder is cancelled (a replica stopped mid-move:
+        nobody moves the run until the TTL ran out, while that move may still be in flight).
+        """
+        ttl = ttl or self.options.claim_ttl_s
+        key = self.move_key(run)
+        if await self.claims.acquire(key, holder=holder, ttl_seconds=ttl) is None:
+            yield False
+            return
+        stop = asyncio.Event()
+        renewer = asyncio.create_task(self._renew(key, holder=holder, ttl=ttl, stop=stop), name=f"move-claim:{run}")
+        cancelled = False
         try:
-            await self.claims.release(self.move_key(run), holder=holder)
+            yield True
+        except asyncio.CancelledError:
+            cancelled = True
+            raise
+        finally:
+            stop.set()
+            await asyncio.gather(renewer, return_exceptions=True)
+            if not cancelled:
+                await self._let_go(key, holder=holder)
+
+    async def _renew(self, key: str, *, holder: str, ttl: float, stop: asyncio.Event) -> None:
+        while True:
+            try:
+                await asyncio.wait_for(stop.wait(), ttl / 3)
+                return
+            except TimeoutError:
+                pass
+            try:
+                await self.claims.acquire(key, holder=holder, ttl_seconds=ttl)
+            except ResilienceError as e:  # the next renewal may get through; a lapse is a takeover
+                self._log.warning("move claim renewal failed", key=key, error=str(e))
+
+    async def _let_go(self, key: str, *, holder: str) -> None:
+        try:
+            await self.claims.release(key, holder=holder)
         except ResilienceError as e:  # it expires within its TTL
-            self._log.warning("move claim release failed", run=run, error=str(e))
+            self._log.warning("move claim release failed", key=key, error=str(e))
 
     async def read(self, run: str) -> FollowUp | None:
         found = await self.store.get(run)
@@ -239,26 +274,21 @@ class Follower:
 
     async def _follow(self, record: FollowUp) -> FollowUp:
         """One run, under its move claim; the record as it is afterwards."""
-        holder = f"{self.replica}/follow-up"
-        if not await self.hold(record.run, holder=holder):
-            return record  # another replica follows or moves it now
-        try:
-            fresh = await self.read(record.run)
-            if fresh is None or fresh.ended or fresh.event_id != record.event_id:
-                return fresh or record
+        async with self.moving(record.run, holder=f"{self.replica}/follow-up") as held:
+            if not held:
+                return record  # another replica follows or moves it now
             try:
-                after = await self._step(fresh)
-            except (PermanentError, ValueError, KeyError) as e:  # the run is gone, cannot be moved or
-                # decided for (a fact missing): nothing more to try; said on the run and notified
-                after = await self._stuck(fresh, f"the follow-up cannot go on: {type(e).__name__}: {e}")
-        except ResilienceError as e:
-            self._log.warning("follow-up step failed", run=record.run, error=str(e))
-            await self.let_go(record.run, holder=holder)
-            return record
-        # released on success and on a known failure; not when cancelled (a replica stopped mid-move
-        # leaves the claim to its TTL, so nobody moves the run while that move may be in flight)
-        await self.let_go(record.run, holder=holder)
-        return after
+                fresh = await self.read(record.run)
+                if fresh is None or fresh.ended or fresh.event_id != record.event_id:
+                    return fresh or record
+                try:
+                    return await self._step(fresh)
+                except (PermanentError, ValueError, KeyError) as e:  # the run is gone, cannot be moved or
+                    # decided for (a fact missing): nothing more to try; said on the run and notified
+                    return await self._stuck(fresh, f"the follow-up cannot go on: {type(e).__name__}: {e}")
+            except ResilienceError as e:
+                self._log.warning("follow-up step failed", run=record.run, error=str(e))
+                return record
 
     async def _step(self, record: FollowUp) -> FollowUp:
         if record.moving is not None:

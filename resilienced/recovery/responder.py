@@ -442,15 +442,13 @@ class Recovery:
         if self.planner is None or self.requeue is None:
             report.steps["requeue"] = {"capacity": None, "reason": "no capacity planner or requeuer configured"}
             return
-        follower = self.follower
-        if follower is not None and not await follower.hold(target.run_key, holder=holder):
-            raise TemporaryError(f"run {target.run_key} is being moved by its follow-up now",
-                                 delay=follower.options.interval_s)
-        try:
+        if self.follower is None:
             await self._requeue_held(event, target, report)
-        finally:
-            if follower is not None:
-                await follower.let_go(target.run_key, holder=holder)
+            return
+        async with self.follower.moving(target.run_key, holder=holder, ttl=self.options.claim_ttl_seconds) as held:
+            if not held:  # its follow-up (or another delivery) moves the run now: come back shortly
+                raise TemporaryError(f"run {target.run_key} is being moved by its follow-up now", delay=5.0)
+            await self._requeue_held(event, target, report)
 
     async def _requeue_held(self, event: Event, target: Target, report: RunReport) -> None:
         """Decide, apply, and open the follow-up (holding the run's move claim, when following)."""
