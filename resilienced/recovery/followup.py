@@ -295,9 +295,9 @@ class Follower:
             record = await self._move(record)
             if record.ended or record.state == State.STUCK.value:
                 return record
-        if record.state == State.STUCK.value:
+        if record.state == State.STUCK.value:  # watched for training, never moved again
             seen = await self._training(record)
-            return await self._resumed(record, seen) if seen.reached else record
+            return await self._act(record, seen, Judgement("resumed" if seen.reached else "wait", seen.detail))
         while True:
             seen = await self._look(record)
             verdict = judge(record, seen, now=self.clock(), bounds=self.options.bounds,

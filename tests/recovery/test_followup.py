@@ -258,11 +258,14 @@ async def test_an_attempt_that_never_trains_at_its_size_is_a_stall_and_a_stuck_r
         await requeued_onto_the_block(world, when=notice)  # here the block's Nodes exist: bound
         (record,) = await world.follower.pass_once()
         assert record.stage == "training"
-        # Ray Train restarted at one worker of the two its minimum says: not training again
-        await resume_record(s3, at=notice + timedelta(seconds=20), step=7, world_size=1, min_world_size=2)
-        world.later(BOUND + timedelta(seconds=1))
+        await resume_record(s3, at=notice - timedelta(seconds=20), step=3)  # the attempt before the notice
+        world.later(BOUND + timedelta(seconds=1))  # no attempt since: Ray Train never started again
         (record,) = await world.follower.pass_once()
-        assert record.state == "stuck" and "below its minimum 2" in record.reason
+        assert record.state == "stuck" and "no attempt has trained a step since the notice" in record.reason
+        # then it restarts at one worker of the two its minimum says: not training again either
+        await resume_record(s3, at=notice + timedelta(seconds=80), step=7, world_size=1, min_world_size=2)
+        (record,) = await world.follower.pass_once()
+        assert record.state == "stuck" and "below its minimum 2" in (record.evidence or record.reason)
         assert not world.events("TrainingResumed")
 
         await resume_record(s3, at=notice + timedelta(seconds=90), step=7)  # the full gang trains again
