@@ -156,6 +156,9 @@ class RunFacts:
     requeued_for: str | None = None
     requeued_capacity: str | None = None
     requeued_reservation_id: str | None = None
+    # capacity the run must not be moved to now (capacity types or reservation ids): what stalled
+    # a recovery of this run, within its cool-down (resilienced.followup, docs/requeue.md)
+    exclude: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -195,6 +198,23 @@ class Target:
             "ray_node_ids": list(self.ray_node_ids),
             "checkpoint_uri": self.checkpoint_uri,
         }
+
+
+@dataclass(frozen=True)
+class StageSeen:
+    """What one look at a stage of a requeued run found (``resilienced.followup``).
+
+    ``reached``: the stage's condition holds; ``detail``: what was seen, in words (the evidence of a
+    stall when not reached: a pending Workload's condition, an unschedulable pod, a NodeClaim that
+    could not launch); ``at``: when the stage was reached where the source says so (the trainer's
+    first step), else None (the look's own time counts); ``facts``: JSON-serialisable numbers
+    behind it (``resumed_from_step``, ``world_size`` ...).
+    """
+
+    reached: bool
+    detail: str
+    at: datetime | None = None
+    facts: Mapping[str, Any] = field(default_factory=dict)
 
 
 class Verdict(str, enum.Enum):

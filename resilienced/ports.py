@@ -22,6 +22,10 @@ Requeuer          ``requeue.router.Requeue`` around the           the same, real
                   ``requeue.router.KubernetesRequeuer`` or
                   ``ray.requeue.RayModeRequeuer``
 NodeProvider      none for EC2 yet (docs/architecture.md)         ``local.provider.LocalNodeProvider``
+FollowUpStore     ``kube.followups.KubeFollowUps`` (Leases),      the same, real (``followups.
+                  ``ray.followups.RayKvFollowUps`` (GCS KV)       MemoryFollowUps`` in unit tests)
+Progress          ``requeue.progress.KubeProgress``,              the same, real (emulated API,
+                  ``ray.progress.RayProgress``                    real local Ray cluster)
 ================  ==============================================  ==================================
 """
 
@@ -32,7 +36,16 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol, runtime_checkable
 
-from resilienced.model import Capacity, CapacityDecision, Event, Outcome, Plan, RequeueResult, Target
+from resilienced.model import (
+    Capacity,
+    CapacityDecision,
+    Event,
+    Outcome,
+    Plan,
+    RequeueResult,
+    StageSeen,
+    Target,
+)
 
 
 # --------------------------------------------------------------------------- queue
@@ -231,6 +244,11 @@ class Planner(Protocol):
         """The question asked about ``target``'s run (a ``CapacityRequest``) and the decision."""
         ...
 
+    async def fallback(self, target: Target, *, event: Event, dry_run: bool = False) -> CapacityDecision:
+        """Where the run goes after its recovery stalled: decided again, ``target.facts.exclude``
+        passed over, nothing counted (the stalled requeue's notice was counted already)."""
+        ...
+
 
 @runtime_checkable
 class Requeuer(Protocol):
@@ -250,6 +268,16 @@ class Requeuer(Protocol):
     async def requeue(
         self, target: Target, *, decision: CapacityDecision, event: Event, dry_run: bool = False
     ) -> RequeueResult: ...
+
+
+@runtime_checkable
+class Withdraws(Protocol):
+    """A requeuer that can give back what a requeue asked of one capacity and that never came
+    (ray mode: replacement nodes that did not join), before the run is moved elsewhere."""
+
+    async def withdraw(self, target: Target, *, capacity: Capacity, reservation_id: str | None) -> list[str]:
+        """Give it back; the things given back, in words (empty: nothing to give back)."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -284,6 +312,47 @@ class NodeProvider(Protocol):
 
     async def available(self, capacity: Capacity) -> int | None:
         """How many more nodes ``capacity`` can give (None: not known)."""
+        ...
+
+
+# --------------------------------------------------------------------------- following a requeue
+@runtime_checkable
+class FollowUpStore(Protocol):
+    """Where the follow-up of each run lives (``resilienced.followup.FollowUp`` as JSON), next to
+    the run claims: one record per run, written compare-and-set on the version it was read at."""
+
+    async def get(self, run: str) -> tuple[dict[str, Any], str] | None:
+        """(record, version), or None when the run has none."""
+        ...
+
+    async def put(self, run: str, record: Mapping[str, Any], *, version: str | None) -> str | None:
+        """Write ``record`` if the stored one is still at ``version`` (None: there is none yet);
+        the new version, or None when someone wrote it first."""
+        ...
+
+    async def all(self) -> list[tuple[dict[str, Any], str]]:
+        """Every record (open and ended), with its version."""
+        ...
+
+    async def delete(self, run: str, *, version: str) -> bool:
+        """Delete the record if it is still at ``version``; whether it was."""
+        ...
+
+
+@runtime_checkable
+class Progress(Protocol):
+    """Looks at a requeued run's way back (kubernetes: Kueue, pods, Nodes, NodeClaims; ray: the
+    Ray cluster's nodes).  The training stage is read from the run's checkpoint root in S3."""
+
+    async def admitted(self, target: Target, *, capacity: Capacity, reservation_id: str | None) -> StageSeen:
+        """Kueue: the run's active Workload holds quota and is admitted on a flavor of ``capacity``."""
+        ...
+
+    async def placed(self, target: Target, *, capacity: Capacity, reservation_id: str | None,
+                     since: datetime | None = None) -> StageSeen:
+        """kubernetes: every worker pod is bound to a Node of ``capacity`` (``scheduled``); ray:
+        the replacement nodes joined the cluster with its label (``joined``).  ``since``: when the
+        stage began (evidence older than it is not the stage's)."""
         ...
 
 

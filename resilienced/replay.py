@@ -522,5 +522,9 @@ def table(rows: Sequence[dict[str, Any]], columns: Sequence[tuple[str, str]] = C
 
 
 def target_cell(target: Mapping[str, Any]) -> str:
+    """``instance>run:capacity``, then the fallback chain a stalled recovery would try:
+    ``[then on-demand>wait]``."""
     run = target.get("ray_job") or target.get("ray_cluster") or target.get("node") or "?"
-    return f"{target.get('instance_id')}>{run}:{target.get('capacity') or '-'}"
+    chain = ">".join(str(f.get("capacity")) + (f" {f['reservation_id']}" if f.get("reservation_id") else "")
+                     for f in target.get("fallbacks") or [])
+    return f"{target.get('instance_id')}>{run}:{target.get('capacity') or '-'}" + (f"[then {chain}]" if chain else "")

@@ -17,6 +17,11 @@ ray         ``RayModeCluster`` on one ``RayGcs``, ``RayModeRequeuer`` when a nod
                                                   the nodes
 ==========  ==================================  ================================================
 
+The follow-up after a requeue (``--follow-up``, on by default) is a ``Follower`` over the mode's
+follow-up store (kubernetes: ``KubeFollowUps`` Leases; ray: ``RayKvFollowUps`` on the GCS KV)
+and progress probe (``KubeProgress``; ``RayProgress``), started as the long-lived task
+``resilienced.follow-up`` (``tasks.spawn``) and stopped with the runtime.
+
 S3 (durable), EC2 (Capacity Blocks, DescribeInstances), FSx (export tasks) and Auto Scaling
 (lifecycle hooks) are aiobotocore clients of the queue's region, made by
 :func:`resilienced.aws.clients.open_client` (one config, as for ``replay``); ``--endpoint-url``
@@ -46,18 +51,33 @@ from resilienced.ports import (
     CapacitySource,
     ClaimStore,
     Cluster,
+    FollowUpStore,
     NodeProvider,
+    Progress,
     Planner,
     RayControl,
     Requeuer,
     Responder,
 )
+from resilienced.recovery.followup import Follower, FollowUpMetrics, FollowUpOptions
 from resilienced.recovery.plan_only import PlanLogger
 from resilienced.recovery.responder import Recovery, RecoveryMetrics, RecoveryOptions
 from resilienced.settings import Mode, Settings
 
 #: how the recovery reaches a run's Ray GCS (kubernetes mode: per RayCluster; ray mode: the one GCS)
 RayControlFor = Callable[[Target], Awaitable[RayControl]]
+
+
+@dataclass(frozen=True)
+class ModeParts:
+    """The adapters one mode (kubernetes or ray) gives the recovery and its follow-up."""
+
+    cluster: Cluster
+    claims: ClaimStore
+    requeuer: Requeuer | None
+    ray_control: RayControlFor
+    follow_ups: FollowUpStore
+    progress: Progress
 
 
 @dataclass(frozen=True)
@@ -68,6 +88,7 @@ class MetricGroups:
     requeue: Any  # resilienced.requeue.router.RequeueMetrics (imported lazily: kubernetes client)
     interruptions: Any  # prometheus_client.Counter, resilienced_interruptions_total
     notify: NotifyMetrics
+    follow_up: FollowUpMetrics
 
 
 def metric_groups(metrics: Metrics) -> MetricGroups:
@@ -77,7 +98,8 @@ def metric_groups(metrics: Metrics) -> MetricGroups:
 
     r = metrics.registry
     return MetricGroups(recovery=RecoveryMetrics(r), requeue=RequeueMetrics(r),
-                        interruptions=interruption_counter(r), notify=NotifyMetrics(r))
+                        interruptions=interruption_counter(r), notify=NotifyMetrics(r),
+                        follow_up=FollowUpMetrics(r))
 
 
 @dataclass
@@ -149,14 +171,15 @@ def _recovery_options(settings: Settings, *, export: Any | None) -> RecoveryOpti
     )
 
 
-async def _kubernetes(settings: Settings, stack: AsyncExitStack, *,
-                      replica: str) -> tuple[Cluster, ClaimStore, Requeuer | None, RayControlFor]:
-    """kubernetes mode: (cluster, claims, requeuer, ray control), closed by ``stack``."""
+async def _kubernetes(settings: Settings, stack: AsyncExitStack, *, replica: str) -> ModeParts:
+    """kubernetes mode's adapters, closed by ``stack``."""
     from resilienced.kube.api import connect
     from resilienced.kube.cluster import KubeCluster
+    from resilienced.kube.followups import KubeFollowUps
     from resilienced.kube.leases import KubeLeaseClaims
     from resilienced.ray.gcs import RayGcs
     from resilienced.requeue.kueue import KueueRequeuer, discover_workload_version
+    from resilienced.requeue.progress import KubeProgress
     from resilienced.requeue.router import KubernetesRequeuer
 
     api = await connect(kubeconfig=settings.mode.kubeconfig, context=settings.mode.kube_context)
@@ -172,16 +195,20 @@ async def _kubernetes(settings: Settings, stack: AsyncExitStack, *,
     workload_version: str | None = settings.mode.kueue_api_version
     if workload_version == "auto":
         workload_version = await discover_workload_version(api)
-    requeuer = KubernetesRequeuer(api, kueue=KueueRequeuer(api, workload_version=workload_version))
-    return cluster, claims, requeuer, cluster.ray_control
+    kueue = KueueRequeuer(api, workload_version=workload_version)
+    return ModeParts(cluster=cluster, claims=claims, requeuer=KubernetesRequeuer(api, kueue=kueue),
+                     ray_control=cluster.ray_control,
+                     follow_ups=KubeFollowUps(api, namespace=settings.mode.claims_namespace),
+                     progress=KubeProgress(api, kueue=kueue))
 
 
-def _ray_mode(settings: Settings, *, ec2: Any, planner: Planner,
-              provider: NodeProvider | None) -> tuple[Cluster, ClaimStore, Requeuer | None, RayControlFor]:
-    """ray mode: (cluster, claims, requeuer or None without a node provider, ray control)."""
+def _ray_mode(settings: Settings, *, ec2: Any, planner: Planner, provider: NodeProvider | None) -> ModeParts:
+    """ray mode's adapters (no requeuer without a node provider)."""
     from resilienced.ray.claims import RayKvClaims
     from resilienced.ray.cluster import RayModeCluster
+    from resilienced.ray.followups import RayKvFollowUps
     from resilienced.ray.gcs import RayGcs
+    from resilienced.ray.progress import RayProgress
     from resilienced.ray.requeue import RayModeRequeuer
 
     ray = RayGcs(settings.mode.ray_address, token=read_token(settings.mode.ray_token_file))
@@ -195,7 +222,28 @@ def _ray_mode(settings: Settings, *, ec2: Any, planner: Planner,
     async def ray_control(target: Target) -> RayControl:
         return ray
 
-    return cluster, claims, requeuer, ray_control
+    return ModeParts(cluster=cluster, claims=claims, requeuer=requeuer, ray_control=ray_control,
+                     follow_ups=RayKvFollowUps(kv=ray), progress=RayProgress(ray))
+
+
+def _follower(settings: Settings, parts: ModeParts, *, planner: Planner, requeue: Requeuer | None,
+              store: Any, metrics: FollowUpMetrics, notifier: Notifier | None, replica: str) -> Follower | None:
+    """The follow-up of ``settings.follow_up`` (None when off, or when nothing is requeued)."""
+    from resilienced.followup import Bounds
+
+    fs = settings.follow_up
+    if not fs.follow_up or requeue is None:
+        return None
+    options = FollowUpOptions(
+        bounds=Bounds(admitted=timedelta(seconds=fs.admitted_bound_seconds),
+                      scheduled=timedelta(seconds=fs.scheduled_bound_seconds),
+                      training=timedelta(seconds=fs.training_bound_seconds)),
+        max_fallbacks=fs.max_fallbacks, cooldown=timedelta(seconds=fs.fallback_cooldown_seconds),
+        interval_s=fs.follow_up_interval_seconds, claim_ttl_s=fs.follow_up_claim_ttl_seconds,
+        keep=timedelta(seconds=settings.intake.dedupe_seconds), mode=settings.mode.kind.value)
+    return Follower(store=parts.follow_ups, claims=parts.claims, cluster=parts.cluster, progress=parts.progress,
+                    planner=planner, requeue=requeue, objects=store, options=options, metrics=metrics,
+                    notifier=notifier, replica=replica)
 
 
 @asynccontextmanager
@@ -251,16 +299,20 @@ async def open_runtime(
         options = _recovery_options(settings, export=export)
 
         if mode is Mode.KUBERNETES:
-            cluster, claims, requeuer, ray_control = await _kubernetes(settings, stack, replica=replica)
+            parts = await _kubernetes(settings, stack, replica=replica)
         else:
-            cluster, claims, requeuer, ray_control = _ray_mode(settings, ec2=ec2, planner=planner,
-                                                               provider=provider)
-        requeue = (Requeue(requeuer, cluster=cluster, metrics=groups.requeue)
-                   if requeuer is not None else None)
+            parts = _ray_mode(settings, ec2=ec2, planner=planner, provider=provider)
+        requeue = (Requeue(parts.requeuer, cluster=parts.cluster, metrics=groups.requeue)
+                   if parts.requeuer is not None else None)
+        follower = _follower(settings, parts, planner=planner, requeue=requeue, store=store,
+                             metrics=groups.follow_up, notifier=notifier, replica=replica)
+        if follower is not None:
+            following = tasks.spawn(follower.run(), name="resilienced.follow-up")
+            stack.push_async_callback(_cancel, following)
         recovery = Recovery(
-            cluster=cluster, claims=claims, ray_control=ray_control, store=store,
+            cluster=parts.cluster, claims=parts.claims, ray_control=parts.ray_control, store=store,
             planner=planner, requeue=requeue, capacity=capacity, export=export,
             lifecycle=lifecycle, options=options, metrics=groups.recovery,
-            notifier=notifier,
+            notifier=notifier, follower=follower,
         )
-        yield Runtime(responder=recovery, claims=claims)
+        yield Runtime(responder=recovery, claims=parts.claims)

@@ -8,7 +8,8 @@ Every ``import`` of every module of ``resilienced/``, ``handlers/`` and ``traine
 2. nothing outside ``resilienced/local/`` imports ``resilienced.local`` or names it in a string
    (``importlib.import_module("resilienced.local...")``);
 3. ``trainer/`` imports nothing of ``resilienced`` or ``handlers``, and the daemon imports of
-   ``trainer/`` only ``trainer.manifest`` (the checkpoint format; standard library only);
+   ``trainer/`` only ``trainer.manifest`` and ``trainer.resume`` (the formats both sides read;
+   standard library only);
 4. no import cycles.
 
 And the daemon's modules (all but ``resilienced.local``) import only what pyproject.toml's base
@@ -154,14 +155,15 @@ def trainer_imports(edges: dict[str, list[tuple[int, str]]]) -> list[str]:
             if m.startswith("trainer") for line, t in targets if not t.startswith("trainer")]
 
 
-#: The one module of ``trainer/`` the daemon may import: the checkpoint format both sides read.
-SHARED_FORMAT = "trainer.manifest"
+#: The modules of ``trainer/`` the daemon may import: the formats both sides read from S3 (the
+#: checkpoint manifest; the resume record of an attempt that trained its first step).
+SHARED_FORMATS = ("trainer.manifest", "trainer.resume")
 
 
 def daemon_imports_of_trainer(edges: dict[str, list[tuple[int, str]]]) -> list[str]:
     return [f"{MODULES[m].relative_to(ROOT)}:{line}: imports {t}" for m, targets in edges.items()
             if not m.startswith("trainer") for line, t in targets
-            if t.startswith("trainer") and t != SHARED_FORMAT]
+            if t.startswith("trainer") and t not in SHARED_FORMATS]
 
 
 def cycles(edges: dict[str, list[tuple[int, str]]]) -> list[list[str]]:
@@ -223,11 +225,12 @@ def test_trainer_imports_nothing_of_the_daemon() -> None:
     assert trainer_imports(EDGES) == []
 
 
-def test_the_daemon_imports_of_trainer_only_the_checkpoint_format() -> None:
-    """The daemon image has no torch: of ``trainer/`` it reads only the manifest's one definition,
-    which imports nothing but the standard library."""
+def test_the_daemon_imports_of_trainer_only_the_shared_formats() -> None:
+    """The daemon image has no torch: of ``trainer/`` it reads only the formats' one definitions,
+    which import nothing but the standard library."""
     assert daemon_imports_of_trainer(EDGES) == []
-    assert EDGES.get(SHARED_FORMAT) == [] and third_party_imports([SHARED_FORMAT]) == {}
+    for shared in SHARED_FORMATS:
+        assert EDGES.get(shared) == [] and third_party_imports([shared]) == {}, shared
 
 
 def test_there_are_no_import_cycles() -> None:
@@ -299,7 +302,7 @@ def test_the_daemon_outside_local_needs_only_the_base_dependencies() -> None:
     """What the daemon image installs (no "test" or "train" extra: no moto, no torch) is enough for
     every module but ``resilienced.local``; local/'s own needs are not the image's."""
     daemon = [m for m in MODULES if m.split(".")[0] in ("resilienced", "handlers")
-              and not (m == LOCAL or m.startswith(LOCAL + "."))] + [SHARED_FORMAT]
+              and not (m == LOCAL or m.startswith(LOCAL + "."))] + list(SHARED_FORMATS)
     providers = metadata.packages_distributions()
     base = base_distributions()
     missing = {name: where for name, where in third_party_imports(daemon).items()

@@ -8,8 +8,9 @@ imports only torch, ray, numpy and the standard library, and nothing from ``resi
 ``handlers``.  The daemon and the trainer share no code and no channel; they meet in two places
 only: Ray's drain (the daemon drains a node with reason PREEMPTION and a deadline, Ray Train
 hands that to every rank as ``ray.train.get_preemption_info()``), and the checkpoint layout
-under the checkpoint root (``step-<N>/`` with ``manifest.json`` written last), which the daemon
-reads back from S3 to decide that a checkpoint is durable.
+under the checkpoint root (``step-<N>/`` with ``manifest.json`` written last, and the resume
+records under ``resume/``), which the daemon reads back from S3 to decide that a checkpoint is
+durable and that a requeued run trains again.
 
 Modules, top to bottom:
 
@@ -22,6 +23,8 @@ Modules, top to bottom:
 ``runtime``    what differs between Ray Train workers and local processes (signal, report)
 ``elastic``    elastic runs on Ray Train 2.60: ``ElasticCallback`` (controller side), ``scaling_kwargs``
 ``resize``     the save-before-a-resize request and answer under the checkpoint root
+``resume``     the resume record an attempt leaves when it trains its first step (stdlib only: the
+               daemon imports it to read the record back from S3, the one definition of it)
 ``loop``       ``python -m trainer``'s train function: a user of ``resilience.Checkpointer``
 ``preemption`` the SIGTERM flag, the per-step agreed decision, the deadline plan
 ``checkpoint`` save / commit / verify / resume / clean up; the manifest

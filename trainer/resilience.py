@@ -46,7 +46,7 @@ from trainer.checkpoint import (
     verify,
     write_manifest,
 )
-from trainer import resize
+from trainer import resize, resume
 from trainer.config import PreemptionConfig
 from trainer.data import batch_share, loss_weight
 from trainer.errors import CheckpointError, CorruptCheckpoint, UsageError
@@ -99,6 +99,10 @@ class Checkpointer:
             ``preemption_notice`` (step, deadline_ms, source) and ``waiting_for_teardown`` (step).
         phase_hook: called as ``phase_hook(phase, step)`` at each phase of a commit
             (``files-written``, ``manifest-torn``, ``manifest-written``, ``committed``): a test hook.
+        min_world_size: the smallest world size the run trains at (an elastic run's minimum;
+            None: this attempt's world size, a fixed-size run).  Written in the resume record
+            (``trainer.resume``) rank 0 leaves under ``root`` when the attempt trains its first
+            step: the daemon reads it to see the run train again after a requeue.
 
     Raises:
         UsageError: a bad argument.  CheckpointError: ``root`` is not writable on some rank.
@@ -120,7 +124,11 @@ class Checkpointer:
         agree_interval_s: float = 0.5,
         on_event: EventHook | None = None,
         phase_hook: PhaseHook | None = None,
+        min_world_size: int | None = None,
     ) -> None:
+        if min_world_size is not None and (not isinstance(min_world_size, int) or isinstance(min_world_size, bool)
+                                           or min_world_size < 1):
+            raise UsageError(f"min_world_size must be a positive int or None, got {min_world_size!r}")
         if total_steps is not None and (not isinstance(total_steps, int) or total_steps < 1):
             raise UsageError(f"total_steps must be a positive int or None, got {total_steps!r}")
         _check_args(every=every, keep=keep, save_margin_factor=save_margin_factor, save_margin_s=save_margin_s,
@@ -167,6 +175,8 @@ class Checkpointer:
         self._entries_key: tuple[tuple[str, int], ...] = ()
         self._entries: dict[str, Any] = {}
         self._left = time.perf_counter()  # when the last call returned: a step starts there
+        self._min_world_size = min_world_size
+        self._resume_written = False
 
     # ------------------------------------------------------------------ the API
     def restore(self, state: Mapping[str, Any]) -> int:
@@ -209,6 +219,8 @@ class Checkpointer:
         self._check_step(step)
         entries = self._entries_of(state)
         previous, self.step = self.step, step
+        if not self._resume_written:
+            self._write_resume_record(step, restored=previous if self.restored_from is not None else None)
         self._metrics = dict(metrics or {})
         last = self.total_steps is not None and step >= self.total_steps  # finish() saves it
         if self._noticed or step >= self._next_boundary:
@@ -238,6 +250,22 @@ class Checkpointer:
         entries = self._entries_of(state)
         self._save_now("final", entries)
         self._finished = True
+
+    def _write_resume_record(self, step: int, *, restored: int | None) -> None:
+        """Rank 0, at the attempt's first step: the resume record (``trainer.resume``).  A failed
+        write is logged, never fatal: the record only tells the daemon the run trains again."""
+        self._resume_written = True
+        if self.rank != 0:
+            return
+        record = resume.ResumeRecord(
+            attempt_id=resume.new_attempt_id(),
+            resumed_from_step=restored, first_step=step, world_size=self.world_size,
+            min_world_size=self._min_world_size or self.world_size,
+            started_at_unix=time.time())
+        try:
+            resume.write(self.root, record)
+        except OSError as e:
+            log.warning(f"resume record not written root={self.root} error={e.strerror or e}")
 
     # ------------------------------------------------------------------ checks
     def _check_step(self, step: int) -> None:

@@ -93,7 +93,7 @@ class CapacityRequest:
         if facts.selectable_reservations is not None:
             selectable = Selectable(ids=frozenset(map(str, facts.selectable_reservations)),
                                     sources=tuple(map(str, facts.selectable_from)))
-        exclude: set[str] = set()
+        exclude: set[str] = set(map(str, facts.exclude))  # stalled capacity in its cool-down
         if event.kind is Kind.CAPACITY_BLOCK_EXPIRY and event.capacity_reservation_id:
             exclude.add(event.capacity_reservation_id)  # move off the expiring block
         return cls(

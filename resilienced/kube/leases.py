@@ -250,10 +250,16 @@ class KubeLeaseClaims:
             self.namespace, label_selector=selector, _preload_content=False, _request_timeout=self._timeout))
         return list(listed.get("items") or [])
 
-    async def done(self, prefix: str = "") -> list[Claim]:
-        """Every done claim whose key starts with ``prefix`` (one list call; changes nothing)."""
+    async def leases(self) -> list[dict[str, Any]]:
+        """Every Lease labelled ``app.kubernetes.io/managed-by=resilienced`` (the claims and the
+        follow-ups of ``resilienced.kube.followups``): one list call, for ``resilienced status``."""
+        return await self._list()
+
+    async def done(self, prefix: str = "", *, leases: list[dict[str, Any]] | None = None) -> list[Claim]:
+        """Every done claim whose key starts with ``prefix`` (one list call, none when ``leases``
+        are given; changes nothing)."""
         found = []
-        for lease in await self._list():
+        for lease in leases if leases is not None else await self._list():
             notes = (lease.get("metadata") or {}).get("annotations") or {}
             key = notes.get(KEY_ANNOTATION) or ""
             if notes.get(STATE_ANNOTATION) == STATE_DONE and key.startswith(prefix):

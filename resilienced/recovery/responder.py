@@ -17,7 +17,9 @@
      else record the newest durable one from before the notice and the steps that costs;
    * REQUEUE: for an instance already gone (state change), find the newest durable checkpoint
      the run will resume from; decide the capacity (Spot / Capacity Block / On-Demand / wait) and
-     apply it to the whole gang;
+     apply it to the whole gang, under the run's move claim; then open the run's follow-up
+     (``recovery.followup.Follower``), which watches it until it trains again and falls back
+     when it stalls, long after this message is deleted;
 
 3. COMPLETE_LIFECYCLE: tell the Auto Scaling group it may go on terminating (also when no run
    was found: the instance is released either way).
@@ -31,8 +33,9 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta, timezone
+from functools import partial
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
@@ -40,6 +43,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from resilienced import log
 from resilienced.aws.autoscaling import Lifecycle
 from resilienced.recovery.durable import DurableResult, newest_durable, wait_durable
+from resilienced.recovery.followup import Follower
 from resilienced.recovery.targets import find_targets
 from resilienced.errors import (
     PermanentError,
@@ -154,6 +158,7 @@ class Recovery:
         lifecycle: Auto Scaling, for terminate hooks.
         notifier: the webhook (``--notify-webhook``), told once per run handled (done or
             failed); it queues and returns at once, so it never delays the recovery.
+        follower: the follow-up after the requeue (None: a recovery ends with the requeue).
     """
 
     def __init__(
@@ -171,6 +176,7 @@ class Recovery:
         options: RecoveryOptions = RecoveryOptions(),
         metrics: RecoveryMetrics | None = None,
         notifier: Notifier | None = None,
+        follower: Follower | None = None,
         clock: Callable[[], datetime] = lambda: datetime.now(timezone.utc),
     ) -> None:
         self.cluster = cluster
@@ -185,6 +191,7 @@ class Recovery:
         self.options = options
         self.metrics = metrics
         self.notifier = notifier
+        self.follower = follower
         self.clock = clock
         self._log = log.get("resilienced.recovery")
 
@@ -259,7 +266,7 @@ class Recovery:
         keeper = asyncio.create_task(self._keep_claim(key, holder=holder, keep=keep), name=f"claim-keeper:{key}")
         try:
             for step, act in ((Step.NOTIFY, self._notify), (Step.SIGNAL, self._signal),
-                              (Step.DURABLE, self._durable), (Step.REQUEUE, self._requeue)):
+                              (Step.DURABLE, self._durable), (Step.REQUEUE, partial(self._requeue, holder=holder))):
                 if step in plan.steps:
                     keep.check()  # a replica that lost its claim does not take another step
                     await act(plan, target, report)
@@ -394,6 +401,7 @@ class Recovery:
                 f"{target.checkpoint_uri} ({len(result.manifest.files)} files, "
                 f"{after:.1f}s after the notice)"))
             report.steps["durable"] = {"verified": True, "step": result.step,
+                                       "world_size": result.manifest.world_size,
                                        "notice_to_durable_s": round(after, 3),
                                        "export_tasks": list(result.export_tasks)}
             return
@@ -412,7 +420,7 @@ class Recovery:
                                    "steps_lost": result.steps_lost,
                                    "rejected": list(result.rejected)}
 
-    async def _requeue(self, plan: Plan, target: Target, report: RunReport) -> None:
+    async def _requeue(self, plan: Plan, target: Target, report: RunReport, *, holder: str) -> None:
         event = plan.event
         if Step.DURABLE not in plan.steps and target.checkpoint_uri and self.store is not None:
             # The instance is already gone (no notice): the run resumes from what is in S3.
@@ -434,12 +442,34 @@ class Recovery:
         if self.planner is None or self.requeue is None:
             report.steps["requeue"] = {"capacity": None, "reason": "no capacity planner or requeuer configured"}
             return
+        if self.follower is None:
+            await self._requeue_held(event, target, report)
+            return
+        async with self.follower.moving(target.run_key, holder=holder, ttl=self.options.claim_ttl_seconds) as held:
+            if not held:  # its follow-up (or another delivery) moves the run now: come back shortly
+                raise TemporaryError(f"run {target.run_key} is being moved by its follow-up now", delay=5.0)
+            await self._requeue_held(event, target, report)
+
+    async def _requeue_held(self, event: Event, target: Target, report: RunReport) -> None:
+        """Decide, apply, and open the follow-up (holding the run's move claim, when following)."""
+        assert self.planner is not None and self.requeue is not None
+        follower = self.follower
+        exclude = await follower.exclusions(target.run_key) if follower is not None else ()
+        if exclude:  # what stalled an earlier recovery of this run, in its cool-down
+            target = replace(target, facts=replace(target.facts, exclude=tuple(dict.fromkeys(
+                [*target.facts.exclude, *exclude]))))
         _request, decision = await self.planner.plan_for(target, event=event)
         result = await self.requeue.requeue(target, decision=decision, event=event)
         report.steps["requeue"] = result.as_json()
         if result.capacity is Capacity.WAIT:
             delay = result.retry_after.total_seconds() if result.retry_after else None
             raise TemporaryError(f"run {target.run_key} waits for capacity: {result.reason}", delay=delay)
+        if follower is not None:
+            opened = await follower.open(target, event=event, result=result,
+                                         durable=report.steps.get("durable") or report.steps.get("resume"))
+            if opened is not None:
+                report.steps["follow_up"] = {"event_id": opened.event_id, "stage": opened.stage,
+                                             "stages": list(opened.stages), "capacity": opened.where}
 
     async def _complete_lifecycle(self, plan: Plan) -> str:
         if self.lifecycle is None:

@@ -26,7 +26,7 @@ from resilienced.capacity.decision import Capacity, CapacityDecision
 from resilienced.errors import PermanentError, ResilienceError
 from resilienced.log import get as get_logger
 from resilienced.model import Event, Target
-from resilienced.ports import Cluster
+from resilienced.ports import Cluster, Withdraws
 from resilienced.requeue.elastic import with_fallback
 from resilienced.requeue.kuberay import KubeRayRequeuer
 from resilienced.requeue.kueue import KueueRequeuer, is_kueue_managed
@@ -134,6 +134,13 @@ class Requeue:
     def kind(self) -> str:
         """The applier's kind (``kubernetes`` or ``ray``)."""
         return self.requeuer.kind
+
+    async def withdraw(self, target: Target, *, capacity: Capacity, reservation_id: str | None) -> list[str]:
+        """The applier's ``withdraw`` (ray mode); Kubernetes appliers have nothing to give back: the
+        next requeue replaces the pods that wait on the stalled capacity."""
+        if isinstance(self.requeuer, Withdraws):
+            return await self.requeuer.withdraw(target, capacity=capacity, reservation_id=reservation_id)
+        return []
 
     async def requeue(
         self, target: Target, *, decision: CapacityDecision, event: Event, dry_run: bool = False

@@ -24,8 +24,14 @@ to one ClusterQueue with one resource group and unlimited quota; PodSets are the
 5. Scheduler: an active Workload without quota gets, per PodSet, the first flavor whose
    nodeLabels do not contradict the PodSet's nodeSelector on the flavor's own keys
    (``pkg/scheduler/flavorassigner/flavorassigner.go`` ``checkFlavorForPodSets`` /
-   ``flavorSelector``; it reads the *Workload's* PodSets, not the job); none -> pending
-   (``NoMatchingFlavor``).
+   ``flavorSelector``; it reads the *Workload's* PodSets, not the job) and that has quota
+   left (``quota_short`` lists the flavors whose quota is used up: the assigner passes over
+   them with "insufficient quota for cpu in flavor X"); none -> pending: ``QuotaReserved=False``,
+   reason ``Pending``, message "couldn't assign flavors to pod set ..." (``pkg/scheduler/
+   scheduler.go``).  A Workload deactivated while pending and reactivated keeps its stale
+   ``Evicted=True`` (the Workload controller sets ``Requeued`` only for one that held quota) and is
+   admitted all the same; admission resets ``Evicted`` to false (``pkg/workload/workload.go``
+   ``SetQuotaReservation``).
 6. Job reconciler, ``startJob``: unsuspend the job and merge each assigned flavor's nodeLabels
    into the job's worker templates (``RunWithPodSetsInfo`` -> ``pkg/podset/podset.go``
    ``FromAssignment`` + ``Merge``): a key the template already sets to another value is a
@@ -95,15 +101,25 @@ def _admit(wl: dict, flavor: str | dict[str, str]) -> None:
         for ps in wl["spec"]["podSets"]]}
     _set_cond(wl, "QuotaReserved", True, "QuotaReserved")
     _set_cond(wl, "Admitted", True, "Admitted")
+    if _cond(wl, "Evicted") is not None:  # SetQuotaReservation resets it
+        _set_cond(wl, "Evicted", False, "QuotaReserved")
 
 
-def _flavor_for(podset: dict) -> str | None:
-    """Rule 5 for one PodSet: the first flavor whose nodeLabels its nodeSelector does not contradict."""
+def _flavor_for(podset: dict, *, short: set[str] = frozenset()) -> str | None:  # type: ignore[assignment]
+    """Rule 5 for one PodSet: the first flavor whose nodeLabels its nodeSelector does not
+    contradict and whose quota is not used up."""
     selector = (podset["template"].get("spec") or {}).get("nodeSelector") or {}
     for name, labels in FLAVORS:
-        if not any(k in selector and selector[k] != v for k, v in labels.items()):
+        if name not in short and not any(k in selector and selector[k] != v for k, v in labels.items()):
             return name
     return None
+
+
+def _short_flavors(podset: dict, short: set[str]) -> list[str]:
+    """The flavors the PodSet's selector allows whose quota is used up (the pending message)."""
+    selector = (podset["template"].get("spec") or {}).get("nodeSelector") or {}
+    return [name for name, labels in FLAVORS
+            if name in short and not any(k in selector and selector[k] != v for k, v in labels.items())]
 
 
 def _containers_equal(a: list | None, b: list | None) -> bool:
@@ -144,6 +160,8 @@ class KueueSim:
         self.failed_to_start: list[str] = []  # rule 6 conflicts: the message Kueue finishes the Workload with
         self.workload_updates = 0  # rule 3 rebuilds of a Workload from its job
         self.foreign_suspend_writes = 0
+        self.quota_short: set[str] = set()  # rule 5: flavors whose quota is used up
+        self.no_fit = 0  # rule 5 passes that left a Workload pending for quota
         self._suspend_seen: dict[str, bool] = {}
         self._task: asyncio.Task | None = None
 
@@ -216,10 +234,10 @@ class KueueSim:
             _set_cond(wl, "Evicted", False, "Reactivated")
             self.server.put(wl)
             return
-        if active and not evicted and not has_quota:  # 5
-            flavors = {ps["name"]: _flavor_for(ps) for ps in wl["spec"]["podSets"]}
+        if active and not has_quota:  # 5 (a stale Evicted=True of a Workload deactivated while pending is ignored)
+            flavors = {ps["name"]: _flavor_for(ps, short=self.quota_short) for ps in wl["spec"]["podSets"]}
             if None in flavors.values():
-                self.no_matching_flavor += 1
+                self._pending(wl, [ps for ps in wl["spec"]["podSets"] if flavors[ps["name"]] is None][0])
                 return
             _admit(wl, flavors)  # type: ignore[arg-type]
             self.admitted.append("+".join(sorted(set(flavors.values()))))  # type: ignore[arg-type]
@@ -227,6 +245,20 @@ class KueueSim:
             return
         if suspended and has_quota and active and not evicted:  # 6
             self._start(job, wl)
+
+    def _pending(self, wl: dict, podset: dict) -> None:
+        """No flavor fits ``podset``: quota short on a flavor it could use, else no flavor matches."""
+        short = _short_flavors(podset, self.quota_short)
+        if not short:
+            self.no_matching_flavor += 1
+            return
+        self.no_fit += 1
+        message = (f"couldn't assign flavors to pod set {podset['name']}: "
+                   + ", ".join(f"insufficient quota for cpu in flavor {f}" for f in short))
+        if (_cond(wl, "QuotaReserved") or {}).get("message") != message:
+            _set_cond(wl, "QuotaReserved", False, "Pending")
+            wl["status"]["conditions"][-1]["message"] = message
+            self.server.put(wl)
 
     def _stop(self, job: dict, wl: dict) -> None:
         """``stopJob``: suspend, and restore nodeSelector/tolerations from the Workload (``RestorePodSpec``)."""

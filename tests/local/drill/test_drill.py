@@ -111,6 +111,23 @@ def test_a_spot_notice_costs_no_step_and_the_run_lands_on_the_capacity_block(tmp
     assert report["notice_to_checkpoint_s"] >= 0 and report["notice_to_durable_s"] >= 0
 
 
+def test_a_capacity_block_that_never_joins_is_left_for_on_demand_and_the_run_trains_again(tmp_path: Path) -> None:
+    """The stalled story: the block accepts the launch, its node never joins; after the joined
+    bound the daemon's follow-up moves the run to On-Demand (the provider has it here), and the run
+    resumes from the step saved at the notice."""
+    with Webhook() as hook:
+        report = drill(tmp_path, "--scenario", "stalled", "--notify-webhook", hook.url)
+    assert report["ok"], json.dumps(report, indent=2)
+    assert [(f["from"].split()[0], f["to"]) for f in report["fallbacks"]] == [("capacity-block", "on-demand")]
+    assert "joined not reached" in report["fallbacks"][0]["reason"]
+    assert report["capacity"] == "on-demand" and report["steps_lost"] == 0 and report["steps_trained_twice"] == 0
+    stages = report["recovery_stages"]
+    assert set(stages) == {"joined", "training"} and stages["joined"] < stages["training"]
+    assert stages["training"] == report["daemon_training_again_s"] > 0
+    texts = [p["text"] for p in hook.posts]
+    assert any("fell back" in t for t in texts) and any("trains again" in t and "on-demand" in t for t in texts), texts
+
+
 def test_an_abrupt_loss_resumes_from_the_last_periodic_checkpoint_and_says_what_it_cost(tmp_path: Path) -> None:
     report = drill(tmp_path, "--scenario", "abrupt")
     assert report["ok"], json.dumps(report, indent=2)
