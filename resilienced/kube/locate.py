@@ -117,6 +117,21 @@ def job_cluster_keys(job: Mapping[str, Any]) -> list[str]:
     return [f"{ns}/{n}" for n in sorted(n for n in names if n)]
 
 
+def kueue_manages(obj: Mapping[str, Any]) -> bool:
+    """Whether Kueue manages a RayJob / RayCluster: it carries ``kueue.x-k8s.io/queue-name``, and is
+    not a RayJob with ``spec.clusterSelector``.
+
+    Kueue skips a RayJob that runs on an existing cluster (kubernetes-sigs/kueue v0.19.2, from
+    v0.15.0, ``pkg/controller/jobs/rayjob/rayjob_controller.go`` ``Skip()``:
+    ``len(j.Spec.ClusterSelector) > 0``; v0.14 refuses the queue label on such a RayJob in
+    ``rayjob_webhook.go``): no Workload ever exists for it.  The RayCluster it runs on may be
+    Kueue's on its own label.
+    """
+    if not labels(obj).get(KUEUE_QUEUE_LABEL):
+        return False
+    return not (obj.get("kind") == "RayJob" and (obj.get("spec") or {}).get("clusterSelector"))
+
+
 def owning_job_ref(raycluster: Mapping[str, Any]) -> Mapping[str, Any] | None:
     """The ownerReference of kind RayJob (KubeRay creates the cluster of a RayJob with one)."""
     for ref in (raycluster.get("metadata") or {}).get("ownerReferences") or []:
@@ -302,7 +317,7 @@ def elastic_facts(run_objects: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
             "\"true\" or \"false\"; the run is requeued as a gang")}
     if value == "false":
         return {"elastic": False}
-    queued = next((o for o in run_objects if labels(o).get(KUEUE_QUEUE_LABEL)), None)
+    queued = next((o for o in run_objects if kueue_manages(o)), None)
     if queued is None:
         return {"elastic": True}
     queued_at = f"{queued.get('kind') or 'object'} {namespace_of(queued)}/{name_of(queued)}"

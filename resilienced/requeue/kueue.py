@@ -65,6 +65,7 @@ from resilienced.capacity.decision import Capacity, CapacityDecision
 from resilienced.errors import PermanentError, TemporaryError
 from resilienced.kube.api import JsonObj
 from resilienced.kube.discovery import served_version
+from resilienced.kube.locate import kueue_manages
 from resilienced.log import get as get_logger
 from resilienced.model import Event, Target
 from resilienced.requeue.elastic import ElasticKueue, kueue_not_elastic, with_fallback
@@ -110,7 +111,9 @@ async def discover_workload_version(api_client: k8s.ApiClient, *, request_timeou
 
 
 def is_kueue_managed(obj: Mapping[str, Any]) -> bool:
-    return bool(labels_of(obj).get(QUEUE_LABEL))
+    """The queue label, and not a RayJob with ``spec.clusterSelector`` (Kueue skips it:
+    ``resilienced.kube.locate.kueue_manages``)."""
+    return kueue_manages(obj)
 
 
 def is_active(workload: Mapping[str, Any]) -> bool:
@@ -256,7 +259,8 @@ class KueueRequeuer:
         if job is None:
             raise PermanentError(f"requeue: {key} no longer exists")
         if not is_kueue_managed(job):
-            raise PermanentError(f"requeue: {key} has no {QUEUE_LABEL} label: Kueue does not manage it")
+            raise PermanentError(f"requeue: {key} has no {QUEUE_LABEL} label, or is a RayJob with "
+                                 "spec.clusterSelector (Kueue skips those): Kueue does not manage it")
         if not decision.places:
             return waiting(target, kind=self.kind, decision=decision, dry_run=dry_run)
         if self._workload is None:
