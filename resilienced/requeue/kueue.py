@@ -130,6 +130,39 @@ def has_quota(workload: Mapping[str, Any]) -> bool:
                for c in status.get("conditions") or [])
 
 
+def _condition_true(workload: Mapping[str, Any], kind: str) -> bool:
+    return any(c.get("type") == kind and c.get("status") == "True"
+               for c in (workload.get("status") or {}).get("conditions") or [])
+
+
+def active_workload(workloads: Sequence[Mapping[str, Any]]) -> JsonObj | None:
+    """The job's Workload among those it owns, chosen as Kueue chooses it.
+
+    With workload slices a job owns several Workloads: replaced slices stay, ``Finished`` (reason
+    ``WorkloadSliceReplaced``), and a scale-up waits as a new slice without quota.  Kueue's active one
+    is the newest (creationTimestamp, then uid) that is not finished, not evicted and holds a quota
+    reservation (kubernetes-sigs/kueue v0.19.2 ``pkg/workloadslicing/workloadslicing.go``
+    ``FindNotFinishedWorkloads`` / ``FindLatestActiveWorkload``; ``pkg/workload/finish`` ``IsFinished``,
+    ``pkg/workload/evict`` ``IsEvicted``).  ``resourceVersion`` is opaque and says nothing about it.
+
+    In order: a Workload resilienced deactivated and has not reactivated yet (a requeue under way
+    resumes on it; Kueue marks it evicted); the newest not evicted holding quota; the newest not
+    evicted (pending, no quota yet); the newest not finished (evicted by someone else: an
+    operator's deactivation, a preemption).  Deleted and finished Workloads are never chosen.
+    """
+    live = [w for w in workloads
+            if not (w.get("metadata") or {}).get("deletionTimestamp") and not _condition_true(w, "Finished")]
+    live.sort(key=lambda w: (str((w.get("metadata") or {}).get("creationTimestamp") or ""),
+                             str((w.get("metadata") or {}).get("uid") or "")))
+    ours = [w for w in live if not is_active(w) and annotations_of(w).get(DEACTIVATED_FOR)]
+    admitted = [w for w in live if has_quota(w) and not _condition_true(w, "Evicted")]
+    pending = [w for w in live if not _condition_true(w, "Evicted")]
+    for chosen in (ours, admitted, pending, live):
+        if chosen:
+            return dict(chosen[-1])
+    return None
+
+
 def _worker_groups(job: Mapping[str, Any], path: tuple[str, ...]) -> list[dict[str, Any]]:
     holder: Any = job
     for key in path:
@@ -197,7 +230,8 @@ class KueueRequeuer:
         raise PermanentError(f"requeue: target {target.run_key} names no RayJob or RayCluster")
 
     async def find_workload(self, job: Mapping[str, Any], kind: Kind) -> JsonObj | None:
-        """The Workload Kueue made for ``job``: controller ownerReference to the job's uid.
+        """The job's Workload as Kueue chooses it (:func:`active_workload`) among those it owns
+        (controller ownerReference to the job's uid).
 
         Listed by Kueue's ``kueue.x-k8s.io/job-uid`` label first; Kueue omits the label when
         the uid is not a valid label value, so fall back to every Workload of the namespace.
@@ -213,10 +247,7 @@ class KueueRequeuer:
                                                          label_selector=f"{JOB_UID_LABEL}={uid}") if owned(w)]
         if not candidates:
             candidates = [w for w in await self.objects.list(self.workload, namespace) if owned(w)]
-        candidates = [w for w in candidates if not (w.get("metadata") or {}).get("deletionTimestamp")]
-        if not candidates:
-            return None
-        return max(candidates, key=lambda w: int(w["metadata"].get("resourceVersion") or 0))
+        return active_workload(candidates)
 
     async def _wait(self, read: Callable[[], Any], done: Callable[[Any], bool], *, what: str) -> Any:
         deadline = time.monotonic() + self._settle

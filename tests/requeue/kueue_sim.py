@@ -8,9 +8,14 @@ to one ClusterQueue with one resource group and unlimited quota; PodSets are the
 
 1. Workload controller: ``spec.active: false`` -> ``Evicted=True`` reason ``Deactivated``
    (``pkg/controller/core/workload_controller.go``).
+0. Which Workload is the job's: among those it owns, not finished (a replaced slice is ``Finished``,
+   reason ``WorkloadSliceReplaced``), the newest holding quota and not evicted, else the newest
+   (``pkg/workloadslicing/workloadslicing.go`` ``FindNotFinishedWorkloads`` /
+   ``FindLatestActiveWorkload``).
 2. Job reconciler, eviction (``pkg/controller/jobframework/reconciler.go`` step 6): suspend the job
-   and restore the worker templates' nodeSelector/tolerations from the Workload's PodSets
-   (``stopJob`` -> ``RestorePodSetsInfo`` -> ``pkg/podset/podset.go`` ``RestorePodSpec``);
+   and restore the worker templates' labels, annotations, nodeSelector, tolerations and scheduling
+   gates from the Workload's PodSets (``stopJob`` -> ``RestorePodSetsInfo`` -> ``pkg/podset/podset.go``
+   ``RestorePodSpec``, v0.19.2: each of the five replaced by the PodSet's, absent when it has none);
    KubeRay's part: ``jobDeploymentStatus: Suspended``; then clear the quota reservation with
    ``Requeued=False`` reason ``Deactivated``.
 3. Job reconciler, ``ensureOneWorkload``: the job "matches" its Workload when
@@ -170,8 +175,21 @@ class KueueSim:
             self._check_suspend(job)
             wls = [w for w in self.server.list("workloads", namespace=self.namespace)
                    if any(r["uid"] == job["metadata"]["uid"] for r in w["metadata"].get("ownerReferences", []))]
-            if wls:
-                self._reconcile(job, wls[0])
+            wl = self._job_workload(wls)
+            if wl is not None:
+                self._reconcile(job, wl)
+
+    @staticmethod
+    def _job_workload(wls: list[dict]) -> dict | None:
+        """The Workload the job reconciler acts on: not finished (a replaced slice is Finished,
+        reason ``WorkloadSliceReplaced``), the newest holding quota and not evicted, else the newest
+        (``pkg/workloadslicing/workloadslicing.go`` ``FindNotFinishedWorkloads`` /
+        ``FindLatestActiveWorkload``, oldest-first by creationTimestamp then uid)."""
+        live = sorted((w for w in wls if (_cond(w, "Finished") or {}).get("status") != "True"),
+                      key=lambda w: (w["metadata"].get("creationTimestamp", ""), w["metadata"].get("uid", "")))
+        holding = [w for w in live if (_cond(w, "QuotaReserved") or {}).get("status") == "True"
+                   and (_cond(w, "Evicted") or {}).get("status") != "True"]
+        return (holding or live or [None])[-1]
 
     def _check_suspend(self, job: dict) -> None:
         name, suspend = job["metadata"]["name"], bool(job["spec"].get("suspend"))
@@ -229,16 +247,21 @@ class KueueSim:
             self._start(job, wl)
 
     def _stop(self, job: dict, wl: dict) -> None:
-        """``stopJob``: suspend, and restore nodeSelector/tolerations from the Workload (``RestorePodSpec``)."""
+        """``stopJob``: suspend, and restore the template's labels, annotations, nodeSelector,
+        tolerations and schedulingGates from the Workload's PodSet (``RestorePodSpec``)."""
         podsets = {ps["name"]: ps for ps in wl["spec"]["podSets"]}
         for group in _groups(job):
-            original = podsets[group["groupName"].lower()]["template"].get("spec") or {}
-            spec = group["template"]["spec"]
-            for key in ("nodeSelector", "tolerations"):
-                if key in original:
-                    spec[key] = copy.deepcopy(original[key])
-                else:
-                    spec.pop(key, None)
+            template = podsets[group["groupName"].lower()]["template"]
+            for holder, original, keys in (
+                    (group["template"].setdefault("metadata", {}), template.get("metadata") or {},
+                     ("labels", "annotations")),
+                    (group["template"]["spec"], template.get("spec") or {},
+                     ("nodeSelector", "tolerations", "schedulingGates"))):
+                for key in keys:
+                    if original.get(key):
+                        holder[key] = copy.deepcopy(original[key])
+                    else:
+                        holder.pop(key, None)
         job["spec"]["suspend"] = True
         job["status"]["jobDeploymentStatus"] = "Suspended"
         self._put_job(job)
