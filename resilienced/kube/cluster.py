@@ -72,7 +72,7 @@ from resilienced.kube.locate import (
 )
 from resilienced.kube.tokens import RayTokens, auth_mode
 from resilienced.log import get as get_logger
-from resilienced.model import RunFacts, Target
+from resilienced.model import NodeShape, RunFacts, Target
 from resilienced.ports import Location, RayControl, RayNode
 
 log = get_logger(__name__)
@@ -476,11 +476,13 @@ class KubeCluster:
         )
 
     def _karpenter_facts(self, node: JsonObj, facts: RunFacts) -> RunFacts:
-        """Where the cluster serves EC2NodeClasses: the Capacity Blocks Karpenter can launch the
-        run into (``selectable_reservations``) and the NodePool/EC2NodeClass pairs they come from.
-        Nothing where it does not: the capacity decision then takes any block of the account."""
+        """Where the cluster serves EC2NodeClasses and Karpenter manages the run's Node (its
+        ``karpenter.sh/nodepool`` label): the Capacity Blocks Karpenter can launch the run into
+        (``selectable_reservations``) and the NodePool/EC2NodeClass pairs they come from.
+        Nothing otherwise (no Karpenter, or the run's nodes are an EKS managed node group's or
+        nobody's): the capacity decision then takes any block of the account."""
         nodeclasses = self.cache_of(EC2NODECLASSES)
-        if nodeclasses is None:
+        if nodeclasses is None or facts.node_shape != NodeShape.KARPENTER.value:
             return facts
         pools = self.cache_of(NODEPOOLS)
         ids, sources = selectable_reservations(

@@ -44,7 +44,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from resilienced.capacity.decision import Capacity, CapacityDecision
-from resilienced.capacity.request import ANNOTATION_ELASTIC_REPLACED, ANNOTATION_REQUEUED_FOR
+from resilienced.capacity.request import ANNOTATION_ELASTIC_REPLACED, ANNOTATION_REQUEUED_FOR, capacity_of
 from resilienced.kube.api import JsonObj
 from resilienced.kube.locate import instance_id_of
 from resilienced.log import get as get_logger
@@ -230,12 +230,10 @@ def settled(target: Target, kind: str, cluster: JsonObj, decision: CapacityDecis
 
 
 def current_capacity(target: Target) -> Capacity:
-    """The capacity the run is on (Karpenter's ``reserved`` is a block; unknown: Spot)."""
-    value = str(target.facts.capacity_type or "spot")
-    if value == "reserved":
-        return Capacity.CAPACITY_BLOCK
+    """The capacity the run is on (Karpenter's ``reserved``: a block, or On-Demand for an On-Demand
+    Capacity Reservation, ``capacity_of``; unknown: Spot)."""
     try:
-        capacity = Capacity(value)
+        capacity = capacity_of(str(target.facts.capacity_type or "spot"), target.facts.reservation_type)
     except ValueError:
         return Capacity.SPOT
     return Capacity.SPOT if capacity is Capacity.WAIT else capacity
@@ -290,7 +288,8 @@ class ElasticKubeRay:
         return found, none, existing
 
     async def begin(self, target: Target, cluster: JsonObj, decision: CapacityDecision, dry_run: bool, *,
-                    kind: str) -> tuple[RequeueResult | None, dict[str, Any], list[LostWorker], list[str], frozenset[str]]:
+                    kind: str) -> tuple[RequeueResult | None, dict[str, Any], list[LostWorker], list[str],
+                                        frozenset[str]]:
         """(the result when there is nothing to do, details, the lost workers to replace, instances with none,
         the names of the cluster's worker pods)."""
         early, todo, details = settled(target, kind, cluster, decision, dry_run)

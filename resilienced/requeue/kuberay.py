@@ -155,7 +155,8 @@ class KubeRayRequeuer(PlacingRequeuer):
             else:
                 fallback = not_elastic_on_kuberay(cluster.get("spec") or {})
             if fallback is None and cluster is not None:
-                placement = Placement.for_decision(decision, tolerations=self._tolerations) if decision.places else None
+                placement = (Placement.for_decision(decision, tolerations=self._tolerations,
+                                                    shape=target.facts.node_shape) if decision.places else None)
                 return await self._elastic.requeue(target, cluster, decision=decision, placement=placement,
                                                    event=event, dry_run=dry_run)
         return with_fallback(await self._gang(target, decision=decision, event=event, dry_run=dry_run), fallback)
@@ -178,7 +179,7 @@ class KubeRayRequeuer(PlacingRequeuer):
     ) -> RequeueResult:
         if not decision.places:
             return waiting(target, kind=self.kind, decision=decision, dry_run=dry_run)
-        placement = Placement.for_decision(decision, tolerations=self._tolerations)
+        placement = Placement.for_decision(decision, tolerations=self._tolerations, shape=target.facts.node_shape)
         now = self._clock()
         changes: list[str] = []
 

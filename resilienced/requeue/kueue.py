@@ -275,7 +275,8 @@ class KueueRequeuer:
                 wl = await self.find_workload(cluster, kind) if cluster is not None and self._workload else None
                 fallback = kueue_not_elastic(wl, f"RayCluster {namespace}/{name}")
                 if fallback is None and cluster is not None:
-                    placement = (Placement.for_decision(decision, tolerations=self._tolerations)
+                    placement = (Placement.for_decision(decision, tolerations=self._tolerations,
+                                                        shape=target.facts.node_shape)
                                  if decision.places else None)
                     return await self._elastic.requeue(target, cluster, decision=decision, placement=placement,
                                                        event=event, dry_run=dry_run)
@@ -297,7 +298,7 @@ class KueueRequeuer:
         if self._workload is None:
             raise PermanentError(f"requeue: {key} is Kueue-managed but the API server serves no Kueue "
                                  f"Workload version ({', '.join(WORKLOAD_VERSIONS)}): is Kueue installed?")
-        placement = Placement.for_decision(decision, tolerations=self._tolerations)
+        placement = Placement.for_decision(decision, tolerations=self._tolerations, shape=target.facts.node_shape)
         wl = await self.find_workload(job, kind)
 
         def placed(j: Mapping[str, Any]) -> bool:

@@ -127,7 +127,7 @@ class VolcanoRequeuer(PlacingRequeuer):
             raise PermanentError(f"requeue: Volcano Job {key} no longer exists")
         if not decision.places:
             return waiting(target, kind=self.kind, decision=decision, dry_run=dry_run)
-        placement = Placement.for_decision(decision, tolerations=self._tolerations)
+        placement = Placement.for_decision(decision, tolerations=self._tolerations, shape=target.facts.node_shape)
         if event.event_id and annotations_of(job).get(ANNOTATION_REQUEUED_FOR) == event.event_id:
             return self._result(target, decision, [], dry_run,
                                 f"the restart for event {event.event_id} was already issued")
