@@ -88,6 +88,13 @@ RBAC_RULES: tuple[Rule, ...] = (
     Rule("karpenter.k8s.aws", "ec2nodeclasses", ("list", "watch"), "resilienced.kube",
          "capacity (where Karpenter is installed): cache EC2NodeClasses; a Capacity Block is used "
          "only when one lists it in status.capacityReservations"),
+    Rule("kueue.x-k8s.io", "localqueues", ("list", "watch"), "resilienced.kube",
+         "capacity (where Kueue is installed): cache LocalQueues, a Kueue-managed run's queue -> ClusterQueue"),
+    Rule("kueue.x-k8s.io", "clusterqueues", ("list", "watch"), "resilienced.kube",
+         "capacity (where Kueue is installed): cache ClusterQueues; a capacity whose flavor has too little "
+         "free quota for the run is not chosen"),
+    Rule("kueue.x-k8s.io", "resourceflavors", ("list", "watch"), "resilienced.kube",
+         "capacity (where Kueue is installed): cache ResourceFlavors, the nodeLabels that match a capacity"),
 )
 
 NAMESPACED_RBAC_RULES: Mapping[str, tuple[Rule, ...]] = {

@@ -261,6 +261,29 @@ EKS_CAPACITY_LABEL = "eks.amazonaws.com/capacityType"
 EKS_CAPACITY = {"SPOT": "spot", "ON_DEMAND": "on-demand", "CAPACITY_BLOCK": "capacity-block"}
 
 
+#: Karpenter's ``karpenter.sh/capacity-type`` for each capacity that places a run.
+KARPENTER_CAPACITY_VALUES = {"spot": "spot", "capacity-block": "reserved", "on-demand": "on-demand"}
+
+
+def capacity_selector(capacity: str, *, reservation_id: str | None = None,
+                      shape: str | None = None) -> dict[str, str]:
+    """The node selector that puts pods on ``capacity`` (``spot`` | ``capacity-block`` |
+    ``on-demand``) for nodes of ``shape`` (a :class:`NodeShape` value; None: Karpenter's labels).
+
+    Karpenter (aws/karpenter-provider-aws ``website/content/en/docs/concepts/scheduling.md``):
+    ``karpenter.sh/capacity-type``, and for a block its reservation id (when given) and type.
+    An EKS managed node group: ``eks.amazonaws.com/capacityType`` (no reservation id label).
+    """
+    if shape == NodeShape.EKS_NODEGROUP.value:
+        return {EKS_CAPACITY_LABEL: next(k for k, v in EKS_CAPACITY.items() if v == capacity)}
+    selector = {KARPENTER_CAPACITY_LABEL: KARPENTER_CAPACITY_VALUES[capacity]}
+    if capacity == "capacity-block":
+        if reservation_id:
+            selector[RESERVATION_LABEL] = reservation_id
+        selector[RESERVATION_TYPE_LABEL] = "capacity-block"
+    return selector
+
+
 def node_shape(node_labels: Mapping[str, str]) -> NodeShape | None:
     """Who manages a Node: Karpenter (its NodePool label), an EKS managed node group, or neither."""
     if node_labels.get(NODEPOOL_LABEL):

@@ -45,15 +45,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from resilienced.capacity.decision import Capacity, CapacityDecision
-from resilienced.kube.locate import EKS_CAPACITY, EKS_CAPACITY_LABEL
-from resilienced.model import NodeShape
+from resilienced.kube.locate import EKS_CAPACITY_LABEL, capacity_selector
 
 CAPACITY_TYPE_LABEL = "karpenter.sh/capacity-type"
 RESERVATION_ID_LABEL = "karpenter.k8s.aws/capacity-reservation-id"
 RESERVATION_TYPE_LABEL = "karpenter.k8s.aws/capacity-reservation-type"
 MANAGED_KEYS = frozenset({CAPACITY_TYPE_LABEL, RESERVATION_ID_LABEL, RESERVATION_TYPE_LABEL, EKS_CAPACITY_LABEL})
-#: EKS managed node groups' value of ``eks.amazonaws.com/capacityType`` for each placing decision.
-EKS_NODEGROUP_CAPACITY = {Capacity(value): label for label, value in EKS_CAPACITY.items()}
 
 #: Karpenter's value of ``karpenter.sh/capacity-type`` for each placing decision.
 KARPENTER_CAPACITY = {
@@ -96,13 +93,7 @@ class Placement:
             raise ValueError("a wait decision has no placement")
         if decision.capacity is Capacity.CAPACITY_BLOCK and not decision.reservation_id:
             raise ValueError("a capacity-block placement needs the reservation id (buy the block first)")
-        if shape == NodeShape.EKS_NODEGROUP.value:
-            selector = {EKS_CAPACITY_LABEL: EKS_NODEGROUP_CAPACITY[decision.capacity]}
-        else:
-            selector = {CAPACITY_TYPE_LABEL: KARPENTER_CAPACITY[decision.capacity]}
-        if decision.capacity is Capacity.CAPACITY_BLOCK and shape != NodeShape.EKS_NODEGROUP.value:
-            selector[RESERVATION_ID_LABEL] = decision.reservation_id  # type: ignore[assignment]
-            selector[RESERVATION_TYPE_LABEL] = "capacity-block"
+        selector = capacity_selector(decision.capacity.value, reservation_id=decision.reservation_id, shape=shape)
         managed = set(MANAGED_KEYS)
         for items in tolerations.values():
             managed.update(t.get("key", "") for t in items)

@@ -3,7 +3,8 @@
 Kueue cannot run here, so this plays the parts of Kueue and KubeRay that a requeue relies on, for
 RayJobs labelled ``kueue.x-k8s.io/queue-name``, each rule as the cited code does it (sources:
 kubernetes-sigs/kueue at v0.19.2; the rules below read the same from v0.14.0 to v0.19.2), simplified
-to one ClusterQueue with one resource group and unlimited quota; PodSets are the worker groups
+to one ClusterQueue with one resource group (its quota: the ClusterQueue object where the test
+seeds one, else unlimited; no cohort, no preemption); PodSets are the worker groups
 (Kueue also makes ``head`` and ``submitter`` PodSets, which a requeue never changes):
 
 1. Workload controller: ``spec.active: false`` -> ``Evicted=True`` reason ``Deactivated``
@@ -29,8 +30,15 @@ to one ClusterQueue with one resource group and unlimited quota; PodSets are the
 5. Scheduler: an active Workload without quota gets, per PodSet, the first flavor whose
    nodeLabels do not contradict the PodSet's nodeSelector on the flavor's own keys
    (``pkg/scheduler/flavorassigner/flavorassigner.go`` ``checkFlavorForPodSets`` /
-   ``flavorSelector``; it reads the *Workload's* PodSets, not the job); none -> pending
-   (``NoMatchingFlavor``).
+   ``flavorSelector``; it reads the *Workload's* PodSets, not the job) **and that has the quota**:
+   where the server holds a ClusterQueue, a flavor fits when, for every resource it has a
+   ``nominalQuota`` for, the reserved total (``status.flavorsReservation``) plus the PodSet's
+   requests (count x the containers' requests, a limit standing for a missing request) stays within
+   it (``fitsResourceQuota``: ``Available``; no cohort, no preemption here), else the next matching
+   flavor is tried; none matching -> pending (``NoMatchingFlavor``); matching but none with quota
+   -> pending with ``QuotaReserved=False`` ("insufficient unused quota ...").  Admitting adds the
+   Workload's requests to ``status.flavorsReservation``; releasing the quota (2) takes them off.
+   Without a ClusterQueue in the server the quota is unlimited.
 6. Job reconciler, ``startJob``: unsuspend the job and merge each assigned flavor's nodeLabels
    into the job's worker templates (``RunWithPodSetsInfo`` -> ``pkg/podset/podset.go``
    ``FromAssignment`` + ``Merge``): a key the template already sets to another value is a
@@ -102,13 +110,45 @@ def _admit(wl: dict, flavor: str | dict[str, str]) -> None:
     _set_cond(wl, "Admitted", True, "Admitted")
 
 
-def _flavor_for(podset: dict) -> str | None:
-    """Rule 5 for one PodSet: the first flavor whose nodeLabels its nodeSelector does not contradict."""
+def _flavor_fits(flavor: str, podset: dict) -> bool:
+    """Rule 5's label check: the PodSet's nodeSelector does not contradict the flavor's nodeLabels."""
     selector = (podset["template"].get("spec") or {}).get("nodeSelector") or {}
-    for name, labels in FLAVORS:
-        if not any(k in selector and selector[k] != v for k, v in labels.items()):
-            return name
-    return None
+    return not any(k in selector and selector[k] != v for k, v in dict(FLAVORS)[flavor].items())
+
+
+def _podset_needs(ps: dict) -> dict[str, int]:
+    """count x the sum of the containers' requests (a limit standing for a missing request)."""
+    needs: dict[str, int] = {}
+    for container in (ps["template"].get("spec") or {}).get("containers") or []:
+        resources = container.get("resources") or {}
+        for name, value in {**(resources.get("limits") or {}), **(resources.get("requests") or {})}.items():
+            needs[name] = needs.get(name, 0) + int(value) * int(ps["count"])
+    return needs
+
+
+class _Quota:
+    """A ClusterQueue's nominal quota and reserved usage, per (flavor, resource)."""
+
+    def __init__(self, cq: dict) -> None:
+        self.cq = cq
+        self.nominal = {(f["name"], r["name"]): int(r["nominalQuota"]) for g in cq["spec"]["resourceGroups"]
+                        for f in g["flavors"] for r in f["resources"]}
+        self.reserved = {(f["name"], r["name"]): int(r.get("total", 0))
+                         for f in (cq.get("status") or {}).get("flavorsReservation") or [] for r in f["resources"]}
+
+    def fits(self, flavor: str, needs: dict[str, int]) -> bool:
+        return all(self.reserved.get((flavor, r), 0) + n <= self.nominal[(flavor, r)]
+                   for r, n in needs.items() if (flavor, r) in self.nominal)
+
+    def add(self, flavor: str, needs: dict[str, int], sign: int) -> None:
+        for r, n in needs.items():
+            if (flavor, r) in self.nominal:
+                self.reserved[(flavor, r)] = self.reserved.get((flavor, r), 0) + sign * n
+        by_flavor: dict[str, list] = {}
+        for (f, r), total in sorted(self.reserved.items()):
+            by_flavor.setdefault(f, []).append({"name": r, "total": str(total), "borrowed": "0"})
+        self.cq.setdefault("status", {})["flavorsReservation"] = [
+            {"name": f, "resources": rs} for f, rs in by_flavor.items()]
 
 
 def _containers_equal(a: list | None, b: list | None) -> bool:
@@ -146,6 +186,7 @@ class KueueSim:
         self.interval = interval
         self.admitted: list[str] = []  # flavors admitted on, in order ("a+b" when PodSets differ)
         self.no_matching_flavor = 0
+        self.no_quota: list[str] = []  # rule 5: why a Workload stayed pending for quota
         self.failed_to_start: list[str] = []  # rule 6 conflicts: the message Kueue finishes the Workload with
         self.workload_updates = 0  # rule 3 rebuilds of a Workload from its job
         self.foreign_suspend_writes = 0
@@ -216,6 +257,7 @@ class KueueSim:
             self._stop(job, wl)
             return
         if evicted and has_quota and job["status"].get("jobDeploymentStatus") == "Suspended":
+            self._account(wl, -1)
             wl["status"].pop("admission", None)
             _set_cond(wl, "QuotaReserved", False, "Pending")
             _set_cond(wl, "Admitted", False, "NoReservation")
@@ -235,16 +277,53 @@ class KueueSim:
             self.server.put(wl)
             return
         if active and not evicted and not has_quota:  # 5
-            flavors = {ps["name"]: _flavor_for(ps) for ps in wl["spec"]["podSets"]}
-            if None in flavors.values():
-                self.no_matching_flavor += 1
-                return
-            _admit(wl, flavors)  # type: ignore[arg-type]
-            self.admitted.append("+".join(sorted(set(flavors.values()))))  # type: ignore[arg-type]
-            self.server.put(wl)
+            self._schedule(wl)
             return
         if suspended and has_quota and active and not evicted:  # 6
             self._start(job, wl)
+
+    def _clusterqueue(self) -> _Quota | None:
+        try:
+            queues = self.server.list("clusterqueues")
+        except KeyError:  # the server does not serve ClusterQueues: unlimited quota
+            return None
+        return _Quota(queues[0]) if queues else None
+
+    def _schedule(self, wl: dict) -> None:
+        """Rule 5: a flavor per PodSet whose labels match and whose quota fits, or pending."""
+        quota = self._clusterqueue()
+        flavors: dict[str, str] = {}
+        for ps in wl["spec"]["podSets"]:
+            matching = [name for name, _ in FLAVORS if _flavor_fits(name, ps)]
+            if not matching:
+                self.no_matching_flavor += 1
+                return
+            needs = _podset_needs(ps)
+            fitting = [f for f in matching if quota is None or quota.fits(f, needs)]
+            if not fitting:
+                message = f"insufficient unused quota in flavor(s) {', '.join(matching)} for {needs}"
+                self.no_quota.append(message)
+                _set_cond(wl, "QuotaReserved", False, "Pending")
+                self.server.put(wl)
+                return
+            flavors[ps["name"]] = fitting[0]
+            if quota is not None:
+                quota.add(fitting[0], needs, +1)  # the next PodSet sees this one's usage
+        _admit(wl, flavors)
+        self.admitted.append("+".join(sorted(set(flavors.values()))))
+        self.server.put(wl)
+        if quota is not None:
+            self.server.put(quota.cq)
+
+    def _account(self, wl: dict, sign: int) -> None:
+        """Add (+1) or take off (-1) an admitted Workload's requests in the ClusterQueue's status."""
+        quota = self._clusterqueue()
+        if quota is None or not wl["status"].get("admission"):
+            return
+        podsets = {ps["name"]: ps for ps in wl["spec"]["podSets"]}
+        for assignment in wl["status"]["admission"]["podSetAssignments"]:
+            quota.add(assignment["flavors"]["cpu"], _podset_needs(podsets[assignment["name"]]), sign)
+        self.server.put(quota.cq)
 
     def _stop(self, job: dict, wl: dict) -> None:
         """``stopJob``: suspend, and restore the template's labels, annotations, nodeSelector,
