@@ -17,8 +17,10 @@ Mechanism (KubeRay, ray-project/kuberay at feeaf72):
    tolerations but not nodeSelector), which would end the Ray cluster and its job.  So for a
    RayCluster with ``Recreate`` the requeuer changes nothing and returns a *refused* result
    (reason in it; ``Requeue`` records a Warning Event ``RequeueRefused``): such a run is moved
-   only through Kueue (a Kueue-managed RayJob goes to the Kueue requeuer, which changes the
-   templates only while the RayJob is suspended and its RayCluster deleted).  Otherwise the
+   only through Kueue (a Kueue-managed RayCluster goes to the Kueue requeuer, which changes the
+   templates only while the cluster is suspended and its pods deleted).  ``upgradeStrategy`` is
+   only ever on a RayCluster created directly: KubeRay v1.6+ refuses to reconcile one a RayJob or
+   RayService created with it (``utils/validation.go`` ``ValidateRayClusterUpgradeOptions``).  Otherwise the
    requeuer deletes the run's worker pods itself (labels ``ray.io/cluster=<name>``,
    ``ray.io/node-type=worker``), all of them together, and KubeRay recreates the missing
    replicas from the new template.  A worker pod is kept when it already asks for the decided
