@@ -76,7 +76,6 @@ from resilienced.requeue.objects import (
     Kind,
     Objects,
     annotations_of,
-    labels_of,
     modify,
     split_key,
     workload_kind,
