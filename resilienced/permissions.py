@@ -89,12 +89,19 @@ RBAC_RULES: tuple[Rule, ...] = (
     Rule("karpenter.k8s.aws", "ec2nodeclasses", ("list", "watch"), "resilienced.kube",
          "capacity (where Karpenter is installed): cache EC2NodeClasses; a Capacity Block is used "
          "only when one lists it in status.capacityReservations"),
-    Rule("kueue.x-k8s.io", "resourceflavors", ("get",), "resilienced.requeue.progress",
-         "follow-up (Kueue): the nodeLabels of the flavors the run's Workload was admitted on, "
-         "compared with the decided capacity"),
     Rule("karpenter.sh", "nodeclaims", ("list",), "resilienced.requeue.progress",
          "follow-up (where Karpenter is installed): NodeClaims that failed to launch (Launched=False), "
          "the evidence of a stalled scheduling"),
+    Rule("kueue.x-k8s.io", "localqueues", ("list", "watch"), "resilienced.kube",
+         "capacity (where Kueue is installed): cache LocalQueues, a Kueue-managed run's queue -> ClusterQueue"),
+    Rule("kueue.x-k8s.io", "clusterqueues", ("list", "watch"), "resilienced.kube",
+         "capacity (where Kueue is installed): cache ClusterQueues; a capacity whose flavor has too little "
+         "free quota for the run is not chosen"),
+    Rule("kueue.x-k8s.io", "resourceflavors", ("get", "list", "watch"),
+         "resilienced.kube, resilienced.requeue.progress",
+         "capacity (where Kueue is installed): cache ResourceFlavors, the nodeLabels that match a capacity; "
+         "follow-up: the nodeLabels of the flavors the run's Workload was admitted on, compared with the "
+         "decided capacity"),
 )
 
 NAMESPACED_RBAC_RULES: Mapping[str, tuple[Rule, ...]] = {

@@ -182,7 +182,7 @@ class CapacityPlanner:
                 run_needs=request.run_needs, current_capacity=request.current_capacity,
                 last_move=request.last_move, policy=self.policy,
                 current_reservation_id=request.current_reservation_id, offerings=offerings,
-                selectable=request.selectable)
+                selectable=request.selectable, drain_lead=request.drain_lead, closed=request.closed)
 
         decision = run()
         if decision.capacity not in (Capacity.ON_DEMAND, Capacity.WAIT) or not self.policy.purchase_blocks:
@@ -192,9 +192,10 @@ class CapacityPlanner:
             return replace(decision, reason=f"{decision.reason}; buying is on but the capacity "
                                             "source cannot buy")
         needed = request.run_needs or self.policy.min_block_time
+        margin = max(self.policy.block_end_margin, request.drain_lead or timedelta(0))
         offerings = await _kept(cache, "offerings", lambda: market.offerings(
             instance_type=pool.instance_type, instance_count=request.instance_count,
-            duration=needed + self.policy.block_end_margin, start_after=now,
+            duration=needed + margin, start_after=now,
             start_before=now + self.policy.purchase_max_wait))
         with_offer = run(offerings)
         if with_offer.offering is None:

@@ -40,6 +40,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
+from handlers import capacity_block_expiry
 from resilienced import log
 from resilienced.aws.autoscaling import Lifecycle
 from resilienced.recovery.durable import DurableResult, newest_durable, wait_durable
@@ -328,9 +329,15 @@ class Recovery:
         await self._record(target, event, reason=reason, message=message, warning=False)
         report.steps["notify"] = reason
 
+    def _deadline(self, plan: Plan, target: Target) -> datetime:
+        """When the run's nodes go: the plan's deadline (for an expiring block on Karpenter's nodes
+        Karpenter's earlier drain), else the checkpoint-ahead time from now."""
+        deadline = capacity_block_expiry.run_deadline(plan, node_shape=target.facts.node_shape)
+        return deadline or (self.clock() + timedelta(seconds=self.options.checkpoint_ahead_seconds))
+
     async def _signal(self, plan: Plan, target: Target, report: RunReport) -> None:
         event = plan.event
-        deadline = plan.deadline or (self.clock() + timedelta(seconds=self.options.checkpoint_ahead_seconds))
+        deadline = self._deadline(plan, target)
         drained: dict[str, str] = {}
 
         async def drain_all() -> None:
@@ -378,7 +385,7 @@ class Recovery:
             report.steps["durable"] = {"verified": False, "reason": why}
             return
         notice = event.time or self.clock()
-        deadline = plan.deadline or (self.clock() + timedelta(seconds=self.options.checkpoint_ahead_seconds))
+        deadline = self._deadline(plan, target)
         export_paths = (self.options.export_paths(target.checkpoint_uri)
                         if self.export is not None and self.options.export_paths else ())
         result: DurableResult = await wait_durable(

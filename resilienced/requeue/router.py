@@ -4,6 +4,7 @@
 
     facts.volcano_job set                               -> VolcanoRequeuer
     RayJob (else RayCluster) labelled kueue queue-name  -> KueueRequeuer
+      (a RayJob with spec.clusterSelector is never Kueue's: Kueue skips it; its RayCluster may be)
     RayCluster owned by a RayJob with that label        -> KueueRequeuer (through the RayJob)
     otherwise                                           -> KubeRayRequeuer
 
@@ -87,7 +88,15 @@ class KubernetesRequeuer:
             job = await self.objects.find(RAYJOB, namespace, name)
             if job is None:
                 raise PermanentError(f"requeue: RayJob {target.ray_job} no longer exists")
-            return (self.kueue if is_kueue_managed(job) else self.kuberay), target
+            if is_kueue_managed(job):
+                return self.kueue, target
+            if (job.get("spec") or {}).get("clusterSelector") and target.ray_cluster:
+                # Kueue skips a RayJob on an existing cluster; the cluster may be Kueue's itself.
+                cns, cname = split_key(target.ray_cluster, what="target.ray_cluster")
+                cluster = await self.objects.find(RAYCLUSTER, cns, cname)
+                if cluster is not None and is_kueue_managed(cluster):
+                    return self.kueue, replace(target, ray_job=None)
+            return self.kuberay, target
         if target.ray_cluster:
             namespace, name = split_key(target.ray_cluster, what="target.ray_cluster")
             cluster = await self.objects.find(RAYCLUSTER, namespace, name)

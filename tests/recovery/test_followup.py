@@ -303,7 +303,7 @@ async def test_a_workload_pending_for_quota_falls_back_to_a_flavor_with_quota(ap
             kubeapi.delete("nodes", "n1")
             await eventually(lambda: kueue.no_fit > 0)
             (record,) = await world.follower.pass_once()
-            assert record.stage == "admitted" and "insufficient quota" in (record.evidence or "")
+            assert record.stage == "admitted" and "insufficient unused quota" in (record.evidence or "")
 
             world.later(BOUND + timedelta(seconds=1))
             (record,) = await world.follower.pass_once()
