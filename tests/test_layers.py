@@ -8,7 +8,9 @@ Every ``import`` of every module of ``resilienced/``, ``handlers/`` and ``traine
 2. nothing outside ``resilienced/local/`` imports ``resilienced.local`` or names it in a string
    (``importlib.import_module("resilienced.local...")``);
 3. ``trainer/`` imports nothing of ``resilienced`` or ``handlers``;
-4. no import cycles.
+4. nothing outside ``trainer/integrations/`` imports it (the framework callbacks, whose
+   libraries are optional extras);
+5. no import cycles.
 
 And the daemon's modules (all but ``resilienced.local``) import only what pyproject.toml's base
 dependencies install, which is what the daemon image has.
@@ -151,6 +153,16 @@ def trainer_imports(edges: dict[str, list[tuple[int, str]]]) -> list[str]:
             if m.startswith("trainer") for line, t in targets if not t.startswith("trainer")]
 
 
+INTEGRATIONS = "trainer.integrations"
+
+
+def integration_imports(edges: dict[str, list[tuple[int, str]]]) -> list[str]:
+    """Imports of ``trainer.integrations`` (transformers, lightning) from outside it: a script
+    that uses neither callback must not import them, nor need those libraries."""
+    return [f"{MODULES[m].relative_to(ROOT)}:{line}: imports {t}" for m, targets in edges.items()
+            if not m.startswith(INTEGRATIONS) for line, t in targets if t.startswith(INTEGRATIONS)]
+
+
 def cycles(edges: dict[str, list[tuple[int, str]]]) -> list[list[str]]:
     """Every strongly connected component of more than one module (Tarjan)."""
     graph = {m: sorted({t for _, t in targets}) for m, targets in edges.items()}
@@ -210,6 +222,10 @@ def test_trainer_imports_nothing_of_the_daemon() -> None:
     assert trainer_imports(EDGES) == []
 
 
+def test_nothing_outside_the_integrations_imports_them() -> None:
+    assert integration_imports(EDGES) == []
+
+
 def test_there_are_no_import_cycles() -> None:
     assert cycles(EDGES) == []
 
@@ -220,6 +236,7 @@ def test_there_are_no_import_cycles() -> None:
     (("resilienced.daemon", "resilienced.local.drill"), "local"),
     (("resilienced.cli", "resilienced.local"), "local"),
     (("trainer.loop", "resilienced.model"), "trainer"),
+    (("trainer.resilience", "trainer.integrations.transformers"), "integrations"),
     (("resilienced.ports", "resilienced.consumer"), "cycle"),
 ])
 def test_each_check_finds_a_forbidden_import(edge: tuple[str, str], check: str) -> None:
@@ -232,6 +249,8 @@ def test_each_check_finds_a_forbidden_import(edge: tuple[str, str], check: str) 
         assert any(f"imports {target}" in p for p in local_references(edges))
     elif check == "trainer":
         assert any(f"imports {target}" in p for p in trainer_imports(edges))
+    elif check == "integrations":
+        assert any(f"imports {target}" in p for p in integration_imports(edges))
     else:
         assert any(source in c and target in c for c in cycles(edges))
 
