@@ -180,3 +180,21 @@ def test_the_hf_callback_refuses_settings_that_break_an_exact_resume(tmp_path: P
     args = TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to="none", **setting)
     with pytest.raises(UsageError, match=why):
         PreemptionCallback().on_train_begin(args, TrainerState(), TrainerControl())
+
+
+# --------------------------------------------------------------------------- Lightning's RNG states
+@pytest.mark.parametrize("saved_world, restored", [(1, True), (2, False)], ids=["same-world", "other-world"])
+def test_lightning_s_rng_states_come_back_only_at_the_same_world_size(tmp_path: Path, saved_world: int,
+                                                                      restored: bool) -> None:
+    from trainer.checkpoint import capture_rng, rng_file, write_manifest
+    from trainer.integrations.lightning import _restore_rng
+
+    step = tmp_path / "step-3"
+    step.mkdir()
+    torch.manual_seed(11)
+    torch.save(capture_rng(), step / rng_file(0))
+    expected = torch.rand(3)
+    write_manifest(step, 3, world_size=saved_world, reason="preemption")
+    torch.manual_seed(99)  # the restarted process's own state
+    assert _restore_rng(step, rank=0, world_size=1) is restored
+    assert torch.equal(torch.rand(3), expected) is restored
