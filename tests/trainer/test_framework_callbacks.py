@@ -128,6 +128,7 @@ def durable_in_s3(aws: MotoServer, root: Path, *, prefix: str, notice: datetime)
 
 
 def reference_losses(framework: str, out: Path) -> list[dict]:
+    out.mkdir(parents=True)
     cfg = {"checkpoint_dir": str(out / "ck"), "losses_out": str(out / "losses.jsonl"), "steps": STEPS,
            "every": 0, "keep": 100, "seed": 0, "step_seconds": 0.0}
     for result in run_ranks(getattr(framework_ranks, framework), 2, cfg, timeout=300):
