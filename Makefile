@@ -13,8 +13,9 @@ include deploy/tools.mk
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	# torch is pinned here too: a newer or unpinned torch pulls a multi-GB CUDA build.
-	$(PY) -m pip install -q "torch==2.13.0" -e ".[train,test]"
+	# torch is pinned here too: a newer or unpinned torch pulls a multi-GB CUDA build. The hf and
+	# lightning extras (the framework callbacks' tests) pull no other torch.
+	$(PY) -m pip install -q "torch==2.13.0" -e ".[train,test,hf,lightning]"
 	touch $(STAMP)
 
 install: $(STAMP)

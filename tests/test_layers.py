@@ -10,7 +10,9 @@ Every ``import`` of every module of ``resilienced/``, ``handlers/`` and ``traine
 3. ``trainer/`` imports nothing of ``resilienced`` or ``handlers``, and the daemon imports of
    ``trainer/`` only ``trainer.manifest`` and ``trainer.resume`` (the formats both sides read;
    standard library only);
-4. no import cycles.
+4. nothing outside ``trainer/integrations/`` imports it (the framework callbacks, whose
+   libraries are optional extras);
+5. no import cycles.
 
 And the daemon's modules (all but ``resilienced.local``) import only what pyproject.toml's base
 dependencies install, which is what the daemon image has.
@@ -166,6 +168,16 @@ def daemon_imports_of_trainer(edges: dict[str, list[tuple[int, str]]]) -> list[s
             if t.startswith("trainer") and t not in SHARED_FORMATS]
 
 
+INTEGRATIONS = "trainer.integrations"
+
+
+def integration_imports(edges: dict[str, list[tuple[int, str]]]) -> list[str]:
+    """Imports of ``trainer.integrations`` (transformers, lightning) from outside it: a script
+    that uses neither callback must not import them, nor need those libraries."""
+    return [f"{MODULES[m].relative_to(ROOT)}:{line}: imports {t}" for m, targets in edges.items()
+            if not m.startswith(INTEGRATIONS) for line, t in targets if t.startswith(INTEGRATIONS)]
+
+
 def cycles(edges: dict[str, list[tuple[int, str]]]) -> list[list[str]]:
     """Every strongly connected component of more than one module (Tarjan)."""
     graph = {m: sorted({t for _, t in targets}) for m, targets in edges.items()}
@@ -233,6 +245,10 @@ def test_the_daemon_imports_of_trainer_only_the_shared_formats() -> None:
         assert EDGES.get(shared) == [] and third_party_imports([shared]) == {}, shared
 
 
+def test_nothing_outside_the_integrations_imports_them() -> None:
+    assert integration_imports(EDGES) == []
+
+
 def test_there_are_no_import_cycles() -> None:
     assert cycles(EDGES) == []
 
@@ -244,6 +260,7 @@ def test_there_are_no_import_cycles() -> None:
     (("resilienced.cli", "resilienced.local"), "local"),
     (("trainer.loop", "resilienced.model"), "trainer"),
     (("resilienced.recovery.durable", "trainer.checkpoint"), "daemon-trainer"),
+    (("trainer.resilience", "trainer.integrations.transformers"), "integrations"),
     (("resilienced.ports", "resilienced.consumer"), "cycle"),
 ])
 def test_each_check_finds_a_forbidden_import(edge: tuple[str, str], check: str) -> None:
@@ -258,6 +275,8 @@ def test_each_check_finds_a_forbidden_import(edge: tuple[str, str], check: str) 
         assert any(f"imports {target}" in p for p in trainer_imports(edges))
     elif check == "daemon-trainer":
         assert any(f"imports {target}" in p for p in daemon_imports_of_trainer(edges))
+    elif check == "integrations":
+        assert any(f"imports {target}" in p for p in integration_imports(edges))
     else:
         assert any(source in c and target in c for c in cycles(edges))
 

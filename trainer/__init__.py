@@ -33,4 +33,7 @@ Modules, top to bottom:
 ``data``       synthetic tokens, a pure function of (seed, step); a rank's share of the global batch
 ``config``     the flags, validated once; ``errors``: what can go wrong, said plainly
 =============  ==================================================================================
+
+``integrations/``: the framework callbacks (``transformers``: Hugging Face ``Trainer``;
+``lightning``: ``fit()``), whose libraries are optional extras; nothing above imports them.
 """

@@ -32,6 +32,11 @@ collectives in a background thread while training uses the default group):
    renames ``step-<N>.partial`` to ``step-<N>`` and fsyncs the root;
 5. the caller reports the checkpoint to Ray Train and prunes old ones (rank 0).
 
+A framework's own save (trainer.integrations: the Hugging Face Trainer's ``checkpoint-<N>``,
+Lightning's ``save_checkpoint`` into ``step-<N>.partial``) is committed by
+``CheckpointStore.commit_written``: steps 3-4 over whatever files every rank wrote (each rank
+hashing a share of them), the same manifest, written last.
+
 A crash anywhere before the rename leaves a ``.partial`` directory, which resume rejects and
 deletes; a crash after it leaves a complete checkpoint.  Resume picks the newest committed
 directory whose manifest parses and whose every listed file exists with its size and checksum;
@@ -455,6 +460,68 @@ class CheckpointStore:
         """A synchronous save and commit (collective)."""
         return self.commit(self.start(state, step=step, reason=reason))
 
+    # -------------------------------------------------------------- checkpoints another writer made
+    def open_partial(self, step: int) -> Path:
+        """Rank 0 makes an empty ``step-<N>.partial/`` (removing a stale one); every rank gets it
+        after a barrier (collective).  For a framework's own save (trainer.integrations)."""
+        partial = partial_dir(self.root, step)
+        if self.rank == 0:
+            self.root.mkdir(parents=True, exist_ok=True)
+            if partial.exists():
+                _remove_tree(partial)
+            partial.mkdir()
+        self._barrier()
+        return partial
+
+    def commit_written(self, written: Path, *, step: int, reason: str, started: float) -> Committed:
+        """Commit a directory whose files every rank has written some other way (collective).
+
+        ``written`` (``step-<N>.partial``, or a framework's own directory such as the Hugging Face
+        Trainer's ``checkpoint-<N>``, on the same file system as the root) becomes ``step-<N>``
+        with the same manifest as :meth:`commit`, written last: after a barrier (every rank's
+        files are written) rank 0 lists the files, the ranks fsync and hash a share each (every
+        ``world_size``-th file), rank 0 gathers the entries, writes ``manifest.json``, renames the
+        directory and fsyncs the root.  ``started``: ``perf_counter()`` when the save began.
+        """
+        if reason not in REASONS:
+            raise ValueError(f"unknown checkpoint reason {reason!r}; expected one of {REASONS}")
+        self._barrier()
+        names: list[Any] = [None]
+        if self.rank == 0:
+            names = [sorted(p.relative_to(written).as_posix() for p in written.rglob("*")
+                            if p.is_file() and p.name not in (MANIFEST, MANIFEST + ".tmp"))]
+        if self.world_size > 1:
+            dist.broadcast_object_list(names, src=0, group=self.group)
+        if not names[0]:  # every rank raises: none waits for the others
+            raise CheckpointError(f"{written} holds no file: the save wrote nothing")
+        mine = names[0][self.rank::self.world_size]
+        entries = [FileEntry(rel, size, digest)
+                   for rel, (size, digest) in zip(mine, _seal([written / rel for rel in mine]) if mine else [],
+                                                  strict=True)]
+        gathered: list[list[FileEntry]] | None = [[] for _ in range(self.world_size)] if self.rank == 0 else None
+        if self.world_size > 1:
+            dist.gather_object(entries, gathered, dst=0, group=self.group)
+        else:
+            gathered = [entries]
+        self._hook("files-written", step)
+        committed_path = step_dir(self.root, step)
+        total = 0
+        if self.rank == 0:
+            assert gathered is not None
+            manifest = build_manifest(written, step, world_size=self.world_size, reason=reason,
+                                      hashed=tuple(e for rank_entries in gathered for e in rank_entries))
+            total = sum(f.size for f in manifest.files)
+            put_manifest(written, manifest, torn=lambda: self._hook("manifest-torn", step))
+            self._hook("manifest-written", step)
+            if committed_path.exists():  # a stale commit of the same step from an older attempt
+                _remove_tree(committed_path)
+            written.rename(committed_path)
+            _fsync_dir(self.root)
+        self._barrier()
+        self._hook("committed", step)
+        total = self._broadcast_int(total)
+        return Committed(step, reason, committed_path, time.perf_counter() - started, total)
+
     # -------------------------------------------------------------- load
     def load(self, point: ResumePoint, state: dict[str, Any]) -> bool:
         """Load ``state`` (DCP entries, in place) and, same world size, this rank's RNG states.
@@ -474,6 +541,10 @@ class CheckpointStore:
         return False
 
     # -------------------------------------------------------------- collectives
+    def barrier(self) -> None:
+        """Every rank waits for every other, on the checkpoint group."""
+        self._barrier()
+
     def _barrier(self) -> None:
         if self.world_size > 1:
             dist.barrier(group=self.group)

@@ -50,7 +50,7 @@ from trainer import resize, resume
 from trainer.config import PreemptionConfig
 from trainer.data import batch_share, loss_weight
 from trainer.errors import CheckpointError, CorruptCheckpoint, UsageError
-from trainer.preemption import SIGTERM, Agreed, Agreement, DeadlinePlan
+from trainer.preemption import SIGTERM, Agreed, Agreement, DeadlinePlan, NoticeClock
 from trainer.runtime import Runtime, detect_runtime
 from trainer.state import RESERVED, dcp_entries
 
@@ -169,7 +169,7 @@ class Checkpointer:
         self._noticed = False
         self._source = ""
         self._deadline_ms: int | None = None
-        self._ray_first_seen: float | None = None
+        self._clock = NoticeClock(sigterm_grace_s=sigterm_grace_s, no_deadline_s=no_deadline_s)
         self._resize_id: str | None = None  # rank 0: the resize request it found (trainer.resize)
         self._metrics: dict[str, Any] = {}
         self._entries_key: tuple[tuple[str, int], ...] = ()
@@ -310,23 +310,13 @@ class Checkpointer:
     # ------------------------------------------------------------------ the step boundary
     def _agree(self, step: int) -> Agreed:
         info = self._runtime.preemption_info()
-        candidates = []
-        if info is not None:
-            if info.deadline_ms:
-                candidates.append(float(info.deadline_ms))
-            else:
-                self._ray_first_seen = self._ray_first_seen or time.time()
-                candidates.append((self._ray_first_seen + self._grace["no_deadline"]) * 1000.0)
-        if SIGTERM.received_at is not None:
-            candidates.append((SIGTERM.received_at + self._grace["sigterm"]) * 1000.0)
-        if self._deadline_ms is not None:
-            candidates.append(float(self._deadline_ms))
+        deadline_ms = self._clock.deadline_ms(info, agreed_ms=self._deadline_ms)
         stop = self._noticed and not self._plan.room_for_another_step(now=time.time(), deadline_ms=self._deadline_ms)
         if self.rank == 0:
             self._resize_id = resize.pending(self.root)
         agreed = self._agreement.agree(
             ray_notice=info is not None, sigterm=SIGTERM.received_at is not None,
-            deadline_ms=min(candidates) if candidates else None, stop=stop,
+            deadline_ms=deadline_ms, stop=stop,
             async_writing=self._pending is not None and not self._pending.written(), step=step,
             propose_next=self._propose_next(step) if self.rank == 0 else 0,
             resize=self._resize_id is not None,
