@@ -168,6 +168,7 @@ def _config(**kwargs):
 
 
 # --------------------------------------------------------------------------- Hugging Face settings
+@pytest.mark.integration  # a Trainer made here sets up accelerate, which binds a local socket
 @pytest.mark.parametrize("setting, why", [
     ({"save_only_model": True}, "save_only_model=True saves no optimizer"),
     ({"ignore_data_skip": True}, "ignore_data_skip=True makes a resumed run train its first batches again"),
