@@ -1,16 +1,18 @@
 """In-process idempotency: :class:`MemoryClaims`, a ClaimStore for one replica.
 
-A claim is keyed by event id.  The consumer acquires it before acting on a plan, renews it
-while acting (with every visibility extension), completes it when done, and releases it when
-the work failed temporarily or was interrupted.  Rules of :meth:`MemoryClaims.acquire`:
+A claim is keyed by event id (or ``run/...``, ``move/...``).  Its holder acquires it before
+acting, renews it while acting, completes it when done, and releases it when the work failed
+temporarily or was interrupted: :func:`held_claim` runs that lifecycle for every user (the
+consumer's event claims, the recovery's run claims, the follow-up's move claims).  The rules
+are the :class:`~resilienced.ports.ClaimStore` contract (its docstring), which the
+cross-replica stores (Kubernetes Lease, Ray GCS KV) keep too:
 
 - free, or held past its TTL (the holder died): taken;
 - held by the same holder: renewed (TTL restarted) and returned;
 - held by another live holder, or done and remembered: ``None``.
 
 Done claims are remembered for ``done_ttl_seconds`` (the dedupe window), so a duplicate
-delivered within it is acknowledged without acting again.  Cross-replica stores (Kubernetes
-Lease, Ray GCS KV) implement the same :class:`~resilienced.ports.ClaimStore` protocol.
+delivered within it is acknowledged without acting again.
 """
 
 from __future__ import annotations
@@ -47,8 +49,8 @@ class MemoryClaims:
 
     async def complete(self, key: str, *, holder: str, details: Mapping[str, Any]) -> None:
         current = self._live(key, self._clock())
-        if current is not None and current.holder != holder:
-            return  # taken over after our TTL ran out: the new holder decides
+        if current is not None and (current.state == "done" or current.holder != holder):
+            return  # done already, or taken over after our TTL ran out: the new holder decides
         self._claims[key] = (Claim(key=key, holder=holder, state="done", details=dict(details)),
                              self._clock() + self._done_ttl)
 
