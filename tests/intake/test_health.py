@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -48,11 +49,14 @@ LONG_LIVED = ("resilienced.ping", "resilienced.lease-sweep", "resilienced.follow
               *(f"resilienced.kube.cache[{r}]" for r in CACHES))
 
 
+@dataclass
 class Daemon:
     """The daemon of one test: its task, its stop event, its /healthz."""
 
-    def __init__(self, task: asyncio.Task[int], stop: asyncio.Event, port: int, kubeapi: KubeApiServer) -> None:
-        self.task, self.stop, self.port, self.kubeapi = task, stop, port, kubeapi
+    task: asyncio.Task[int]
+    stop: asyncio.Event
+    port: int
+    kubeapi: KubeApiServer
 
     async def health(self) -> tuple[int, dict[str, Any]]:
         async with aiohttp.ClientSession() as session:
@@ -89,7 +93,7 @@ async def running(queues: Queues, tmp_path: Path, monkeypatch: pytest.MonkeyPatc
                            return_when=asyncio.FIRST_COMPLETED)
         assert ready.is_set(), task.exception() if task.done() else "the daemon did not start in 60 s"
         try:
-            yield Daemon(task, stop, port, kubeapi)
+            yield Daemon(task=task, stop=stop, port=port, kubeapi=kubeapi)
         finally:
             stop.set()
             await asyncio.wait_for(asyncio.gather(task, return_exceptions=True), timeout=60)
