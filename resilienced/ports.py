@@ -220,17 +220,53 @@ class Claim:
 
 @runtime_checkable
 class ClaimStore(Protocol):
-    """Cross-replica idempotency: who handles (event id, run), and whether it is done."""
+    """Cross-replica idempotency: who handles (event id, run), and whether it is done.
+
+    The contract every store keeps (``claims.MemoryClaims``, ``kube.leases.KubeLeaseClaims``,
+    ``ray.claims.RayKvClaims``; one test runs it against all three:
+    tests/intake/test_claim_contract.py).  A claim is ``held`` by one holder (one delivery of an
+    event, ``<replica>/<message id>``, or one actor) until its TTL runs out, or ``done``.  A held
+    claim is *live* until ``ttl_seconds`` after its last acquire or renewal, then *expired*.
+
+    - **acquire** (``holder``): taken, returned held by ``holder``, when the key is free: no
+      claim, a released one, an expired held one (a takeover: its old holder has lost it), or a
+      done one the store has forgotten (after the dedupe window).  ``None`` when another holder's
+      claim is live, or the claim is done (for every holder, its completer too).  Of concurrent
+      acquires of one free key at most one wins.
+    - **renew**: an acquire by the holder of the claim (live, or expired and not taken over):
+      its TTL restarts now, the same claim is returned.
+    - **lost**: a holder has lost its claim when its renewal returns ``None`` (another holder
+      took it over after its TTL ran out), or when it could not renew it for a whole TTL (from
+      then on another holder may take it over at any moment without it knowing).  A holder that
+      lost its claim takes no further step of the work (``claims.held_claim`` watches this).
+    - **complete** (``holder``, ``details``): the claim becomes done with ``details``, remembered
+      for at least the dedupe window, when ``holder`` holds it (live or expired and not taken
+      over) or the key is free (the work was done: a retry must not redo it).  A claim already
+      done stays as it is (the first completion's details).  For a holder that lost its claim to
+      another, live holder it changes nothing: the new holder decides.
+    - **release** (``holder``): the claim is freed (anyone may acquire it at once) when ``holder``
+      holds it.  A done claim, another holder's claim (a holder that lost it) and a free key are
+      left as they are.
+    - **get**: the live held claim or the done one; ``None`` for a free key (an expired held
+      claim nobody took over included).
+
+    Done claims are forgotten after the dedupe window: memory and the GCS KV expire them, the
+    daemon sweeps done Leases (``kube.leases.KubeLeaseClaims.sweep``).
+    """
 
     async def acquire(self, key: str, *, holder: str, ttl_seconds: float) -> Claim | None:
-        """Take the claim; return None when another live holder has it or it is done."""
+        """Take (or renew) the claim; None when another live holder has it or it is done."""
         ...
 
     async def get(self, key: str) -> Claim | None: ...
 
-    async def complete(self, key: str, *, holder: str, details: Mapping[str, Any]) -> None: ...
+    async def complete(self, key: str, *, holder: str, details: Mapping[str, Any]) -> None:
+        """Mark it done, unless another live holder has it or it is done already."""
+        ...
 
-    async def release(self, key: str, *, holder: str) -> None: ...
+    async def release(self, key: str, *, holder: str) -> None:
+        """Free it, when ``holder`` holds it (never a done claim)."""
+        ...
 
 
 # --------------------------------------------------------------------------- capacity and requeue

@@ -20,7 +20,11 @@ ray         ``RayModeCluster`` on one ``RayGcs``, ``RayModeRequeuer`` when a nod
 The follow-up after a requeue (``--follow-up``, on by default) is a ``Follower`` over the mode's
 follow-up store (kubernetes: ``KubeFollowUps`` Leases; ray: ``RayKvFollowUps`` on the GCS KV)
 and progress probe (``KubeProgress``; ``RayProgress``), started as the long-lived task
-``resilienced.follow-up`` (``tasks.spawn``) and stopped with the runtime.
+``resilienced.follow-up`` and stopped with the runtime.
+
+Long-lived tasks (the follow-up, kubernetes mode's watch caches and Lease sweeper
+``resilienced.lease-sweep``) are spawned on the daemon's ``tasks.Supervisor`` (``open_runtime``'s
+``supervisor``), in scopes closed before the clients they use, so ``/healthz`` sees one die.
 
 S3 (durable), EC2 (Capacity Blocks, DescribeInstances), FSx (export tasks) and Auto Scaling
 (lifecycle hooks) are aiobotocore clients of the queue's region, made by
@@ -31,7 +35,6 @@ applies to all of them (moto and LocalStack serve every service on one endpoint)
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
@@ -39,7 +42,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from resilienced import log, tasks
+from resilienced import log
 from resilienced.aws.autoscaling import Lifecycle
 from resilienced.aws.clients import open_client
 from resilienced.claims import MemoryClaims
@@ -63,6 +66,7 @@ from resilienced.recovery.followup import Follower, FollowUpMetrics, FollowUpOpt
 from resilienced.recovery.plan_only import PlanLogger
 from resilienced.recovery.responder import Recovery, RecoveryMetrics, RecoveryOptions
 from resilienced.settings import Mode, Settings
+from resilienced.tasks import Supervisor
 
 #: how the recovery reaches a run's Ray GCS (kubernetes mode: per RayCluster; ray mode: the one GCS)
 RayControlFor = Callable[[Target], Awaitable[RayControl]]
@@ -153,12 +157,6 @@ def _notifier(settings: Settings, metrics: NotifyMetrics) -> Notifier | None:
                     timeout_s=ns.notify_timeout_seconds, retries=ns.notify_retries, metrics=metrics)
 
 
-async def _cancel(task: asyncio.Task[Any]) -> None:
-    task.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await task
-
-
 def _recovery_options(settings: Settings, *, export: Any | None) -> RecoveryOptions:
     rs = settings.recovery
     return RecoveryOptions(
@@ -171,8 +169,9 @@ def _recovery_options(settings: Settings, *, export: Any | None) -> RecoveryOpti
     )
 
 
-async def _kubernetes(settings: Settings, stack: AsyncExitStack, *, replica: str) -> ModeParts:
-    """kubernetes mode's adapters, closed by ``stack``."""
+async def _kubernetes(settings: Settings, stack: AsyncExitStack, *, replica: str,
+                      supervisor: Supervisor) -> ModeParts:
+    """kubernetes mode's adapters, closed by ``stack``; the caches and the sweeper on ``supervisor``."""
     from resilienced.kube.api import connect
     from resilienced.kube.cluster import KubeCluster
     from resilienced.kube.followups import KubeFollowUps
@@ -185,13 +184,13 @@ async def _kubernetes(settings: Settings, stack: AsyncExitStack, *, replica: str
     api = await connect(kubeconfig=settings.mode.kubeconfig, context=settings.mode.kube_context)
     stack.push_async_callback(api.close)
     cluster = KubeCluster(api, ray_control_factory=lambda addr, tok: RayGcs(addr, token=tok),
-                          replica=replica)
+                          replica=replica, supervisor=supervisor)
     await cluster.start()
     stack.push_async_callback(cluster.stop)
     claims = KubeLeaseClaims(api, namespace=settings.mode.claims_namespace)
-    sweeper = tasks.spawn(_sweep_leases(claims, older_than=settings.intake.dedupe_seconds),
-                          name="resilienced.lease-sweep")
-    stack.push_async_callback(_cancel, sweeper)
+    sweeping = await stack.enter_async_context(supervisor.scope())  # ends before the client closes
+    sweeping.spawn(_sweep_leases(claims, older_than=settings.intake.dedupe_seconds),
+                   name="resilienced.lease-sweep")
     workload_version: str | None = settings.mode.kueue_api_version
     if workload_version == "auto":
         workload_version = await discover_workload_version(api)
@@ -254,11 +253,13 @@ async def open_runtime(
     replica: str,
     provider: NodeProvider | None = None,
     capacity_source: CapacitySource | None = None,
+    supervisor: Supervisor | None = None,
 ) -> AsyncIterator[Runtime]:
     """The responder and claim store for ``settings.mode``; every adapter is closed on exit.
 
     ``provider`` (ray mode): a node provider for replacement nodes (the drill's local one).
     ``capacity_source``: overrides EC2 as the source of Capacity Blocks (the drill's static one).
+    ``supervisor``: owns the long-lived tasks started here (the daemon's; else one of its own).
     """
     from resilienced.aws.s3 import S3Store
     from resilienced.capacity.ec2 import Ec2Capacity
@@ -298,17 +299,18 @@ async def open_runtime(
             stack.push_async_callback(notifier.close)
         options = _recovery_options(settings, export=export)
 
+        supervisor = supervisor if supervisor is not None else Supervisor()
         if mode is Mode.KUBERNETES:
-            parts = await _kubernetes(settings, stack, replica=replica)
+            parts = await _kubernetes(settings, stack, replica=replica, supervisor=supervisor)
         else:
             parts = _ray_mode(settings, ec2=ec2, planner=planner, provider=provider)
         requeue = (Requeue(parts.requeuer, cluster=parts.cluster, metrics=groups.requeue)
                    if parts.requeuer is not None else None)
         follower = _follower(settings, parts, planner=planner, requeue=requeue, store=store,
                              metrics=groups.follow_up, notifier=notifier, replica=replica)
-        if follower is not None:
-            following = tasks.spawn(follower.run(), name="resilienced.follow-up")
-            stack.push_async_callback(_cancel, following)
+        if follower is not None:  # its scope ends first, before the clients it uses close
+            following = await stack.enter_async_context(supervisor.scope())
+            following.spawn(follower.run(), name="resilienced.follow-up")
         recovery = Recovery(
             cluster=parts.cluster, claims=parts.claims, ray_control=parts.ray_control, store=store,
             planner=planner, requeue=requeue, capacity=capacity, export=export,

@@ -79,6 +79,7 @@ from resilienced.kube.tokens import RayTokens, auth_mode
 from resilienced.log import get as get_logger
 from resilienced.model import Capacity, NodeShape, RunFacts, Target
 from resilienced.ports import Location, RayControl, RayNode
+from resilienced.tasks import Supervisor
 
 log = get_logger(__name__)
 
@@ -155,7 +156,8 @@ class KubeCluster:
 
     ``api_client`` is the caller's (closed by the caller); ``ray_control_factory(address, token)``
     builds the GCS client of one Ray cluster (``resilienced.ray.gcs.RayGcs`` in production);
-    ``replica`` names this daemon replica in Events (``reportingInstance``).
+    ``replica`` names this daemon replica in Events (``reportingInstance``); ``supervisor`` owns
+    the caches' watch tasks (the daemon's, so that /healthz sees one die; else one of its own).
     """
 
     mode = "kubernetes"
@@ -168,8 +170,10 @@ class KubeCluster:
         replica: str | None = None,
         options: KubeOptions | None = None,
         clock: Callable[[], float] = time.monotonic,
+        supervisor: Supervisor | None = None,
     ) -> None:
         self.options = options or KubeOptions()
+        self._supervisor = supervisor if supervisor is not None else Supervisor()
         self._factory = ray_control_factory
         self._clock = clock
         core = k8s.CoreV1Api(api_client)
@@ -230,7 +234,7 @@ class KubeCluster:
             log.warning("kubernetes discovery failed", error=str(err))
         for informer in self.informers:
             if not informer.running:
-                informer.start()
+                informer.start(self._supervisor)
         self._started = True
         return self
 
@@ -246,7 +250,7 @@ class KubeCluster:
                                                options=self.options.cache)
         self.optional = found
         for informer in found.values():
-            informer.start()
+            informer.start(self._supervisor)
         self.informers = (*self.informers, *found.values())
         log.info("kubernetes: optional resources served", resources=list(found))
 

@@ -120,7 +120,7 @@ class LocalExporter:
                                                       endpoint_url=self._endpoint_url)
         self._client = await self._client_cm.__aenter__()
         self._stopping = False
-        self._task = tasks.spawn(self._run(), name=f"fsxlocal {self.root}", forever=False)
+        self._task = tasks.spawn(self._run(), name=f"fsxlocal {self.root}")
         return self
 
     async def stop(self) -> None:

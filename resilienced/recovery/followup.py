@@ -35,6 +35,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from resilienced import log
 from resilienced.aws.s3 import ObjectNotFound, parse_s3_uri
+from resilienced.claims import HeldClaim, held_claim
 from resilienced.errors import PermanentError, ResilienceError, TemporaryError
 from resilienced.followup import (
     Bounds,
@@ -134,49 +135,18 @@ class Follower:
         return f"move/{run}"
 
     @contextlib.asynccontextmanager
-    async def moving(self, run: str, *, holder: str, ttl: float | None = None) -> AsyncIterator[bool]:
-        """Hold the run's move claim for the block (yields False when another replica holds it).
+    async def moving(self, run: str, *, holder: str, ttl: float | None = None) -> AsyncIterator[HeldClaim | None]:
+        """Hold the run's move claim for the block (yields None when another replica holds it).
 
-        Renewed every third of ``ttl`` while held (default ``claim_ttl_s``); released at the end,
-        also after a failure, but not when the holder is cancelled (a replica stopped mid-move:
-        nobody moves the run until the TTL ran out, while that move may still be in flight).
+        ``claims.held_claim``: renewed every third of ``ttl`` while held (default ``claim_ttl_s``);
+        released at the end, also after a failure, but not when the holder is cancelled (a replica
+        stopped mid-move: nobody moves the run until the TTL ran out, while that move may still be
+        in flight).
         """
-        ttl = ttl or self.options.claim_ttl_s
-        key = self.move_key(run)
-        if await self.claims.acquire(key, holder=holder, ttl_seconds=ttl) is None:
-            yield False
-            return
-        stop = asyncio.Event()
-        renewer = asyncio.create_task(self._renew(key, holder=holder, ttl=ttl, stop=stop), name=f"move-claim:{run}")
-        cancelled = False
-        try:
-            yield True
-        except asyncio.CancelledError:
-            cancelled = True
-            raise
-        finally:
-            stop.set()
-            await asyncio.gather(renewer, return_exceptions=True)
-            if not cancelled:
-                await self._let_go(key, holder=holder)
-
-    async def _renew(self, key: str, *, holder: str, ttl: float, stop: asyncio.Event) -> None:
-        while True:
-            try:
-                await asyncio.wait_for(stop.wait(), ttl / 3)
-                return
-            except TimeoutError:
-                pass
-            try:
-                await self.claims.acquire(key, holder=holder, ttl_seconds=ttl)
-            except ResilienceError as e:  # the next renewal may get through; a lapse is a takeover
-                self._log.warning("move claim renewal failed", key=key, error=str(e))
-
-    async def _let_go(self, key: str, *, holder: str) -> None:
-        try:
-            await self.claims.release(key, holder=holder)
-        except ResilienceError as e:  # it expires within its TTL
-            self._log.warning("move claim release failed", key=key, error=str(e))
+        async with held_claim(self.claims, self.move_key(run), holder=holder, logger=self._log,
+                              ttl_seconds=ttl or self.options.claim_ttl_s, what="move claim",
+                              release_on_cancel=False) as held:
+            yield held
 
     async def read(self, run: str) -> FollowUp | None:
         found = await self.store.get(run)

@@ -43,6 +43,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from handlers import capacity_block_expiry
 from resilienced import log
 from resilienced.aws.autoscaling import Lifecycle
+from resilienced.claims import held_claim
 from resilienced.recovery.durable import DurableResult, newest_durable, wait_durable
 from resilienced.recovery.followup import Follower
 from resilienced.recovery.targets import find_targets
@@ -248,78 +249,38 @@ class Recovery:
 
     # ------------------------------------------------------------------ one run
     async def _run(self, plan: Plan, target: Target, *, holder: str) -> RunReport:
+        """The run's steps under its run claim (``claims.held_claim``: renewed every third of its
+        TTL while the steps go on; a replica that lost it takes no further step and does not
+        complete it, docs/reliability.md, the fencing fix; a step under way when it is lost
+        finishes, every step is idempotent)."""
         event = plan.event
         report = RunReport(run=target.run_key, instances=list(target.facts.instance_ids))
         key = f"run/{event.event_id}/{target.run_key}"
         ttl = self.options.claim_ttl_seconds
-        claim = await self.claims.acquire(key, holder=holder, ttl_seconds=ttl)
-        if claim is None:
-            existing = await self.claims.get(key)
-            if existing is not None and existing.state == "done":
-                report.skipped = f"already done for this event by {existing.holder}"
-                return report
-            who = existing.holder if existing is not None else "another delivery"
-            # a live holder renews its claim; a dead one's lapses within ttl: look again then, not
-            # sooner (each look is a receive, and the redrive policy counts them)
-            raise TemporaryError(f"run {target.run_key} for event {event.event_id} is being "
-                                 f"handled by {who}", delay=ttl)
-        keep = _Keeper(key, ttl)
-        keeper = asyncio.create_task(self._keep_claim(key, holder=holder, keep=keep), name=f"claim-keeper:{key}")
-        try:
+        async with held_claim(self.claims, key, holder=holder, ttl_seconds=ttl, logger=self._log) as held:
+            if held is None:
+                existing = await self.claims.get(key)
+                if existing is not None and existing.state == "done":
+                    report.skipped = f"already done for this event by {existing.holder}"
+                    return report
+                who = existing.holder if existing is not None else "another delivery"
+                # a live holder renews its claim; a dead one's lapses within ttl: look again then, not
+                # sooner (each look is a receive, and the redrive policy counts them)
+                raise TemporaryError(f"run {target.run_key} for event {event.event_id} is being "
+                                     f"handled by {who}", delay=ttl)
             for step, act in ((Step.NOTIFY, self._notify), (Step.SIGNAL, self._signal),
                               (Step.DURABLE, self._durable), (Step.REQUEUE, partial(self._requeue, holder=holder))):
                 if step in plan.steps:
-                    keep.check()  # a replica that lost its claim does not take another step
+                    held.check()  # a replica that lost its claim does not take another step
                     await act(plan, target, report)
-            await _stop_keeper(keeper, keep)  # no renewal may land after the completion
-            keep.check()
-        except BaseException:
-            await _stop_keeper(keeper, keep)
-            try:
-                await asyncio.shield(self.claims.release(key, holder=holder))
-            except ResilienceError as e:
-                self._log.warning("claim release failed", key=key, error=str(e))
-            raise
-        report.record = runs_record(event, report.as_json(), outcome="done", at=self.clock())
-        await self.claims.complete(key, holder=holder, details=report.record)
+            report.record = runs_record(event, report.as_json(), outcome="done", at=self.clock())
+            await held.complete(report.record)  # after a renewal in flight; not when lost
         return report
 
     def _tell(self, record: dict[str, Any]) -> None:
         """Hand one run's record to the notifier (queued; never waits, never fails the recovery)."""
         if self.notifier is not None:
             self.notifier.submit(summary(record))
-
-    async def _keep_claim(self, key: str, *, holder: str, keep: "_Keeper") -> None:
-        """Renew the run claim every third of its TTL while the run's steps go on, until stopped
-        (checked between renewals: a renewal is never cut off mid-request, see :func:`_stop_keeper`).
-
-        Ends early when the claim is lost (:meth:`_Keeper.lose`): another holder has it (it took
-        over a claim this replica did not renew in time), or no renewal succeeded for a whole TTL,
-        after which another replica may take it over at any moment.
-        """
-        ttl = keep.ttl
-        renewed = asyncio.get_running_loop().time()
-        while True:
-            try:
-                await asyncio.wait_for(keep.stop.wait(), ttl / 3)
-                return
-            except TimeoutError:
-                pass
-            try:
-                claim = await self.claims.acquire(key, holder=holder, ttl_seconds=ttl)
-            except ResilienceError as e:
-                self._log.warning("claim renewal failed", key=key, error=str(e))
-                if asyncio.get_running_loop().time() - renewed >= ttl:
-                    keep.lose(f"not renewed for {ttl:g}s ({e})")
-                    self._log.warning("claim lost", key=key, reason=keep.lost)
-                    return
-                continue
-            if claim is None:
-                existing = await _quietly(self.claims.get(key))
-                keep.lose(f"taken over by {existing.holder}" if existing is not None else "no longer held")
-                self._log.warning("claim lost", key=key, reason=keep.lost)
-                return
-            renewed = asyncio.get_running_loop().time()
 
     async def _notify(self, plan: Plan, target: Target, report: RunReport) -> None:
         event = plan.event
@@ -495,46 +456,3 @@ class Recovery:
         except ResilienceError as e:  # an Event is a courtesy; the step itself is done
             self._log.warning("recording an event failed", run=target.run_key, reason=reason,
                               error=str(e))
-
-
-class _Keeper:
-    """A run claim's keeper state: the stop signal, and whether the claim was lost.
-
-    A replica whose claim lapsed (it could not renew it in time: a stalled API server, a paused
-    process) may find another replica doing the same run: it stops before its next step and
-    before completing, and leaves the run to the holder (docs/reliability.md, the fencing fix).
-    A step already under way when the claim is lost finishes; every step is idempotent.
-    """
-
-    def __init__(self, key: str, ttl: float) -> None:
-        self.key = key
-        self.ttl = ttl
-        self.stop = asyncio.Event()
-        self.lost: str | None = None
-
-    def lose(self, why: str) -> None:
-        self.lost = why
-
-    def check(self) -> None:
-        if self.lost is not None:
-            raise TemporaryError(f"claim {self.key} lost: {self.lost}; its holder finishes the run",
-                                 delay=self.ttl)
-
-
-async def _quietly(read: Awaitable[Any]) -> Any:
-    """``await read``, None if the backend fails (only for a log line's detail)."""
-    try:
-        return await read
-    except ResilienceError:
-        return None
-
-
-async def _stop_keeper(keeper: asyncio.Task[None], keep: _Keeper) -> None:
-    """Stop a claim keeper and wait until it has ended, a renewal in flight included.
-
-    Cancelling it instead would leave that renewal's write to land after the claim is completed
-    or released: in ray mode (GCS KV: no compare-and-set, calls on threads a cancel does not
-    stop) it would turn the done claim back into a held one (issue #14, the keeper race).
-    """
-    keep.stop.set()
-    await asyncio.gather(keeper, return_exceptions=True)
