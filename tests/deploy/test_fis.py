@@ -6,7 +6,7 @@ from __future__ import annotations
 from .tools import FIS_STACK, load_template
 import pytest
 
-pytestmark = pytest.mark.integration
+pytestmark = pytest.mark.unit
 
 
 def test_the_experiment_interrupts_running_spot_instances_of_the_nodepool_only() -> None:

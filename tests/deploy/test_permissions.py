@@ -27,7 +27,7 @@ from resilienced.permissions import CONDITIONAL_RBAC_RULES, IAM_ACTIONS, NAMESPA
 
 from .tools import REPO, STACK, build, load_template, objects
 
-pytestmark = pytest.mark.integration
+pytestmark = pytest.mark.unit
 
 DAEMON_NAMESPACE = "resilienced"
 DAEMON_SA = {"kind": "ServiceAccount", "name": "resilienced", "namespace": DAEMON_NAMESPACE}
