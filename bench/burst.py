@@ -83,7 +83,7 @@ from prometheus_client import CollectorRegistry  # noqa: E402
 from resilienced import log  # noqa: E402
 from resilienced.aws.sqs import SqsQueue  # noqa: E402
 from resilienced.claims import MemoryClaims  # noqa: E402
-from resilienced.consumer import Consumer  # noqa: E402
+from resilienced.consumer.loop import Consumer  # noqa: E402
 from resilienced.kube import KubeCluster, KubeLeaseClaims, KubeOptions  # noqa: E402
 from resilienced.kube.api import call  # noqa: E402
 from resilienced.local.aws import FAKE_CREDENTIALS, MotoServer, create_queue_with_dlq  # noqa: E402

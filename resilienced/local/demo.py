@@ -28,7 +28,7 @@ from aiobotocore.session import get_session
 from resilienced import inject, log, replay
 from resilienced.aws.sqs import SqsQueue
 from resilienced.claims import MemoryClaims
-from resilienced.consumer import Consumer
+from resilienced.consumer.loop import Consumer
 from resilienced.errors import ConfigError
 from resilienced.local.aws import FAKE_CREDENTIALS, MotoServer, create_queue_with_dlq, create_rules
 from resilienced.model import Outcome, Verdict

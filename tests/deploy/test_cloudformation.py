@@ -22,7 +22,7 @@ from resilienced.aws.sqs import SqsQueue
 from resilienced.capacity.ec2 import PURCHASE_KEY_TAG
 from resilienced.capacity.policy import CapacityPolicy
 from resilienced.claims import MemoryClaims
-from resilienced.consumer import Consumer
+from resilienced.consumer.loop import Consumer
 from resilienced.local.aws import MotoServer
 from resilienced.model import Kind, Result, Verdict
 from resilienced.permissions import IAM_ACTIONS

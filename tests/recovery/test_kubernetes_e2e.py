@@ -33,7 +33,7 @@ from resilienced.aws.sqs import SqsQueue
 from resilienced.capacity.planner import CapacityPlanner
 from resilienced.capacity.policy import CapacityPolicy
 from resilienced.capacity.static import StaticCapacity
-from resilienced.consumer import Consumer
+from resilienced.consumer.loop import Consumer
 from resilienced.kube import KubeCluster
 from resilienced.kube.leases import KubeLeaseClaims
 from resilienced.local.aws import create_queue_with_dlq

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from resilienced.claims import MemoryClaims
-from resilienced.consumer import Consumer
+from resilienced.consumer.loop import Consumer
 from resilienced.errors import BackendUnavailable, TemporaryError
 from resilienced.metrics import Metrics
 from resilienced.model import Outcome, Plan, Result

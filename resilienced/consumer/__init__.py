@@ -1,0 +1,1 @@
+"""The SQS consumer: receive -> handle -> ack (``loop``: :class:`~resilienced.consumer.loop.Consumer`)."""
