@@ -19,7 +19,8 @@ from typing import Any
 from resilienced import log
 from resilienced.aws.sqs import SqsQueue
 from resilienced.claims import MemoryClaims
-from resilienced.consumer.loop import Consumer, Observer
+from resilienced.consumer.loop import Consumer
+from resilienced.consumer.settle import Observer
 from resilienced.errors import BackendUnavailable, ConfigError, ResilienceError
 from resilienced.http import HttpServer, Readiness
 from resilienced.metrics import QUEUE_STATES, Metrics
@@ -45,7 +46,7 @@ async def serve(settings: Settings, *, responder: Responder | None = None,
                 supervisor: Supervisor | None = None) -> int:
     """Run the daemon until SIGTERM/SIGINT (or ``stop`` is set); return the exit status (0 after a clean stop).
 
-    ``observer`` is called once per settled message (see :data:`resilienced.consumer.loop.Observer`).
+    ``observer`` is called once per settled message (see :data:`resilienced.consumer.settle.Observer`).
     With ``stop`` the caller owns the signals (the drill): no signal handler is installed.
     ``supervisor`` owns the long-lived tasks (:func:`run` passes the daemon's, which also owns the
     runtime's); the consumer loop, the pinger and the stop waiter run in a scope of it that ends
@@ -174,7 +175,7 @@ async def run(settings: Settings, *, ready: asyncio.Event | None = None, provide
               capacity_source: CapacitySource | None = None, observer: Observer | None = None,
               stop: asyncio.Event | None = None) -> int:
     """Open the mode's adapters (:func:`resilienced.wiring.open_runtime`), then :func:`serve`."""
-    from resilienced.consumer.loop import replica_name
+    from resilienced.consumer.flight import replica_name
     from resilienced.wiring import open_runtime
 
     metrics = Metrics()
