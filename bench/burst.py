@@ -84,7 +84,8 @@ from resilienced import log  # noqa: E402
 from resilienced.aws.sqs import SqsQueue  # noqa: E402
 from resilienced.claims import MemoryClaims  # noqa: E402
 from resilienced.consumer.loop import Consumer  # noqa: E402
-from resilienced.kube import KubeCluster, KubeLeaseClaims, KubeOptions  # noqa: E402
+from resilienced.kube.cluster import KubeCluster, KubeOptions  # noqa: E402
+from resilienced.kube.leases import KubeLeaseClaims  # noqa: E402
 from resilienced.kube.api import call  # noqa: E402
 from resilienced.local.aws import FAKE_CREDENTIALS, MotoServer, create_queue_with_dlq  # noqa: E402
 from resilienced.model import Result  # noqa: E402

@@ -9,7 +9,7 @@
       │                allow-lists), then the handler registered for (source, detail-type)
       │                                                             -> Event (kind INVALID or
       │                                                                UNKNOWN with a reason)
-      └─ handlers.plan()  pure: what must happen to which instances by when  -> Plan
+      └─ registry.plan()  pure: what must happen to which instances by when  -> Plan
       └─ judge()       as of a time: a notice too old or from the future is not actionable
 
 :func:`read` does the first three and never raises for any input: it is what the consumer and
@@ -26,7 +26,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any
 
-import handlers
+from handlers import registry
 from resilienced import validate
 from resilienced.errors import DecodeError, InvalidEventError
 from resilienced.model import Envelope, Event, Kind, Plan, Wrapping
@@ -171,7 +171,7 @@ def interpret(envelope: Envelope, settings: IntakeSettings) -> Event:
         base = _common(envelope, settings)
     except InvalidEventError as e:
         return Event(kind=Kind.INVALID, reason=str(e), **known)
-    handler = handlers.lookup(base.source, base.detail_type)
+    handler = registry.lookup(base.source, base.detail_type)
     if handler is None:
         return replace(base, kind=Kind.UNKNOWN, reason=(
             f"no handler for source {base.source!r} and detail-type {base.detail_type!r}"))
@@ -236,7 +236,7 @@ def read(body: Any, settings: IntakeSettings) -> Reading:
         event = Event(kind=Kind.INVALID, event_id=None, reason=str(e))
         return Reading(plan=Plan(event=event, actionable=False, reason=event.reason), decoded=False)
     event = interpret(envelope, settings)
-    return Reading(plan=handlers.plan(event, settings))
+    return Reading(plan=registry.plan(event, settings))
 
 
 # --------------------------------------------------------------------------- judge

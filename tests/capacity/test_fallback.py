@@ -8,7 +8,10 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from resilienced.capacity import Capacity, CapacityPlanner, CapacityPolicy, Pool
+from resilienced.capacity.decision import Pool
+from resilienced.capacity.planner import CapacityPlanner
+from resilienced.capacity.policy import CapacityPolicy
+from resilienced.model import Capacity
 from resilienced.capacity.static import StaticCapacity
 from resilienced.model import Event, Kind, RunFacts, Target
 from resilienced.ports import CapacityReservation

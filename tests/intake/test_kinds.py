@@ -6,7 +6,7 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-import handlers
+from handlers import registry
 from resilienced import intake
 from resilienced.model import Kind, Step, Wrapping
 from resilienced.settings import IntakeSettings
@@ -161,9 +161,9 @@ def test_direct_asg_event_id_is_the_request_id():
 
 
 def test_every_kind_but_unknown_and_invalid_has_exactly_one_documented_handler_module():
-    kinds = {module.KIND for module in handlers.MODULES}
+    kinds = {module.KIND for module in registry.MODULES}
     assert kinds == set(Kind) - {Kind.UNKNOWN, Kind.INVALID}
-    assert len(kinds) == len(handlers.MODULES)
-    for (source, detail_type), module in handlers.REGISTRY.items():
+    assert len(kinds) == len(registry.MODULES)
+    for (source, detail_type), module in registry.REGISTRY.items():
         assert source == module.SOURCE and detail_type in module.DETAIL_TYPES
         assert f'"source": "{module.SOURCE}"' in module.__doc__  # opens with a real payload

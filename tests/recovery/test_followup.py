@@ -33,7 +33,7 @@ from resilienced.capacity.policy import CapacityPolicy
 from resilienced.capacity.static import StaticCapacity
 from resilienced.errors import TemporaryError
 from resilienced.followup import Bounds
-from resilienced.kube import KubeCluster
+from resilienced.kube.cluster import KubeCluster
 from resilienced.kube.followups import KubeFollowUps
 from resilienced.kube.leases import KubeLeaseClaims
 from resilienced.model import Result

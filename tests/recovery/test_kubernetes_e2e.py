@@ -34,7 +34,7 @@ from resilienced.capacity.planner import CapacityPlanner
 from resilienced.capacity.policy import CapacityPolicy
 from resilienced.capacity.static import StaticCapacity
 from resilienced.consumer.loop import Consumer
-from resilienced.kube import KubeCluster
+from resilienced.kube.cluster import KubeCluster
 from resilienced.kube.leases import KubeLeaseClaims
 from resilienced.local.aws import create_queue_with_dlq
 from resilienced.local.raycluster import LocalRayCluster

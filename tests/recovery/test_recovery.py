@@ -25,7 +25,7 @@ from resilienced.capacity.planner import CapacityPlanner
 from resilienced.capacity.policy import CapacityPolicy
 from resilienced.capacity.static import StaticCapacity
 from resilienced.errors import BackendUnavailable, PermanentError, TemporaryError
-from resilienced.kube import KubeCluster, KubeOptions
+from resilienced.kube.cluster import KubeCluster, KubeOptions
 from resilienced.kube.cache import CacheOptions
 from resilienced.kube.leases import KubeLeaseClaims
 from resilienced.model import Result

@@ -12,10 +12,13 @@ from datetime import datetime, timezone
 
 from kubernetes_asyncio import client as k8s
 
-from resilienced.capacity import Capacity, CapacityDecision, CapacityRequest
+from resilienced.capacity.request import CapacityRequest
+from resilienced.model import Capacity, CapacityDecision
 from resilienced.kube.locate import instance_id_of
 from resilienced.model import Event, Kind, RunFacts, Target
-from resilienced.requeue import KubeRayRequeuer, KubernetesRequeuer, KueueRequeuer, Requeue
+from resilienced.requeue.kuberay import KubeRayRequeuer
+from resilienced.requeue.kueue import KueueRequeuer
+from resilienced.requeue.router import KubernetesRequeuer, Requeue
 from resilienced.requeue.elastic import LostWorker, plan_groups
 from resilienced.requeue.placement import Placement
 from tests.requeue.kuberay_sim import KubeRaySim

@@ -13,10 +13,10 @@ from collections.abc import Callable
 import pytest
 from kubernetes_asyncio import client as k8s
 
-from resilienced.capacity import Capacity, CapacityDecision
+from resilienced.model import Capacity, CapacityDecision
 from resilienced.errors import PermanentError, TemporaryError
 from resilienced.model import Event, Kind, Target
-from resilienced.requeue import KueueRequeuer
+from resilienced.requeue.kueue import KueueRequeuer
 from resilienced.requeue.kueue import DEACTIVATED_FOR, discover_workload_version
 from resilienced.requeue.rbac import requested_verbs
 from tests.requeue.conftest import kueue_serving

@@ -7,12 +7,12 @@ from collections.abc import AsyncIterator
 import pytest
 from kubernetes_asyncio import client as k8s
 
-from resilienced.capacity import Capacity, CapacityDecision
+from resilienced.model import Capacity, CapacityDecision
 from resilienced.kube.events import EventRecorder, ObjectRef
 from resilienced.kube.rbac import RBAC_RULES as KUBE_RULES
 from resilienced.metrics import Metrics
 from resilienced.model import Event, Kind, RunFacts, Target
-from resilienced.requeue import KubernetesRequeuer, Requeue, RequeueMetrics
+from resilienced.requeue.router import KubernetesRequeuer, Requeue, RequeueMetrics
 from tests.requeue.conftest import rbac_of_requeue
 from tests.requeue.objects import NS, ray_pod, raycluster, rayjob
 from tests.support.kubeapi import KubeApiServer, RbacRule
