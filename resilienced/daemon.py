@@ -11,10 +11,10 @@ configured ``--mode`` (plan: :class:`~resilienced.recovery.plan_only.PlanLogger`
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import os
 import signal
-from typing import Any
 
 from resilienced import log
 from resilienced.aws.sqs import SqsQueue
@@ -23,6 +23,7 @@ from resilienced.consumer.loop import Consumer
 from resilienced.consumer.settle import Observer
 from resilienced.errors import BackendUnavailable, ConfigError, ResilienceError
 from resilienced.http import HttpServer, Readiness
+from resilienced.log import Logger
 from resilienced.metrics import QUEUE_STATES, Metrics
 from resilienced.ports import CapacitySource, ClaimStore, NodeProvider, Responder
 from resilienced.recovery.plan_only import PlanLogger
@@ -134,12 +135,12 @@ async def _stop_on(stop: asyncio.Event, consumer: Consumer) -> None:
     consumer.stop()
 
 
-def _on_signal(consumer: Consumer, logger: Any, sig: signal.Signals) -> None:
+def _on_signal(consumer: Consumer, logger: Logger, sig: signal.Signals) -> None:
     logger.info("signal", signal=sig.name)
     consumer.stop()
 
 
-async def _ping(queue: SqsQueue, readiness: Readiness, logger: Any, metrics: Metrics) -> None:
+async def _ping(queue: SqsQueue, readiness: Readiness, logger: Logger, metrics: Metrics) -> None:
     """Ping the queue every PING_INTERVAL; at most once a DEPTH_INTERVAL the ping reads its depth."""
     loop = asyncio.get_running_loop()
     depth_due = loop.time()
@@ -161,11 +162,11 @@ async def _ping(queue: SqsQueue, readiness: Readiness, logger: Any, metrics: Met
 
 
 # --------------------------------------------------------------------------- the `run` command
-def configure(parser: Any) -> None:
+def configure(parser: argparse.ArgumentParser) -> None:
     Settings.add_arguments(parser)
 
 
-def main(args: Any) -> int:
+def main(args: argparse.Namespace) -> int:
     settings = Settings.from_args(args, os.environ).validate()
     log.configure(level=settings.log.log_level)
     return asyncio.run(run(settings))

@@ -34,12 +34,13 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 from resilienced.model import (
     Capacity,
     CapacityDecision,
     Event,
+    JsonValue,
     Outcome,
     Plan,
     RequeueResult,
@@ -215,7 +216,7 @@ class Claim:
     key: str
     holder: str
     state: str  # "held" | "done"
-    details: Mapping[str, Any] = field(default_factory=dict)
+    details: Mapping[str, JsonValue] = field(default_factory=dict)
 
 
 @runtime_checkable
@@ -260,7 +261,7 @@ class ClaimStore(Protocol):
 
     async def get(self, key: str) -> Claim | None: ...
 
-    async def complete(self, key: str, *, holder: str, details: Mapping[str, Any]) -> None:
+    async def complete(self, key: str, *, holder: str, details: Mapping[str, JsonValue]) -> None:
         """Mark it done, unless another live holder has it or it is done already."""
         ...
 
@@ -357,16 +358,16 @@ class FollowUpStore(Protocol):
     """Where the follow-up of each run lives (``resilienced.followup.FollowUp`` as JSON), next to
     the run claims: one record per run, written compare-and-set on the version it was read at."""
 
-    async def get(self, run: str) -> tuple[dict[str, Any], str] | None:
+    async def get(self, run: str) -> tuple[dict[str, JsonValue], str] | None:
         """(record, version), or None when the run has none."""
         ...
 
-    async def put(self, run: str, record: Mapping[str, Any], *, version: str | None) -> str | None:
+    async def put(self, run: str, record: Mapping[str, JsonValue], *, version: str | None) -> str | None:
         """Write ``record`` if the stored one is still at ``version`` (None: there is none yet);
         the new version, or None when someone wrote it first."""
         ...
 
-    async def all(self) -> list[tuple[dict[str, Any], str]]:
+    async def all(self) -> list[tuple[dict[str, JsonValue], str]]:
         """Every record (open and ended), with its version."""
         ...
 

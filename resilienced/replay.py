@@ -60,14 +60,16 @@ from resilienced.errors import (
     ResilienceError,
 )
 from resilienced.intake import Reading
-from resilienced.model import Plan, Step, Target
-from resilienced.ports import CapacityReservation, Cluster, DrainResult, RayNode, Responder
+from resilienced.model import JsonValue, Plan, Step, Target
+from resilienced.ports import CapacityReservation, Cluster, DrainResult, RayControl, RayNode, Responder
 from resilienced.recovery.plan_only import PlanLogger
 from resilienced.recovery.targets import find_targets
 from resilienced.settings import IntakeSettings, Mode, ModeSettings, QueueSettings
 from resilienced.validate import isoformat
 
 if TYPE_CHECKING:  # imported where it is built (its dependencies load on use)
+    from aiobotocore.client import AioBaseClient
+
     from resilienced.capacity.planner import CapacityPlanner
 
 #: The ModeSettings flags replay takes: where the runs are (the mode follows from which is given).
@@ -209,7 +211,7 @@ def collect(paths: Sequence[str]) -> list[tuple[str, bytes]]:
 
 async def replay(files: Sequence[tuple[str, bytes]], *, settings: IntakeSettings,
                  responder: Responder | None, lookup: LookupSettings | None = None,
-                 at: datetime | None = None) -> list[dict[str, Any]]:
+                 at: datetime | None = None) -> list[dict[str, JsonValue]]:
     """One row per file; with ``lookup``, actionable rows get their targets (read only).
 
     Each event is judged (stale, from the future) at ``at``, or as of its own time when None.
@@ -233,11 +235,11 @@ async def replay(files: Sequence[tuple[str, bytes]], *, settings: IntakeSettings
 class Found:
     """What the lookup found for one plan: target entries, and why other instances have none."""
 
-    targets: list[dict[str, Any]]
+    targets: list[dict[str, JsonValue]]
     unresolved: dict[str, str] = field(default_factory=dict)
 
 
-def row(source_file: str, reading: Reading, *, found: Found | None = None) -> dict[str, Any]:
+def row(source_file: str, reading: Reading, *, found: Found | None = None) -> dict[str, JsonValue]:
     """The replay record of one input (the CLI contract; add new fields here).
 
     ``found`` (a dry run with a cluster, actionable plans only) adds ``targets`` and
@@ -284,7 +286,7 @@ class ReadOnlyRay:
     ``ray_node_ids``); otherwise the error is raised.  ``timeout_s`` bounds one listing.
     """
 
-    def __init__(self, inner: Any, *, timeout_s: float, errors: dict[str, str] | None = None) -> None:
+    def __init__(self, inner: RayControl, *, timeout_s: float, errors: dict[str, str] | None = None) -> None:
         self._inner = inner
         self._timeout_s = timeout_s
         self._errors = errors
@@ -395,7 +397,7 @@ class Finder:
             targets.append(entry)
         return Found(targets=targets, unresolved=found.unresolved)
 
-    async def _decide(self, plan: Plan, run: Target) -> dict[str, Any]:
+    async def _decide(self, plan: Plan, run: Target) -> dict[str, JsonValue]:
         """``capacity`` (or None) and ``reason`` for one run (a gang), plus the decision's extras."""
         if Step.REQUEUE not in plan.steps:
             steps = ", ".join(s.value for s in plan.steps)
@@ -419,7 +421,7 @@ KUBE_READY_TIMEOUT_S = 15.0
 
 
 @asynccontextmanager
-async def ec2_client(*, region: str, endpoint_url: str | None) -> AsyncIterator[Any]:
+async def ec2_client(*, region: str, endpoint_url: str | None) -> AsyncIterator[AioBaseClient]:
     """An aiobotocore ``ec2`` client for ``region``, made as the daemon's (the seam tests replace
     with a Stubber's)."""
     from resilienced.aws.clients import open_client
@@ -437,6 +439,8 @@ async def open_lookup(settings: LookupSettings) -> AsyncIterator[Finder]:
     not answer (BackendUnavailable, RayAuthError: the CLI exits 1).
     """
     from resilienced.capacity.ec2 import Ec2Capacity
+    from aiobotocore.client import AioBaseClient
+
     from resilienced.capacity.planner import CapacityPlanner
     from resilienced.capacity.static import StaticCapacity
     from resilienced.ray.gcs import RayGcs
@@ -453,7 +457,7 @@ async def open_lookup(settings: LookupSettings) -> AsyncIterator[Finder]:
             capacity = ReadOnlyCapacity(StaticCapacity(), missing="EC2 not configured (no --region)")
         planner = CapacityPlanner(source=capacity, policy=settings.capacity)
         gcs_errors: dict[str, str] = {}
-        cluster: Any
+        cluster: Cluster
         if mode.kind is Mode.KUBERNETES:
             from resilienced.kube.api import connect
             from resilienced.kube.cluster import KubeCluster, KubeOptions
@@ -491,7 +495,7 @@ COLUMNS = (("FILE", "source_file"), ("KIND", "kind"), ("ACT", "actionable"),
 TARGET_COLUMNS = (*COLUMNS[:-1], ("TARGETS", "targets"), ("UNRESOLVED", "unresolved"), COLUMNS[-1])
 
 
-def write(rows: Sequence[dict[str, Any]], *, as_json: bool, stream: TextIO,
+def write(rows: Sequence[dict[str, JsonValue]], *, as_json: bool, stream: TextIO,
           columns: Sequence[tuple[str, str]] = COLUMNS) -> None:
     """JSON lines, or a table of ``columns`` (title, key)."""
     if as_json:
@@ -500,9 +504,9 @@ def write(rows: Sequence[dict[str, Any]], *, as_json: bool, stream: TextIO,
     stream.write(table(rows, columns))
 
 
-def table(rows: Sequence[dict[str, Any]], columns: Sequence[tuple[str, str]] = COLUMNS) -> str:
+def table(rows: Sequence[dict[str, JsonValue]], columns: Sequence[tuple[str, str]] = COLUMNS) -> str:
     """A plain-text table (the last column is not padded)."""
-    def cell(value: Any) -> str:
+    def cell(value: object) -> str:
         if value is None or value == [] or value == {}:
             return "-"
         if isinstance(value, dict):
@@ -521,7 +525,7 @@ def table(rows: Sequence[dict[str, Any]], columns: Sequence[tuple[str, str]] = C
     return "\n".join(lines) + "\n"
 
 
-def target_cell(target: Mapping[str, Any]) -> str:
+def target_cell(target: Mapping[str, JsonValue]) -> str:
     """``instance>run:capacity``, then the fallback chain a stalled recovery would try:
     ``[then on-demand>wait]``."""
     run = target.get("ray_job") or target.get("ray_cluster") or target.get("node") or "?"

@@ -30,10 +30,10 @@ import re
 import sys
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta, timezone
-from typing import Any
 
 from resilienced.errors import ConfigError
-from resilienced.runs import RUN_PREFIX, summary
+from resilienced.model import JsonValue
+from resilienced.runs import RUN_PREFIX, RunRecord
 from resilienced.settings import Mode, ModeSettings
 
 MODE_FLAGS = ("mode", "kubeconfig", "kube_context", "claims_namespace", "ray_address",
@@ -86,7 +86,7 @@ def mode_settings(args: argparse.Namespace, environ: Mapping[str, str]) -> ModeS
     return mode
 
 
-async def records(mode: ModeSettings) -> tuple[list[tuple[str, dict[str, Any]]], list[dict[str, Any]]]:
+async def records(mode: ModeSettings) -> tuple[list[tuple[str, dict[str, JsonValue]]], list[dict[str, JsonValue]]]:
     """(claim key, details) of every done run claim in the mode's claim store, and every follow-up."""
     if mode.kind is Mode.KUBERNETES:
         from resilienced.kube.api import connect
@@ -113,14 +113,14 @@ async def records(mode: ModeSettings) -> tuple[list[tuple[str, dict[str, Any]]],
     return [(claim.key, dict(claim.details)) for claim in claims], [record for record, _ in follow_ups]
 
 
-def stage_of(record: Mapping[str, Any]) -> str:
+def stage_of(record: Mapping[str, JsonValue]) -> str:
     """A follow-up's stage as status shows it: the stage while followed, else how it ended."""
     state = record.get("state") or "following"
     return str(record.get("stage")) if state == "following" else str(state)
 
 
-def rows(found: Sequence[tuple[str, Mapping[str, Any]]], *, after: datetime | None = None,
-         follow_ups: Sequence[Mapping[str, Any]] = ()) -> list[dict[str, Any]]:
+def rows(found: Sequence[tuple[str, Mapping[str, JsonValue]]], *, after: datetime | None = None,
+         follow_ups: Sequence[Mapping[str, JsonValue]] = ()) -> list[dict[str, JsonValue]]:
     """One summary per record, oldest first; ``after``: only those done at or after it.
 
     A row whose (event, run) has a follow-up gets its ``stage``, ``training_again_s`` (notice ->
@@ -130,7 +130,7 @@ def rows(found: Sequence[tuple[str, Mapping[str, Any]]], *, after: datetime | No
     followed = {(r.get("event_id"), r.get("run")): r for r in follow_ups}
     out = []
     for key, details in found:
-        row = summary(details, key=key)
+        row = RunRecord.from_json(details).summary(key=key)
         record = followed.get((row["event_id"], row["run"]))
         row["stage"] = stage_of(record) if record else None
         row["training_again_s"] = _training_again(record) if record else None
@@ -142,13 +142,13 @@ def rows(found: Sequence[tuple[str, Mapping[str, Any]]], *, after: datetime | No
     return sorted(out, key=lambda r: (r["time"] or "", r["run"] or ""))
 
 
-def _training_again(record: Mapping[str, Any]) -> float | None:
+def _training_again(record: Mapping[str, JsonValue]) -> float | None:
     trained = _parse((record.get("reached") or {}).get("training"))
     notice = _parse(record.get("notice_at"))
     return None if trained is None or notice is None else round((trained - notice).total_seconds(), 3)
 
 
-def _parse(value: Any) -> datetime | None:
+def _parse(value: object) -> datetime | None:
     if not isinstance(value, str):
         return None
     try:

@@ -40,7 +40,10 @@ from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
+
+from aiobotocore.client import AioBaseClient
+from prometheus_client import Counter
 
 from resilienced import log
 from resilienced.aws.autoscaling import Lifecycle
@@ -54,8 +57,10 @@ from resilienced.ports import (
     CapacitySource,
     ClaimStore,
     Cluster,
+    ExportTasks,
     FollowUpStore,
     NodeProvider,
+    ObjectStore,
     Progress,
     Planner,
     RayControl,
@@ -67,6 +72,10 @@ from resilienced.recovery.plan_only import PlanLogger
 from resilienced.recovery.responder import Recovery, RecoveryMetrics, RecoveryOptions
 from resilienced.settings import Mode, Settings
 from resilienced.tasks import Supervisor
+
+if TYPE_CHECKING:  # imported where used: the kubernetes client is loaded in kubernetes mode only
+    from resilienced.kube.leases import KubeLeaseClaims
+    from resilienced.requeue.router import RequeueMetrics
 
 #: how the recovery reaches a run's Ray GCS (kubernetes mode: per RayCluster; ray mode: the one GCS)
 RayControlFor = Callable[[Target], Awaitable[RayControl]]
@@ -89,8 +98,8 @@ class MetricGroups:
     """Every metric group the daemon registers besides :class:`Metrics`' own, on its registry."""
 
     recovery: RecoveryMetrics
-    requeue: Any  # resilienced.requeue.router.RequeueMetrics (imported lazily: kubernetes client)
-    interruptions: Any  # prometheus_client.Counter, resilienced_interruptions_total
+    requeue: RequeueMetrics
+    interruptions: Counter  # resilienced_interruptions_total
     notify: NotifyMetrics
     follow_up: FollowUpMetrics
 
@@ -131,7 +140,7 @@ def read_token(path: str | None) -> str | None:
 SWEEP_INTERVAL_S = 3600.0
 
 
-async def _sweep_leases(claims: Any, *, older_than: float) -> None:
+async def _sweep_leases(claims: KubeLeaseClaims, *, older_than: float) -> None:
     """Delete done claim Leases past the dedupe window, now and then every hour."""
     logger = log.get("resilienced.claims")
     while True:
@@ -157,7 +166,7 @@ def _notifier(settings: Settings, metrics: NotifyMetrics) -> Notifier | None:
                     timeout_s=ns.notify_timeout_seconds, retries=ns.notify_retries, metrics=metrics)
 
 
-def _recovery_options(settings: Settings, *, export: Any | None) -> RecoveryOptions:
+def _recovery_options(settings: Settings, *, export: ExportTasks | None) -> RecoveryOptions:
     rs = settings.recovery
     return RecoveryOptions(
         durable_grace_seconds=rs.durable_grace_seconds,
@@ -201,7 +210,7 @@ async def _kubernetes(settings: Settings, stack: AsyncExitStack, *, replica: str
                      progress=KubeProgress(api, kueue=kueue))
 
 
-def _ray_mode(settings: Settings, *, ec2: Any, planner: Planner, provider: NodeProvider | None) -> ModeParts:
+def _ray_mode(settings: Settings, *, ec2: AioBaseClient, planner: Planner, provider: NodeProvider | None) -> ModeParts:
     """ray mode's adapters (no requeuer without a node provider)."""
     from resilienced.ray.claims import RayKvClaims
     from resilienced.ray.cluster import RayModeCluster
@@ -226,7 +235,7 @@ def _ray_mode(settings: Settings, *, ec2: Any, planner: Planner, provider: NodeP
 
 
 def _follower(settings: Settings, parts: ModeParts, *, planner: Planner, requeue: Requeuer | None,
-              store: Any, metrics: FollowUpMetrics, notifier: Notifier | None, replica: str) -> Follower | None:
+              store: ObjectStore, metrics: FollowUpMetrics, notifier: Notifier | None, replica: str) -> Follower | None:
     """The follow-up of ``settings.follow_up`` (None when off, or when nothing is requeued)."""
     from resilienced.followup import Bounds
 
@@ -276,7 +285,7 @@ async def open_runtime(
     region = settings.queue.effective_region
     endpoint = settings.queue.endpoint_url
     async with AsyncExitStack() as stack:
-        async def client(service: str) -> Any:
+        async def client(service: str) -> AioBaseClient:
             return await stack.enter_async_context(open_client(service, region=region,
                                                                endpoint_url=endpoint))
 

@@ -30,10 +30,9 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
-from typing import Any
 
 from resilienced.capacity.policy import CapacityPolicy
-from resilienced.model import Capacity, CapacityDecision, CapacityOffering
+from resilienced.model import Capacity, CapacityDecision, CapacityOffering, JsonValue
 from resilienced.ports import CapacityReservation
 
 #: ``CapacityReservation.reservation_type`` of a Capacity Block.
@@ -145,7 +144,7 @@ def decide(
 
     window_start = now - policy.interruption_window
     recent = sorted(t for t in interruptions if window_start < t <= now)
-    details: dict[str, Any] = {"pool": str(pool), "instance_count": instance_count,
+    details: dict[str, JsonValue] = {"pool": str(pool), "instance_count": instance_count,
                                "interruptions_in_window": len(recent),
                                "interruption_threshold": policy.interruption_threshold}
 
@@ -184,7 +183,7 @@ def _for_the_run(policy: CapacityPolicy, drain_lead: timedelta | None) -> Capaci
 
 
 def _block_decision(block: CapacityReservation, prefix: str, passed_over: str, *,
-                    policy: CapacityPolicy, details: dict[str, Any]) -> CapacityDecision:
+                    policy: CapacityPolicy, details: dict[str, JsonValue]) -> CapacityDecision:
     usable_until = block.end - policy.block_end_margin  # type: ignore[operator]
     return CapacityDecision(
         Capacity.CAPACITY_BLOCK,
@@ -198,7 +197,7 @@ def _block_decision(block: CapacityReservation, prefix: str, passed_over: str, *
 
 
 def _purchase(offering: CapacityOffering, why_not_others: str, *, policy: CapacityPolicy,
-              details: dict[str, Any]) -> CapacityDecision:
+              details: dict[str, JsonValue]) -> CapacityDecision:
     return CapacityDecision(
         Capacity.CAPACITY_BLOCK,
         f"{why_not_others}; buy offering {offering.offering_id} "
@@ -210,7 +209,7 @@ def _purchase(offering: CapacityOffering, why_not_others: str, *, policy: Capaci
 
 def _no_block(why_not_others: str, why_not_spot: str, why_no_block: str, *, spot_soft: bool,
               unavailable: frozenset[str], policy: CapacityPolicy,
-              details: dict[str, Any], closed: str | None = None) -> CapacityDecision:
+              details: dict[str, JsonValue], closed: str | None = None) -> CapacityDecision:
     """No Spot by choice and no Capacity Block: On-Demand, else Spot after all, else wait."""
     why_not_on_demand = None
     if not policy.allow_on_demand:

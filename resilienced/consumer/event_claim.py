@@ -15,12 +15,12 @@ never deleted, so a slow or dead holder cannot make its event vanish.
 
 from __future__ import annotations
 
-from typing import Any
 
 from resilienced import ack
 from resilienced.claims import HeldClaim, held_claim
 from resilienced.consumer.flight import Flight
 from resilienced.errors import PermanentError, TemporaryError, backends_of
+from resilienced.log import Logger
 from resilienced.metrics import Metrics
 from resilienced.model import Outcome, Plan, Result
 from resilienced.ports import Claim, ClaimStore, Message, Responder
@@ -31,7 +31,7 @@ class EventClaim:
     """Runs the responder under the event claim; see the module docstring."""
 
     def __init__(self, *, claims: ClaimStore, responder: Responder, settings: QueueSettings,
-                 metrics: Metrics, logger: Any) -> None:
+                 metrics: Metrics, logger: Logger) -> None:
         self.claims = claims
         self.responder = responder
         self.settings = settings

@@ -12,11 +12,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from datetime import datetime
-from typing import Any
 
 from resilienced import intake
 from resilienced.consumer.event_claim import EventClaim
 from resilienced.consumer.flight import Flight
+from resilienced.log import Logger
 from resilienced.metrics import Metrics
 from resilienced.model import Kind, Outcome, Result
 from resilienced.settings import IntakeSettings
@@ -26,7 +26,7 @@ class Handler:
     """Turns one message into its :class:`~resilienced.model.Outcome` (never raises)."""
 
     def __init__(self, *, settings: IntakeSettings, event_claim: EventClaim, metrics: Metrics,
-                 logger: Any, clock: Callable[[], datetime] | None) -> None:
+                 logger: Logger, clock: Callable[[], datetime] | None) -> None:
         self.settings = settings
         self.event_claim = event_claim
         self.metrics = metrics

@@ -22,9 +22,9 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from datetime import datetime, timezone
-from typing import Any
+from typing import TypeVar
 
 from resilienced import log
 from resilienced.consumer.event_claim import EventClaim
@@ -34,10 +34,13 @@ from resilienced.consumer.settle import Observer, Settle
 from resilienced.consumer.visibility import Visibility
 from resilienced.errors import BackendUnavailable
 from resilienced.http import Readiness
+from resilienced.log import Logger
 from resilienced.metrics import Metrics
 from resilienced.model import Outcome
 from resilienced.ports import ClaimStore, Message, Queue, Responder
 from resilienced.settings import IntakeSettings, QueueSettings
+
+T = TypeVar("T")
 
 #: Longest wait between receives after queue errors, in seconds.
 MAX_BACKOFF = 30.0
@@ -54,7 +57,7 @@ class Consumer:
                  queue_settings: QueueSettings, intake_settings: IntakeSettings,
                  max_receive_count: int | None, metrics: Metrics | None = None,
                  readiness: Readiness | None = None, replica: str | None = None,
-                 observer: Observer | None = None, logger: Any | None = None,
+                 observer: Observer | None = None, logger: Logger | None = None,
                  clock: Callable[[], datetime] | None = utcnow) -> None:
         """``clock`` gives the time events are judged at (stale or from the future); None
         judges each event as of its own time, as ``replay`` does (the demo plays recorded
@@ -167,7 +170,7 @@ class Consumer:
             self.log.error("message task failed", error=f"{type(error).__name__}: {error}",
                            exc_info=error)
 
-    async def _until_stopped(self, awaitable: Any) -> Any:
+    async def _until_stopped(self, awaitable: Awaitable[T]) -> T | None:
         """Await ``awaitable`` unless stop() comes first (then cancel it and return None)."""
         work = asyncio.ensure_future(awaitable)
         stop = asyncio.ensure_future(self._stopping.wait())

@@ -11,11 +11,11 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from typing import Any
 
 from resilienced import ack, log
 from resilienced.consumer.flight import Flight
 from resilienced.errors import BackendUnavailable
+from resilienced.log import Logger
 from resilienced.metrics import Metrics
 from resilienced.model import Kind, Outcome, Verdict
 from resilienced.ports import Message, Queue
@@ -32,7 +32,7 @@ class Settle:
     """Acknowledges handled messages on one queue; see the module docstring."""
 
     def __init__(self, *, queue: Queue, settings: QueueSettings, max_receive_count: int | None,
-                 metrics: Metrics, logger: Any, observer: Observer | None) -> None:
+                 metrics: Metrics, logger: Logger, observer: Observer | None) -> None:
         self.queue = queue
         self.settings = settings
         self.max_receive_count = max_receive_count

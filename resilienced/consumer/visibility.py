@@ -14,10 +14,10 @@ SIGTERM, for messages received after stop() and for handling cancelled unfinishe
 from __future__ import annotations
 
 import asyncio
-from typing import Any
 
 from resilienced.consumer.flight import Flight
 from resilienced.errors import BackendUnavailable
+from resilienced.log import Logger
 from resilienced.metrics import Metrics
 from resilienced.ports import Queue
 from resilienced.settings import QueueSettings
@@ -26,7 +26,7 @@ from resilienced.settings import QueueSettings
 class Visibility:
     """The visibility calls of one consumer's queue."""
 
-    def __init__(self, *, queue: Queue, settings: QueueSettings, metrics: Metrics, logger: Any) -> None:
+    def __init__(self, *, queue: Queue, settings: QueueSettings, metrics: Metrics, logger: Logger) -> None:
         self.queue = queue
         self.settings = settings
         self.metrics = metrics

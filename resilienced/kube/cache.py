@@ -21,7 +21,6 @@ import random
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 import aiohttp
 from kubernetes_asyncio import watch as k8s_watch
@@ -30,6 +29,7 @@ from resilienced import tasks
 from resilienced.errors import ResilienceError
 from resilienced.kube.api import JsonObj, KubeStatusError, call, translate
 from resilienced.log import get as get_logger
+from resilienced.model import JsonValue
 
 log = get_logger(__name__)
 
@@ -63,7 +63,7 @@ class CacheOptions:
     """Longest wait between attempts while the API server keeps failing."""
 
 
-def object_key(obj: Mapping[str, Any]) -> Key:
+def object_key(obj: Mapping[str, JsonValue]) -> Key:
     meta = obj.get("metadata") or {}
     return (meta.get("namespace") or "", meta.get("name") or "")
 
@@ -97,8 +97,8 @@ class Source:
     """
 
     resource: str  # for errors and logs: "nodes", "pods", "rayclusters.ray.io"
-    method: Callable[..., Any]
-    args: tuple[Any, ...] = ()
+    method: Callable[..., Awaitable[object]]
+    args: tuple[str, ...] = ()
     label_selector: str | None = None
 
 
@@ -265,7 +265,7 @@ class Informer:
         token: str | None = None
         list_rv: str | None = None
         while True:
-            kwargs: dict[str, Any] = {
+            kwargs: dict[str, JsonValue] = {
                 "limit": self.options.page_size,
                 "_preload_content": False,
                 "_request_timeout": self.options.request_timeout_s,
@@ -297,7 +297,7 @@ class Informer:
     async def _watch(self) -> bool:
         """One watch request from ``resource_version``; True when it delivered anything."""
         progressed = False
-        kwargs: dict[str, Any] = {
+        kwargs: dict[str, JsonValue] = {
             "resource_version": self.resource_version,
             "allow_watch_bookmarks": True,
             "timeout_seconds": self.options.watch_timeout_s,
@@ -325,7 +325,7 @@ class Informer:
             raise translated from err
         return progressed
 
-    def _apply(self, event: Mapping[str, Any]) -> None:
+    def _apply(self, event: Mapping[str, JsonValue]) -> None:
         kind = str(event.get("type", "")).upper()
         obj = event.get("raw_object") or {}
         self.stats.events[kind] += 1

@@ -24,13 +24,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import replace
-from typing import Any
 
 from resilienced.capacity.decision import Capacity, CapacityDecision
 from resilienced.capacity.planner import CapacityPlanner
 from resilienced.capacity.request import CapacityRequest
 from resilienced.errors import TemporaryError
-from resilienced.model import Event, Target
+from resilienced.model import Event, JsonValue, Target
 from resilienced.ports import NodeProvider, ProvidedNode
 from resilienced.ray.cluster import ELASTIC_LABEL, RESERVATION_LABEL
 from resilienced.requeue.result import RequeueResult, waiting
@@ -126,7 +125,7 @@ class RayModeRequeuer:
             self.planner.mark_unavailable(request.pool, current.reservation_id or current.capacity)
             current = await self.planner.plan(replace(request, instance_count=len(missing)))
         reason = f"{'; '.join(tried)}; {current.reason}"
-        details: dict[str, Any] = {"tried": tried}
+        details: dict[str, JsonValue] = {"tried": tried}
         if elastic:
             reason += (f"; the run goes on at the smaller size, nothing stopped (still short of "
                        f"{', '.join(missing)})")
@@ -154,7 +153,7 @@ class RayModeRequeuer:
         reason = f"launched {len(nodes)} {current.capacity.value} node(s): {current.reason}"
         if tried:
             reason = f"{'; '.join(tried)}; then {reason}"
-        details: dict[str, Any] = {"tried": tried, "nodes": [n.instance_id for n in nodes]}
+        details: dict[str, JsonValue] = {"tried": tried, "nodes": [n.instance_id for n in nodes]}
         if elastic:
             reason += "; elastic: the other workers kept training"
             details["elastic"] = True

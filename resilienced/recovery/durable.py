@@ -42,12 +42,12 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Any
 
 from resilienced.aws.fsx import parse_failures_csv
 from resilienced.aws.s3 import ObjectNotFound, parse_s3_uri
 from resilienced.errors import BackendUnavailable, PermanentError
 from resilienced.log import get as get_logger
+from resilienced.model import JsonValue
 from resilienced.ports import ExportTask, ExportTasks, ObjectStore, StoredObject
 from trainer.manifest import MANIFEST, Manifest, ManifestError
 
@@ -80,7 +80,7 @@ class DurableResult:
     reason: str | None = None
     rejected: tuple[str, ...] = ()
     export_tasks: tuple[str, ...] = ()
-    details: Mapping[str, Any] = field(default_factory=dict)
+    details: Mapping[str, JsonValue] = field(default_factory=dict)
 
 
 # --------------------------------------------------------------------------- one look at S3
@@ -105,7 +105,7 @@ class _Looker:
         self.store = store
         self.bucket = bucket
         self.prefix = prefix
-        self._manifests: dict[tuple[str, int, Any], Manifest | ManifestError] = {}
+        self._manifests: dict[tuple[str, int, datetime | None], Manifest | ManifestError] = {}
         self.newest_seen: int | None = None
         self.rejected: dict[int, str] = {}
 

@@ -38,7 +38,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timezone
-from typing import Any
 
 from kubernetes_asyncio import client as k8s
 
@@ -51,7 +50,7 @@ from resilienced.capacity.request import (
 )
 from resilienced.errors import PermanentError
 from resilienced.kube.api import JsonObj
-from resilienced.model import Event, Target
+from resilienced.model import Event, JsonValue, Target
 from resilienced.requeue.elastic import ElasticKubeRay, not_elastic_on_kuberay, with_fallback
 from resilienced.requeue.objects import RAYCLUSTER, RAYJOB, Kind, Objects, annotations_of, modify, split_key
 from resilienced.requeue.placement import DEFAULT_TOLERATIONS, Placement
@@ -64,7 +63,7 @@ GROUP_LABEL = "ray.io/group"
 RECREATE = "Recreate"
 
 
-def upgrade_strategy(cluster_spec: Mapping[str, Any]) -> str | None:
+def upgrade_strategy(cluster_spec: Mapping[str, JsonValue]) -> str | None:
     """A RayClusterSpec's ``upgradeStrategy.type`` (ray-project/kuberay v1.6.0
     ``ray-operator/apis/ray/v1/raycluster_types.go`` ``RayClusterUpgradeStrategy``)."""
     return ((cluster_spec.get("upgradeStrategy") or {}).get("type")) or None
@@ -74,7 +73,7 @@ def utcnow() -> datetime:
     return datetime.now(timezone.utc)
 
 
-def placed_groups(groups: Sequence[Mapping[str, Any]], placement: Placement) -> tuple[list[dict], list[str]]:
+def placed_groups(groups: Sequence[Mapping[str, JsonValue]], placement: Placement) -> tuple[list[dict], list[str]]:
     """Every worker group with ``placement`` applied, and the names of those that changed."""
     new_groups, changed = [], []
     for group in groups:
@@ -87,21 +86,21 @@ def placed_groups(groups: Sequence[Mapping[str, Any]], placement: Placement) -> 
     return new_groups, changed
 
 
-def groups_patch(obj: Mapping[str, Any], path: Sequence[str], new_groups: list[dict], *,
-                 decision: CapacityDecision, event: Event, now: datetime) -> dict[str, Any]:
+def groups_patch(obj: Mapping[str, JsonValue], path: Sequence[str], new_groups: list[dict], *,
+                 decision: CapacityDecision, event: Event, now: datetime) -> dict[str, JsonValue]:
     """The merge patch that sets ``workerGroupSpecs`` under ``path`` and the bookkeeping annotations."""
-    patch: dict[str, Any] = {"workerGroupSpecs": new_groups}
+    patch: dict[str, JsonValue] = {"workerGroupSpecs": new_groups}
     for key in reversed(path):
         patch = {key: patch}
     patch["metadata"] = {"annotations": bookkeeping(obj, decision=decision, event=event, now=now)}
     return patch
 
 
-def bookkeeping(obj: Mapping[str, Any], *, decision: CapacityDecision, event: Event, now: datetime) -> dict[str, Any]:
+def bookkeeping(obj: Mapping[str, JsonValue], *, decision: CapacityDecision, event: Event, now: datetime) -> dict[str, JsonValue]:
     """The annotations a requeue leaves (null deletes a stale reservation id in a merge patch)."""
     before = annotations_of(obj)
     capacity = decision.capacity.value
-    out: dict[str, Any] = {
+    out: dict[str, JsonValue] = {
         ANNOTATION_CAPACITY: capacity,
         ANNOTATION_RESERVATION: decision.reservation_id,  # None -> removed
         ANNOTATION_REQUEUED_FOR: event.event_id or "",
@@ -142,8 +141,10 @@ class KubeRayRequeuer(PlacingRequeuer):
 
     kind = "kuberay"
 
-    def __init__(self, api_client: k8s.ApiClient, **kwargs: Any) -> None:
-        super().__init__(api_client, **kwargs)
+    def __init__(self, api_client: k8s.ApiClient, *,
+                 tolerations: Mapping[Capacity, Sequence[Mapping[str, str]]] = DEFAULT_TOLERATIONS,
+                 request_timeout_s: float = 10.0, clock: Callable[[], datetime] = utcnow) -> None:
+        super().__init__(api_client, tolerations=tolerations, request_timeout_s=request_timeout_s, clock=clock)
         self._elastic = ElasticKubeRay(self.objects)
 
     async def requeue(
@@ -247,8 +248,8 @@ class KubeRayRequeuer(PlacingRequeuer):
         """Apply ``placement`` to every worker group under ``path`` of one object."""
         changed_names: list[str] = []
 
-        def change(obj: JsonObj) -> dict[str, Any] | None:
-            holder: Any = obj
+        def change(obj: JsonObj) -> dict[str, JsonValue] | None:
+            holder: JsonValue = obj
             for key in path:
                 holder = (holder or {}).get(key) or {}
             groups = holder.get("workerGroupSpecs") or []

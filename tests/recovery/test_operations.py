@@ -243,12 +243,12 @@ async def test_status_names_a_bad_since_and_needs_a_mode(capsys: pytest.CaptureF
 
 
 def test_a_record_written_before_the_event_fields_existed_is_summarised_with_what_it_has() -> None:
-    from resilienced.runs import summary
+    from resilienced.runs import RunRecord
 
     old = {"run": "ml/train", "instances": [instance(1)],
            "durable": {"verified": False, "resume_step": 10, "steps_lost": 5, "reason": "deadline passed"},
            "requeue": {"capacity": "on-demand", "reason": "no Spot"}}
-    row = summary(old, key="run/7e9d2f6c-0000-4000-8000-000000000001/ml/train")
+    row = RunRecord.from_json(old).summary(key="run/7e9d2f6c-0000-4000-8000-000000000001/ml/train")
     assert row["event_id"] == "7e9d2f6c-0000-4000-8000-000000000001" and row["kind"] is None
     assert (row["checkpoint_step"], row["durable"], row["steps_lost"]) == (10, False, 5)
     assert (row["capacity"], row["outcome"], row["reason"]) == ("on-demand", "done", "deadline passed")
