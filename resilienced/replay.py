@@ -47,9 +47,9 @@ import sys
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import TYPE_CHECKING, NoReturn, TextIO
 
 from resilienced import intake, log
 from resilienced.capacity.policy import CapacityPolicy
@@ -60,7 +60,7 @@ from resilienced.errors import (
     ResilienceError,
 )
 from resilienced.intake import Reading
-from resilienced.model import JsonValue, Plan, Step, Target
+from resilienced.model import CapacityOffering, JsonValue, Plan, Step, Target
 from resilienced.ports import CapacityReservation, Cluster, DrainResult, RayControl, RayNode, Responder
 from resilienced.recovery.plan_only import PlanLogger
 from resilienced.recovery.targets import find_targets
@@ -70,6 +70,7 @@ from resilienced.validate import isoformat
 if TYPE_CHECKING:  # imported where it is built (its dependencies load on use)
     from aiobotocore.client import AioBaseClient
 
+    from resilienced.capacity.ec2 import Ec2Capacity
     from resilienced.capacity.planner import CapacityPlanner
 
 #: The ModeSettings flags replay takes: where the runs are (the mode follows from which is given).
@@ -326,18 +327,19 @@ class ReadOnlyRay:
 class ReadOnlyCapacity:
     """The capacity source of replay's decisions: Describe* only; ``purchase`` refuses.
 
-    ``inner`` is ``Ec2Capacity`` when a region is configured, else an empty source with
-    ``missing`` saying why.  A reservation listing that fails is taken as empty; every such gap
-    is appended to :attr:`notes`, which the caller adds to the decision's reason.
+    ``inner`` is ``Ec2Capacity`` when a region is configured, else None with ``missing`` saying
+    why (no Capacity Blocks are known then).  A reservation listing that fails is taken as
+    empty; every such gap is appended to :attr:`notes`, which the caller adds to the decision's
+    reason.
     """
 
-    def __init__(self, inner: Any, *, missing: str | None = None) -> None:
+    def __init__(self, inner: Ec2Capacity | None, *, missing: str = "no EC2") -> None:
         self._inner = inner
         self.missing = missing
         self.notes: list[str] = []
 
     async def reservations(self, *, instance_type: str | None = None) -> list[CapacityReservation]:
-        if self.missing:
+        if self._inner is None:
             self.notes.append(f"{self.missing}: decided with no Capacity Blocks known")
             return []
         try:
@@ -347,21 +349,24 @@ class ReadOnlyCapacity:
             return []
 
     async def reservation_instances(self, *, reservation_id: str) -> list[str]:
-        if self.missing:
+        if self._inner is None:
             raise PermanentError(self.missing)
         return await self._inner.reservation_instances(reservation_id=reservation_id)
 
-    async def offerings(self, **query: Any) -> list[Any]:
-        if self.missing or not hasattr(self._inner, "offerings"):
-            self.notes.append(f"{self.missing or 'no EC2'}: no Capacity Block offerings known")
+    async def offerings(self, *, instance_type: str, instance_count: int, duration: timedelta,
+                        start_after: datetime, start_before: datetime) -> list[CapacityOffering]:
+        if self._inner is None:
+            self.notes.append(f"{self.missing}: no Capacity Block offerings known")
             return []
         try:
-            return await self._inner.offerings(**query)
+            return await self._inner.offerings(instance_type=instance_type, instance_count=instance_count,
+                                               duration=duration, start_after=start_after,
+                                               start_before=start_before)
         except ResilienceError as e:
             self.notes.append(f"EC2 did not answer ({e}): no Capacity Block offerings known")
             return []
 
-    async def purchase(self, offering: Any, **_: Any) -> Any:
+    async def purchase(self, offering: CapacityOffering, **_: object) -> NoReturn:
         raise PermanentError(f"replay only reads: it does not buy {offering.offering_id}")
 
 
@@ -439,10 +444,7 @@ async def open_lookup(settings: LookupSettings) -> AsyncIterator[Finder]:
     not answer (BackendUnavailable, RayAuthError: the CLI exits 1).
     """
     from resilienced.capacity.ec2 import Ec2Capacity
-    from aiobotocore.client import AioBaseClient
-
     from resilienced.capacity.planner import CapacityPlanner
-    from resilienced.capacity.static import StaticCapacity
     from resilienced.ray.gcs import RayGcs
     from resilienced.wiring import read_token
 
@@ -454,7 +456,7 @@ async def open_lookup(settings: LookupSettings) -> AsyncIterator[Finder]:
             ec2 = await stack.enter_async_context(ec2_client(region=region, endpoint_url=settings.aws.endpoint_url))
             capacity = ReadOnlyCapacity(Ec2Capacity(ec2))
         else:
-            capacity = ReadOnlyCapacity(StaticCapacity(), missing="EC2 not configured (no --region)")
+            capacity = ReadOnlyCapacity(None, missing="EC2 not configured (no --region)")
         planner = CapacityPlanner(source=capacity, policy=settings.capacity)
         gcs_errors: dict[str, str] = {}
         cluster: Cluster
