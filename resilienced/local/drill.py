@@ -817,7 +817,7 @@ class Drill:
     async def _start_daemon(self, stack: contextlib.AsyncExitStack, endpoint: str, queue_url: str,
                             cluster: Any, stop: asyncio.Event) -> asyncio.Task[int]:
         from resilienced import daemon
-        from resilienced.capacity.static import StaticCapacity
+        from resilienced.local.capacity import StaticCapacity
         from resilienced.local.provider import LocalNodeProvider
         from resilienced.ports import CapacityReservation
         from resilienced.settings import (

@@ -12,7 +12,7 @@ from resilienced.capacity.decision import Pool
 from resilienced.capacity.planner import CapacityPlanner
 from resilienced.capacity.policy import CapacityPolicy
 from resilienced.model import Capacity
-from resilienced.capacity.static import StaticCapacity
+from resilienced.local.capacity import StaticCapacity
 from resilienced.model import Event, Kind, RunFacts, Target
 from resilienced.ports import CapacityReservation
 from resilienced.replay import target_cell

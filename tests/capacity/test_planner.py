@@ -12,7 +12,7 @@ from resilienced.capacity.planner import CapacityPlanner
 from resilienced.capacity.policy import CapacityPolicy
 from resilienced.model import Capacity
 from resilienced.capacity.ec2 import PURCHASE_KEY_TAG
-from resilienced.capacity.static import StaticCapacity
+from resilienced.local.capacity import StaticCapacity
 from resilienced.model import Event, Kind, RunFacts, Target
 import pytest
 

@@ -21,7 +21,7 @@ from kubernetes_asyncio import client as k8s
 from resilienced.model import Capacity, CapacityDecision
 from resilienced.capacity.planner import CapacityPlanner
 from resilienced.capacity.policy import CapacityPolicy
-from resilienced.capacity.static import StaticCapacity
+from resilienced.local.capacity import StaticCapacity
 from resilienced.kube.cluster import KubeCluster
 from resilienced.kube.kueue import QueueCheck, closed_capacities, quantity, worker_needs
 from resilienced.model import Event, Kind, Target

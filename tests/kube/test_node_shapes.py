@@ -20,7 +20,7 @@ from resilienced.capacity.request import CapacityRequest
 from resilienced.model import Capacity
 from resilienced.capacity.planner import CapacityPlanner
 from resilienced.capacity.policy import CapacityPolicy
-from resilienced.capacity.static import StaticCapacity
+from resilienced.local.capacity import StaticCapacity
 from resilienced.kube.cluster import KubeCluster
 from resilienced.model import Event, Kind, Target
 from resilienced.ports import CapacityReservation

@@ -17,7 +17,7 @@ from kubernetes_asyncio import client as k8s
 
 from resilienced.capacity.planner import CapacityPlanner
 from resilienced.capacity.policy import CapacityPolicy
-from resilienced.capacity.static import StaticCapacity
+from resilienced.local.capacity import StaticCapacity
 from resilienced.kube.cluster import KubeCluster
 from resilienced.kube.cluster import VOLCANO_JOBS
 from resilienced.kube.locate import volcano_job_of

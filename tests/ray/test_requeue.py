@@ -12,7 +12,7 @@ from resilienced.capacity.planner import CapacityPlanner
 from resilienced.capacity.policy import CapacityPolicy
 from resilienced.capacity.request import CapacityRequest
 from resilienced.model import Capacity, CapacityDecision
-from resilienced.capacity.static import StaticCapacity
+from resilienced.local.capacity import StaticCapacity
 from resilienced.local.provider import LocalNodeProvider
 from resilienced.local.raycluster import LocalRayCluster
 from resilienced.model import Event, Kind, RunFacts, Target

@@ -30,7 +30,7 @@ from resilienced import cli, intake
 from resilienced.aws.s3 import S3Store
 from resilienced.capacity.planner import CapacityPlanner
 from resilienced.capacity.policy import CapacityPolicy
-from resilienced.capacity.static import StaticCapacity
+from resilienced.local.capacity import StaticCapacity
 from resilienced.errors import TemporaryError
 from resilienced.followup import Bounds
 from resilienced.kube.cluster import KubeCluster

@@ -32,7 +32,7 @@ from resilienced.aws.s3 import S3Store
 from resilienced.aws.sqs import SqsQueue
 from resilienced.capacity.planner import CapacityPlanner
 from resilienced.capacity.policy import CapacityPolicy
-from resilienced.capacity.static import StaticCapacity
+from resilienced.local.capacity import StaticCapacity
 from resilienced.consumer.loop import Consumer
 from resilienced.kube.cluster import KubeCluster
 from resilienced.kube.leases import KubeLeaseClaims

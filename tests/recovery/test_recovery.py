@@ -23,7 +23,7 @@ from resilienced import intake
 from resilienced.aws.s3 import S3Store
 from resilienced.capacity.planner import CapacityPlanner
 from resilienced.capacity.policy import CapacityPolicy
-from resilienced.capacity.static import StaticCapacity
+from resilienced.local.capacity import StaticCapacity
 from resilienced.errors import BackendUnavailable, PermanentError, TemporaryError
 from resilienced.kube.cluster import KubeCluster, KubeOptions
 from resilienced.kube.cache import CacheOptions
