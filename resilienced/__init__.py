@@ -17,7 +17,7 @@ numbered lines below, so this list is the one place the layers are written:
 1. cli, __main__, replay, status, inject, local: entry points and the local stand-ins
 2. daemon, wiring: settings -> adapters -> consumer loop, HTTP server
 3. consumer, recovery: one pass receive -> handle -> ack; acting on a plan
-4. aws, kube, ray, requeue, capacity, claims, followups, notify, http, metrics: adapters and their state
+4. aws, kube, ray, requeue, capacity, claims, notify, http, metrics: adapters and their state
 5. intake, handlers, ack, runs, validate, log, tasks, followup, capacity.decision, capacity.history, capacity.request: pure logic
 6. model, ports, errors, settings, options, permissions, capacity.policy, resilienced: vocabulary
 

@@ -150,7 +150,7 @@ async def test_a_new_move_replaces_the_open_follow_up_and_a_redelivery_keeps_it(
     from prometheus_client import CollectorRegistry
 
     from resilienced.claims import MemoryClaims
-    from resilienced.followups import MemoryFollowUps
+    from tests.support.followups import MemoryFollowUps
     from resilienced.model import Capacity, Event, Kind, RequeueResult
     from resilienced.recovery.followup import Follower, FollowUpMetrics
 

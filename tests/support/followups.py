@@ -1,6 +1,6 @@
 """In-process follow-up store: :class:`MemoryFollowUps`, a ``ports.FollowUpStore`` for one replica.
 
-Plan mode and unit tests use it; the cross-replica stores are ``resilienced.kube.followups``
+A test double (plan mode follows nothing up); the daemon's stores are ``resilienced.kube.followups``
 (Leases) and ``resilienced.ray.followups`` (the GCS KV).  Records are JSON-able dicts, versioned
 by a counter: :meth:`put` writes only on the version it was given (compare-and-set).
 """
