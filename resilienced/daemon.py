@@ -15,6 +15,7 @@ import argparse
 import asyncio
 import os
 import signal
+from typing import TYPE_CHECKING
 
 from resilienced import log
 from resilienced.aws.sqs import SqsQueue
@@ -25,10 +26,13 @@ from resilienced.errors import BackendUnavailable, ConfigError, ResilienceError
 from resilienced.http import HttpServer, Readiness
 from resilienced.log import Logger
 from resilienced.metrics import QUEUE_STATES, Metrics
-from resilienced.ports import CapacitySource, ClaimStore, NodeProvider, Responder
+from resilienced.ports import ClaimStore, Responder
 from resilienced.recovery.plan_only import PlanLogger
 from resilienced.settings import Settings
 from resilienced.tasks import Supervisor
+
+if TYPE_CHECKING:
+    from resilienced.wiring import StandIns
 
 #: Seconds between readiness pings of the queue (receives also count).
 PING_INTERVAL = 15.0
@@ -172,18 +176,18 @@ def main(args: argparse.Namespace) -> int:
     return asyncio.run(run(settings))
 
 
-async def run(settings: Settings, *, ready: asyncio.Event | None = None, provider: NodeProvider | None = None,
-              capacity_source: CapacitySource | None = None, observer: Observer | None = None,
-              stop: asyncio.Event | None = None) -> int:
-    """Open the mode's adapters (:func:`resilienced.wiring.open_runtime`), then :func:`serve`."""
+async def run(settings: Settings, *, ready: asyncio.Event | None = None, observer: Observer | None = None,
+              stop: asyncio.Event | None = None, stand_ins: StandIns | None = None) -> int:
+    """Open the mode's adapters (:func:`resilienced.wiring.open_runtime`; ``stand_ins``: those
+    given instead, the drill's), then :func:`serve`."""
     from resilienced.consumer.flight import replica_name
-    from resilienced.wiring import open_runtime
+    from resilienced.wiring import StandIns, open_runtime
 
     metrics = Metrics()
     replica = replica_name()
     async with Supervisor() as supervisor:  # every long-lived task: the runtime's and serve's
-        async with open_runtime(settings, metrics=metrics, replica=replica, provider=provider,
-                                capacity_source=capacity_source, supervisor=supervisor) as runtime:
+        async with open_runtime(settings, metrics=metrics, replica=replica, stand_ins=stand_ins or StandIns(),
+                                supervisor=supervisor) as runtime:
             return await serve(settings, responder=runtime.responder, claims=runtime.claims,
                                ready=ready, metrics=metrics, replica=replica, observer=observer,
                                stop=stop, supervisor=supervisor)

@@ -10,7 +10,7 @@ kubernetes  ``KubeCluster`` (watch caches),     ``KubernetesRequeuer`` (Kueue, K
             ``KubeLeaseClaims``, a ``RayGcs``
             per RayCluster (token per cluster)
 ray         ``RayModeCluster`` on one ``RayGcs``, ``RayModeRequeuer`` when a node provider is
-            ``RayKvClaims`` on its GCS KV         given (the local drill's); else no capacity
+            ``RayKvClaims`` on its GCS KV         given (:class:`StandIns`: the drill's); else no capacity
                                                   decision is made: the requeue step is
                                                   recorded as "no capacity planner or requeuer
                                                   configured", and Ray's autoscaler replaces
@@ -113,6 +113,22 @@ def metric_groups(metrics: Metrics) -> MetricGroups:
     return MetricGroups(recovery=RecoveryMetrics(r), requeue=RequeueMetrics(r),
                         interruptions=interruption_counter(r), notify=NotifyMetrics(r),
                         follow_up=FollowUpMetrics(r))
+
+
+@dataclass(frozen=True)
+class StandIns:
+    """Adapters given instead of those the settings would open: the seam ``resilienced/local/``
+    (the drill) and tests fill, as Karpenter's operator takes the providers its tests replace
+    with ``pkg/fake``.  The daemon itself passes none.
+
+    ``capacity``: the source of Capacity Blocks instead of EC2 (the drill's static blocks,
+    ``resilienced.local.capacity``); ``node_provider``: ray mode's replacement nodes (the drill's
+    local provider; without one, Ray's autoscaler replaces the nodes and the requeue only records
+    the capacity decision).
+    """
+
+    capacity: CapacitySource | None = None
+    node_provider: NodeProvider | None = None
 
 
 @dataclass
@@ -260,15 +276,14 @@ async def open_runtime(
     *,
     metrics: Metrics,
     replica: str,
-    provider: NodeProvider | None = None,
-    capacity_source: CapacitySource | None = None,
+    stand_ins: StandIns = StandIns(),
     supervisor: Supervisor | None = None,
 ) -> AsyncIterator[Runtime]:
     """The responder and claim store for ``settings.mode``; every adapter is closed on exit.
 
-    ``provider`` (ray mode): a node provider for replacement nodes (the drill's local one).
-    ``capacity_source``: overrides EC2 as the source of Capacity Blocks (the drill's static one).
-    ``supervisor``: owns the long-lived tasks started here (the daemon's; else one of its own).
+    ``stand_ins``: adapters given instead of EC2's Capacity Blocks and ray mode's (absent) node
+    provider (:class:`StandIns`).  ``supervisor``: owns the long-lived tasks started here (the
+    daemon's; else one of its own).
     """
     from resilienced.aws.s3 import S3Store
     from resilienced.capacity.ec2 import Ec2Capacity
@@ -291,7 +306,7 @@ async def open_runtime(
 
         store = S3Store(client=await client("s3"))
         ec2 = await client("ec2")
-        capacity = capacity_source if capacity_source is not None else Ec2Capacity(ec2)
+        capacity = stand_ins.capacity if stand_ins.capacity is not None else Ec2Capacity(ec2)
         planner = CapacityPlanner(source=capacity, policy=settings.capacity,
                                   interruptions=groups.interruptions)
         lifecycle = Lifecycle(await client("autoscaling"))
@@ -312,7 +327,7 @@ async def open_runtime(
         if mode is Mode.KUBERNETES:
             parts = await _kubernetes(settings, stack, replica=replica, supervisor=supervisor)
         else:
-            parts = _ray_mode(settings, ec2=ec2, planner=planner, provider=provider)
+            parts = _ray_mode(settings, ec2=ec2, planner=planner, provider=stand_ins.node_provider)
         requeue = (Requeue(parts.requeuer, cluster=parts.cluster, metrics=groups.requeue)
                    if parts.requeuer is not None else None)
         follower = _follower(settings, parts, planner=planner, requeue=requeue, store=store,

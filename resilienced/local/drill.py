@@ -829,6 +829,7 @@ class Drill:
             RecoverySettings,
             Settings,
         )
+        from resilienced.wiring import StandIns
 
         token_file = self.workdir / "ray-token"
         token_file.write_text(cluster.auth_token)
@@ -867,8 +868,8 @@ class Drill:
         log.configure(level="info", stream=daemon_log)
         ready = asyncio.Event()
         task = asyncio.create_task(daemon.run(
-            settings, ready=ready, provider=provider, capacity_source=StaticCapacity([block]),
-            observer=self._observe, stop=stop), name="drill.daemon")
+            settings, ready=ready, observer=self._observe, stop=stop,
+            stand_ins=StandIns(capacity=StaticCapacity([block]), node_provider=provider)), name="drill.daemon")
 
         async def shut() -> None:
             stop.set()
