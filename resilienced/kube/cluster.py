@@ -223,7 +223,6 @@ class KubeCluster:
         self._inflight: dict[tuple[str, str, str], asyncio.Task[list[RayNode]]] = {}
         self._controls: dict[tuple[str, str | None], RayControl] = {}
         self._started = False
-        self.gcs_calls = 0  # GCS node listings made (for tests and the burst benchmark)
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> KubeCluster:
@@ -591,7 +590,6 @@ class KubeCluster:
         for attempt in (1, 2):
             token = await self.tokens.token_for(raycluster)
             control = self._control(address, token)
-            self.gcs_calls += 1
             try:
                 return list(await asyncio.wait_for(control.nodes(), self.options.gcs_timeout_s))
             except TimeoutError:
