@@ -19,7 +19,7 @@ numbered lines below, so this list is the one place the layers are written:
 3. consumer, recovery: one pass receive -> handle -> ack; acting on a plan
 4. aws, kube, ray, requeue, capacity, claims, notify, http, metrics: adapters and their state
 5. intake, handlers, ack, runs, validate, log, tasks, followup, capacity.decision, capacity.history, capacity.request: pure logic
-6. model, ports, errors, settings, options, permissions, capacity.policy, resilienced: vocabulary
+6. model, ports, errors, settings, options, permissions, clock, capacity.policy, resilienced: vocabulary
 
 Also checked there: nothing outside ``local/`` imports ``resilienced.local`` (its ``demo`` and
 ``drill`` commands reach the CLI as entry points); ``trainer/`` (a separate package that runs in

@@ -27,6 +27,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
+from resilienced.clock import parse_time
 from resilienced.model import Capacity, JsonValue, RunFacts, StageSeen, Target
 
 
@@ -167,7 +168,7 @@ def _iso(moment: datetime) -> str:
 
 
 def _time(value: object) -> datetime:
-    moment = value if isinstance(value, datetime) else datetime.fromisoformat(str(value).replace("Z", "+00:00"))
+    moment = value if isinstance(value, datetime) else parse_time(str(value))
     if moment.tzinfo is None:
         raise ValueError(f"time {value!r} has no time zone")
     return moment

@@ -21,7 +21,6 @@ import json
 import os
 import uuid
 from collections.abc import Sequence
-from datetime import datetime, timezone
 from pathlib import Path
 
 
@@ -29,6 +28,7 @@ from resilienced import intake, validate
 from resilienced.aws.clients import open_client
 from resilienced.aws.errors import translate
 from resilienced.aws.sqs import SqsQueue
+from resilienced.clock import utcnow
 from resilienced.errors import BackendUnavailable, ConfigError, EventError
 from resilienced.model import Envelope, JsonValue, Wrapping
 from resilienced.settings import QueueSettings
@@ -114,7 +114,7 @@ def refresh(name: str, body: bytes) -> str:
         raise ConfigError(name, "--fresh rewrites EventBridge events only, not SNS notifications")
     event = dict(envelope.raw)
     event["id"] = str(uuid.uuid4())
-    event["time"] = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    event["time"] = utcnow().strftime("%Y-%m-%dT%H:%M:%SZ")
     return json.dumps(event)
 
 

@@ -53,6 +53,7 @@ from typing import TYPE_CHECKING, NoReturn, TextIO
 
 from resilienced import intake, log
 from resilienced.capacity.policy import CapacityPolicy
+from resilienced.clock import parse_time, utcnow
 from resilienced.errors import (
     BackendUnavailable,
     ConfigError,
@@ -142,9 +143,9 @@ class LookupSettings:
 def parse_at(text: str) -> datetime:
     """``--at``: ``now`` (the current time) or an ISO-8601 time with a zone."""
     if text.strip().lower() == "now":
-        return datetime.now(timezone.utc)
+        return utcnow()
     try:
-        moment = datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
+        moment = parse_time(text.strip())
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not `now` or an ISO-8601 time "
                                          "(2024-01-01T00:10:00Z)") from None

@@ -29,8 +29,9 @@ import os
 import re
 import sys
 from collections.abc import Mapping, Sequence
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta
 
+from resilienced.clock import parse_time, utcnow
 from resilienced.errors import ConfigError
 from resilienced.model import JsonValue
 from resilienced.runs import RUN_PREFIX, RunRecord
@@ -55,12 +56,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def since(value: str, *, now: datetime | None = None) -> datetime:
     """The cutoff a ``--since`` value means (argparse type: a ValueError is a usage error)."""
-    now = now or datetime.now(timezone.utc)
+    now = now or utcnow()
     match = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([smhd]?)\s*", value)
     if match:
         return now - timedelta(seconds=float(match.group(1)) * _UNITS[match.group(2) or "s"])
     try:
-        moment = datetime.fromisoformat(value.strip().replace("Z", "+00:00"))
+        moment = parse_time(value.strip())
     except ValueError:
         raise argparse.ArgumentTypeError(
             f"expected an age (90s, 30m, 2h, 7d) or an ISO-8601 time, got {value!r}") from None
@@ -152,7 +153,7 @@ def _parse(value: object) -> datetime | None:
     if not isinstance(value, str):
         return None
     try:
-        return datetime.fromisoformat(value.replace("Z", "+00:00"))
+        return parse_time(value)
     except ValueError:
         return None
 

@@ -12,6 +12,7 @@ import re
 from collections.abc import Mapping
 from datetime import datetime, timedelta, timezone
 
+from resilienced.clock import parse_time
 from resilienced.errors import InvalidEventError
 from resilienced.model import JsonValue
 from resilienced.settings import ACCOUNT_RE, REGION_RE
@@ -124,7 +125,7 @@ def iso_time(value: object, *, field: str) -> datetime:
     value = text(value, field=field)
     if len(value) <= 40 and _ISO_RE.fullmatch(value):
         try:
-            parsed = datetime.fromisoformat(value)
+            parsed = parse_time(value)
         except ValueError:
             parsed = None
         if parsed is not None:

@@ -13,7 +13,11 @@ Read with ``ast`` from the files of ``resilienced/``, ``handlers/`` and ``traine
    ``recovery/`` and ``requeue/`` (the values and seams a notice is followed through), at most
    :data:`MAX_ANY` in the rest of ``resilienced/`` (outside ``local/``, the stand-ins); JSON read
    from outside is ``model.JsonValue``, a value checked before use ``object``.  Issue #22 counted
-   368 of about 2,900 annotations.
+   368 of about 2,900 annotations;
+4. one way to tell time: the current time is ``resilienced.clock.utcnow`` and a time read from
+   text goes through ``resilienced.clock.parse_time``: no ``datetime.now(...)`` or
+   ``datetime.utcnow()`` outside ``clock.py``, no ``def utcnow`` of a module's own, and no
+   ``.replace("Z", "+00:00")`` before ``fromisoformat`` (Python 3.11 reads the ``Z``).
 
 Each rule is also run on a small bad sample, so a checker that finds nothing cannot pass unseen.
 """
@@ -36,6 +40,7 @@ MAX_LINES = 80
 MAX_ANY = 100
 #: Where no annotation may name ``Any``.
 NO_ANY = ("resilienced/model.py", "resilienced/ports.py", "resilienced/recovery", "resilienced/requeue")
+CLOCK = ROOT / "resilienced" / "clock.py"
 
 
 def files(*packages: str) -> list[Path]:
@@ -173,3 +178,39 @@ def test_no_any_in_the_models_the_ports_the_recovery_and_the_requeue() -> None:
 def test_any_stays_rare_in_the_daemons_annotations() -> None:
     count = sum(len(lines) for lines in daemon_any().values())
     assert count <= MAX_ANY, f"{count} annotations name Any (at most {MAX_ANY}): {daemon_any()}"
+
+
+def own_clocks(source: str) -> list[int]:
+    """Lines that read the clock or a ``Z`` time by hand: ``datetime.now(...)``,
+    ``datetime.utcnow()``, ``def utcnow``, ``<text>.replace("Z", "+00:00")``."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == "utcnow":
+            found.append(node.lineno)
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            func = node.func
+            if func.attr in ("now", "utcnow") and isinstance(func.value, ast.Name) and func.value.id == "datetime":
+                found.append(node.lineno)
+            elif func.attr == "replace" and [getattr(a, "value", None) for a in node.args] == ["Z", "+00:00"]:
+                found.append(node.lineno)
+    return sorted(found)
+
+
+BAD_CLOCKS = '''
+from datetime import datetime, timezone
+def utcnow():
+    return datetime.now(timezone.utc)
+when = datetime.fromisoformat(text.replace("Z", "+00:00"))
+then = datetime.utcnow()
+fine = moment.replace(tzinfo=timezone.utc)
+'''
+
+
+def test_the_clock_checker_finds_each_hand_made_clock() -> None:
+    assert own_clocks(BAD_CLOCKS) == [3, 4, 5, 6]
+
+
+def test_the_daemon_tells_time_through_resilienced_clock() -> None:
+    bad = [f"{path.relative_to(ROOT)}:{line}" for path in files("resilienced", "handlers")
+           if path != CLOCK for line in own_clocks(path.read_text())]
+    assert not bad, f"use resilienced.clock.utcnow / parse_time: {bad}"

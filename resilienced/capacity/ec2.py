@@ -45,6 +45,7 @@ from aiobotocore.client import AioBaseClient
 from resilienced.aws import errors
 from resilienced.capacity.decision import ACTIVE, CAPACITY_BLOCK_TYPE, CapacityOffering
 from resilienced.capacity.policy import PURCHASE_KEY_TAG as POLICY_PURCHASE_KEY_TAG
+from resilienced.clock import parse_time
 from resilienced.errors import PermanentError
 from resilienced.model import JsonValue
 from resilienced.ports import CapacityReservation
@@ -100,7 +101,7 @@ def _utc(value: object) -> datetime | None:
     if value is None:
         return None
     if isinstance(value, str):
-        value = datetime.fromisoformat(value.replace("Z", "+00:00"))
+        value = parse_time(value)
     if value.tzinfo is None:
         value = value.replace(tzinfo=timezone.utc)
     return value

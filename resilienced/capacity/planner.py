@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import replace
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import Protocol, TypeVar, runtime_checkable
 
@@ -26,6 +26,7 @@ from resilienced.capacity.ec2 import PurchaseResult
 from resilienced.capacity.history import InterruptionHistory, UnavailableCache
 from resilienced.capacity.policy import CapacityPolicy
 from resilienced.capacity.request import CapacityRequest
+from resilienced.clock import utcnow
 from resilienced.followup import stalled_key
 from resilienced.model import Event, JsonValue, Kind, Target
 from resilienced.ports import CapacitySource
@@ -46,10 +47,6 @@ T = TypeVar("T")
 
 #: Event kinds that count as an interruption of the pool the instance ran in.
 INTERRUPTION_KINDS = frozenset({Kind.SPOT_INTERRUPTION})
-
-
-def utcnow() -> datetime:
-    return datetime.now(timezone.utc)
 
 
 def interruption_counter(registry: CollectorRegistry) -> Counter:

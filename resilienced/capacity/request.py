@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from resilienced.capacity.decision import KARPENTER_BLOCK_DRAIN, PLACEMENTS, Capacity, Pool, Selectable
+from resilienced.clock import parse_time
 from resilienced.model import Event, JsonValue, Kind, NodeShape, Target
 
 # ---- annotations the Kubernetes requeuers write on the RayJob / RayCluster / Volcano Job
@@ -95,7 +96,7 @@ class CapacityRequest:
         moved = facts.moved_at
         if moved is not None and not isinstance(moved, datetime):
             try:
-                moved = datetime.fromisoformat(str(moved).replace("Z", "+00:00"))
+                moved = parse_time(str(moved))
             except ValueError:
                 raise ValueError(f"target {target.run_key}: facts.moved_at={moved!r} "
                                  "is not an ISO-8601 time") from None

@@ -23,10 +23,11 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
-from datetime import datetime, timezone
+from datetime import datetime
 from typing import TypeVar
 
 from resilienced import log
+from resilienced.clock import utcnow
 from resilienced.consumer.event_claim import EventClaim
 from resilienced.consumer.flight import Flight, replica_name
 from resilienced.consumer.handle import Handler
@@ -44,10 +45,6 @@ T = TypeVar("T")
 
 #: Longest wait between receives after queue errors, in seconds.
 MAX_BACKOFF = 30.0
-
-
-def utcnow() -> datetime:
-    return datetime.now(timezone.utc)
 
 
 class Consumer:

@@ -46,6 +46,7 @@ from datetime import datetime, timedelta, timezone
 
 from kubernetes_asyncio import client as k8s
 
+from resilienced.clock import parse_time, utcnow
 from resilienced.errors import BackendUnavailable
 from resilienced.kube.api import BACKEND, KubeStatusError, call
 from resilienced.log import get as get_logger
@@ -76,7 +77,7 @@ def _parse_time(value: object) -> datetime | None:
     if not isinstance(value, str) or not value:
         return None
     try:
-        return datetime.fromisoformat(value.replace("Z", "+00:00"))
+        return parse_time(value)
     except ValueError:
         return None
 
@@ -90,7 +91,7 @@ class KubeLeaseClaims:
         *,
         namespace: str,
         request_timeout_s: float = 10.0,
-        clock: Callable[[], datetime] = lambda: datetime.now(timezone.utc),
+        clock: Callable[[], datetime] = utcnow,
     ) -> None:
         self._api = k8s.CoordinationV1Api(api_client)
         self.namespace = namespace

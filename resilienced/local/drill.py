@@ -48,12 +48,13 @@ import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, TextIO, TypeVar
 from urllib.parse import urlsplit
 
 from resilienced import log
+from resilienced.clock import utcnow
 from resilienced.errors import ConfigError, ResilienceError
 from resilienced.ray.cluster import CAPACITY_TYPE_LABEL as CAPACITY_LABEL
 from resilienced.ray.cluster import ELASTIC_LABEL
@@ -848,7 +849,7 @@ class Drill:
                 training_bound_seconds=self.o.notice_seconds + TRAINING_BOUND_EXTRA_S,
                 follow_up_interval_seconds=1.0, follow_up_claim_ttl_seconds=60),
         ).validate()
-        now = datetime.now(timezone.utc)
+        now = utcnow()
         block = CapacityReservation(
             reservation_id=BLOCK_ID, instance_type=INSTANCE_TYPE, availability_zone=f"{REGION}a",
             reservation_type="capacity-block", state="active", available_instances=self.o.workers,
@@ -913,11 +914,11 @@ class Drill:
                                      f"(pid {self._trainer.pid})")
 
     async def _play_spot(self, endpoint: str, cluster: Any, victim: str) -> None:
-        now = datetime.now(timezone.utc)
+        now = utcnow()
         await self._put(endpoint, rebalance(victim, now), f"rebalance recommendation for {victim}")
         self.timeline.notice = time.time()
         deadline = self.timeline.notice + self.o.notice_seconds
-        await self._put(endpoint, spot_notice(victim, datetime.now(timezone.utc)),
+        await self._put(endpoint, spot_notice(victim, utcnow()),
                         f"Spot interruption notice for {victim} (deadline in {self.o.notice_seconds:g}s)")
         await asyncio.sleep(max(0.0, deadline - time.time()))  # EC2 acts at the deadline
         await self._terminate(endpoint, cluster, victim)
@@ -930,7 +931,7 @@ class Drill:
         await _in_thread(cluster.kill_node, self._nodes[victim])
         self._spans[self._nodes[victim].name][1] = time.time()
         self.timeline.add("aws", f"instance {victim} terminated (its Ray node is gone)")
-        await self._put(endpoint, state_change(victim, "terminated", datetime.now(timezone.utc)),
+        await self._put(endpoint, state_change(victim, "terminated", utcnow()),
                         f"state change: {victim} terminated")
         if not self.o.daemon:  # nobody requeues: play the autoscaler that replaces the node
             replacement = made_up_ids(self.o.workers + 1, seed=self.o.seed)[-1]

@@ -41,10 +41,11 @@ import re
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import datetime
 
 from resilienced.aws.fsx import parse_failures_csv
 from resilienced.aws.s3 import ObjectNotFound, parse_s3_uri
+from resilienced.clock import utcnow
 from resilienced.errors import BackendUnavailable, PermanentError
 from resilienced.log import get as get_logger
 from resilienced.model import JsonValue
@@ -263,7 +264,7 @@ class _Wait:
         self.uri, self.notice_time, self.give_up, self.mode = uri, notice_time, give_up, mode
         self.poll_interval = poll_interval
         self.store = store
-        self.now = clock or (lambda: datetime.now(timezone.utc))
+        self.now = clock or utcnow
         self.started = time.monotonic()
         self.looker = _Looker(store=store, bucket=bucket, prefix=prefix)
         self.tasks: list[str] = []

@@ -35,6 +35,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from resilienced import log
 from resilienced.aws.s3 import ObjectNotFound, parse_s3_uri
 from resilienced.claims import HeldClaim, held_claim
+from resilienced.clock import utcnow
 from resilienced.errors import PermanentError, ResilienceError, TemporaryError
 from resilienced.followup import (
     Bounds,
@@ -130,7 +131,7 @@ class Follower:
                  planner: Planner, requeue: Requeuer, objects: ObjectStore | None,
                  options: FollowUpOptions = FollowUpOptions(), metrics: FollowUpMetrics | None = None,
                  notifier: Notifier | None = None, replica: str = "resilienced",
-                 clock: Callable[[], datetime] = lambda: datetime.now(timezone.utc)) -> None:
+                 clock: Callable[[], datetime] = utcnow) -> None:
         self.store, self.claims, self.cluster, self.progress = store, claims, cluster, progress
         self.planner, self.requeue, self.objects = planner, requeue, objects
         self.options, self.metrics, self.notifier = options, metrics, notifier

@@ -34,7 +34,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, replace
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta
 from functools import partial
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
@@ -43,6 +43,7 @@ from handlers import asg_lifecycle, capacity_block_expiry
 from resilienced import log
 from resilienced.aws.autoscaling import Lifecycle
 from resilienced.claims import held_claim
+from resilienced.clock import utcnow
 from resilienced.recovery.durable import DurableResult, newest_durable, wait_durable
 from resilienced.recovery.followup import Follower
 from resilienced.recovery.targets import find_targets
@@ -177,7 +178,7 @@ class Recovery:
         metrics: RecoveryMetrics | None = None,
         notifier: Notifier | None = None,
         follower: Follower | None = None,
-        clock: Callable[[], datetime] = lambda: datetime.now(timezone.utc),
+        clock: Callable[[], datetime] = utcnow,
     ) -> None:
         self.cluster = cluster
         self.claims = claims

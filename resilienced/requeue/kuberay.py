@@ -48,6 +48,7 @@ from resilienced.capacity.request import (
     ANNOTATION_REQUEUED_FOR,
     ANNOTATION_RESERVATION,
 )
+from resilienced.clock import utcnow
 from resilienced.errors import PermanentError
 from resilienced.kube.api import JsonObj
 from resilienced.model import Event, JsonValue, Target
@@ -67,10 +68,6 @@ def upgrade_strategy(cluster_spec: Mapping[str, JsonValue]) -> str | None:
     """A RayClusterSpec's ``upgradeStrategy.type`` (ray-project/kuberay v1.6.0
     ``ray-operator/apis/ray/v1/raycluster_types.go`` ``RayClusterUpgradeStrategy``)."""
     return ((cluster_spec.get("upgradeStrategy") or {}).get("type")) or None
-
-
-def utcnow() -> datetime:
-    return datetime.now(timezone.utc)
 
 
 def placed_groups(groups: Sequence[Mapping[str, JsonValue]], placement: Placement) -> tuple[list[dict], list[str]]:

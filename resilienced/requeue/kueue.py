@@ -56,12 +56,13 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from datetime import datetime, timezone
+from datetime import datetime
 from typing import TypeVar
 
 from kubernetes_asyncio import client as k8s
 
 from resilienced.capacity.decision import Capacity, CapacityDecision
+from resilienced.clock import utcnow
 from resilienced.errors import PermanentError, TemporaryError
 from resilienced.kube.api import JsonObj
 from resilienced.kube.discovery import served_version
@@ -92,10 +93,6 @@ QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 WORKLOAD_VERSIONS = ("v1beta2", "v1beta1")
 JOB_UID_LABEL = "kueue.x-k8s.io/job-uid"
 DEACTIVATED_FOR = "resilienced.io/deactivated-for"
-
-
-def utcnow() -> datetime:
-    return datetime.now(timezone.utc)
 
 
 async def discover_workload_version(api_client: k8s.ApiClient, *, request_timeout_s: float = 10.0) -> str | None:

@@ -32,6 +32,7 @@ from datetime import datetime
 
 from kubernetes_asyncio import client as k8s
 
+from resilienced.clock import parse_time
 from resilienced.kube.api import JsonObj, KubeStatusError, call
 from resilienced.model import Capacity, CapacityDecision, JsonValue, StageSeen, Target
 from resilienced.requeue.kueue import KueueRequeuer, is_active
@@ -242,6 +243,6 @@ def _claims_capacity(claim: Mapping[str, JsonValue], placement: Placement) -> bo
 
 def _after(when: str, since: datetime) -> bool:
     try:
-        return datetime.fromisoformat(when.replace("Z", "+00:00")) >= since
+        return parse_time(when) >= since
     except ValueError:
         return True

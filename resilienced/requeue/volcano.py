@@ -43,6 +43,7 @@ from datetime import datetime
 
 from resilienced.capacity.decision import CapacityDecision
 from resilienced.capacity.request import ANNOTATION_REQUEUED_FOR
+from resilienced.clock import parse_time
 from resilienced.errors import PermanentError
 from resilienced.kube.api import JsonObj, KubeStatusError
 from resilienced.model import Event, JsonValue, Target
@@ -101,7 +102,7 @@ def own_restart(job: Mapping[str, JsonValue], noticed: datetime | None) -> str |
 
 def _time(value: object) -> datetime | None:
     try:
-        return datetime.fromisoformat(str(value).replace("Z", "+00:00")) if value else None
+        return parse_time(str(value)) if value else None
     except ValueError:
         return None
 
