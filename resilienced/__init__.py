@@ -18,7 +18,7 @@ numbered lines below, so this list is the one place the layers are written:
 2. daemon, wiring: settings -> adapters -> consumer loop, HTTP server
 3. consumer, recovery: one pass receive -> handle -> ack; acting on a plan
 4. aws, kube, ray, requeue, capacity, claims, notify, http, metrics: adapters and their state
-5. intake, handlers, ack, runs, validate, log, tasks, followup, capacity.decision, capacity.history, capacity.request: pure logic
+5. intake, handlers, ack, runs, validate, log, tasks, retry, followup, capacity.decision, capacity.history, capacity.request: pure logic
 6. model, ports, errors, settings, options, permissions, clock, capacity.policy, resilienced: vocabulary
 
 Also checked there: nothing outside ``local/`` imports ``resilienced.local`` (its ``demo`` and

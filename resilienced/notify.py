@@ -30,9 +30,10 @@ from pathlib import Path
 import aiohttp
 from prometheus_client import CollectorRegistry, Counter
 
-from resilienced import log
+from resilienced import log, retry
 from resilienced.errors import ConfigError
 from resilienced.model import JsonValue
+from resilienced.retry import Backoff
 
 #: The facts of one notification (the template's placeholders), with a sample of each.
 FACTS: dict[str, JsonValue] = {
@@ -208,10 +209,8 @@ class Notifier:
         if self._session is None:
             self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.timeout_s))
         payload = json.dumps(self.body(facts)).encode()
-        error = ""
-        for attempt in range(self.retries + 1):
-            if attempt:
-                await asyncio.sleep(self.backoff_s * 2 ** (attempt - 1))
+        error, attempt = "", 0
+        async for attempt in retry.attempts(self.retries + 1, backoff=Backoff(self.backoff_s)):
             try:
                 async with self._session.post(self.url, data=payload,
                                               headers={"Content-Type": "application/json"}) as resp:

@@ -39,6 +39,7 @@ from resilienced.log import Logger
 from resilienced.metrics import Metrics
 from resilienced.model import Outcome
 from resilienced.ports import ClaimStore, Message, Queue, Responder
+from resilienced.retry import Backoff
 from resilienced.settings import IntakeSettings, QueueSettings
 
 T = TypeVar("T")
@@ -110,7 +111,7 @@ class Consumer:
     # ----------------------------------------------------------------- the loop
     async def run(self) -> None:
         """Receive and handle until :meth:`stop`; then finish or release what is in flight."""
-        backoff = 0.0
+        backoff = Backoff(1.0, maximum=MAX_BACKOFF)
         try:
             while not self._stopping.is_set():
                 free = self.settings.concurrency - len(self._flights)
@@ -122,10 +123,9 @@ class Consumer:
                     messages = await self._until_stopped(
                         self._receive(min(self.settings.batch_size, free)))
                 except BackendUnavailable:
-                    backoff = min(MAX_BACKOFF, max(1.0, backoff * 2))
-                    await self._until_stopped(asyncio.sleep(backoff))
+                    await self._until_stopped(asyncio.sleep(backoff.next()))
                     continue
-                backoff = 0.0
+                backoff.reset()
                 if self._stopping.is_set():  # a long poll that answered as stop() came
                     for message in messages or ():  # not started: visible again at once
                         await self.visibility.release(Flight.of(message, replica=self.replica))

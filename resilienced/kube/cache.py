@@ -17,9 +17,8 @@ store in one step, so readers never see a half-filled cache.
 from __future__ import annotations
 
 import asyncio
-import random
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 import aiohttp
@@ -30,6 +29,7 @@ from resilienced.errors import ResilienceError
 from resilienced.kube.api import JsonObj, KubeStatusError, call, translate
 from resilienced.log import get as get_logger
 from resilienced.model import JsonValue
+from resilienced.retry import Backoff
 
 log = get_logger(__name__)
 
@@ -66,21 +66,6 @@ class CacheOptions:
 def object_key(obj: Mapping[str, JsonValue]) -> Key:
     meta = obj.get("metadata") or {}
     return (meta.get("namespace") or "", meta.get("name") or "")
-
-
-@dataclass
-class _Backoff:
-    initial: float
-    maximum: float
-    failures: int = 0
-
-    def next(self) -> float:
-        self.failures += 1
-        base = min(self.maximum, self.initial * 2 ** (self.failures - 1))
-        return base * random.uniform(0.75, 1.25)
-
-    def reset(self) -> None:
-        self.failures = 0
 
 
 class _Gone(Exception):
@@ -239,7 +224,7 @@ class Informer:
             raise
 
     async def _run(self) -> None:
-        backoff = _Backoff(self.options.backoff_initial_s, self.options.backoff_max_s)
+        backoff = Backoff(self.options.backoff_initial_s, maximum=self.options.backoff_max_s, jitter=0.25)
         while True:
             try:
                 if self.resource_version is None or not self.synced.is_set():

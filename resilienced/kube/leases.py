@@ -46,6 +46,7 @@ from datetime import datetime, timedelta, timezone
 
 from kubernetes_asyncio import client as k8s
 
+from resilienced import retry
 from resilienced.clock import parse_time, utcnow
 from resilienced.errors import BackendUnavailable
 from resilienced.kube.api import BACKEND, KubeStatusError, call
@@ -61,7 +62,7 @@ DETAILS_ANNOTATION = "resilienced.io/details"
 MANAGED_BY = {"app.kubernetes.io/managed-by": "resilienced"}
 STATE_HELD = "held"
 STATE_DONE = "done"
-_RETRIES = 5
+_RETRIES = 5  # reads of a Lease that keeps changing under complete() (resilienced.retry)
 
 
 def lease_name(key: str) -> str:
@@ -214,7 +215,7 @@ class KubeLeaseClaims:
         return claim
 
     async def complete(self, key: str, *, holder: str, details: Mapping[str, JsonValue]) -> None:
-        for _ in range(_RETRIES):
+        async for _ in retry.attempts(_RETRIES):  # a 409: read the other writer's Lease again
             current = await self._read(lease_name(key))
             if current is None:
                 if await self._create(self._body(key, holder=holder, ttl_seconds=1, state=STATE_DONE, details=details)):
