@@ -387,6 +387,13 @@ class RequeueResult:
     details: Mapping[str, JsonValue] = field(default_factory=dict)
     refused: bool = False
 
+    @classmethod
+    def waiting(cls, target: Target, *, kind: str, decision: CapacityDecision, dry_run: bool) -> RequeueResult:
+        """The result for a ``wait`` decision: nothing is changed, try again later."""
+        return cls(run_key=target.run_key, kind=kind, capacity=Capacity.WAIT,
+                   reason=f"no capacity to move the run to: {decision.reason}", dry_run=dry_run,
+                   retry_after=decision.retry_after, decision=decision)
+
     @property
     def changed(self) -> bool:
         """Whether this call changed something (never in a dry run)."""

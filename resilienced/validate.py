@@ -15,7 +15,7 @@ from datetime import datetime, timedelta, timezone
 from resilienced.clock import parse_time
 from resilienced.errors import InvalidEventError
 from resilienced.model import JsonValue
-from resilienced.settings import ACCOUNT_RE, REGION_RE
+from resilienced.options import ACCOUNT_RE, REGION_RE
 
 #: ``i-`` and 8 (older) or 17 lowercase hex digits.
 INSTANCE_ID_RE = re.compile(r"i-(?:[0-9a-f]{8}|[0-9a-f]{17})")

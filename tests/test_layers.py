@@ -270,6 +270,46 @@ def loaded_by(module: str, edges: dict[str, list[tuple[int, str]]]) -> tuple[set
     return ours, third_party_imports(sorted(ours), module_level=True)
 
 
+def bound_names(tree: ast.Module) -> tuple[set[str], set[str]]:
+    """(names a module defines, names it only imports) at its top level."""
+    defined: set[str] = set()
+    imported: set[str] = set()
+    for node in executed_at_import(tree):
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            imported |= {(alias.asname or alias.name).split(".")[0] for alias in node.names}
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            defined.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            defined |= {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+    return defined, imported - defined
+
+
+def second_import_paths(paths: list[Path]) -> list[str]:
+    """``file:line name from module`` for each ``from <daemon module> import name`` where that
+    module does not define the name but only imports it: a second import path for one name.
+    ``trainer/`` is left out: ``trainer.resilience`` is its public face and hands on the names of
+    the user's API on purpose (docs/your-trainer.md)."""
+    bound = {m: bound_names(ast.parse(p.read_text())) for m, p in MODULES.items()}
+    found = []
+    for path in paths:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not (isinstance(node, ast.ImportFrom) and node.level == 0 and node.module in MODULES
+                    and not node.module.startswith("trainer")):
+                continue
+            only_imported = bound[node.module][1]
+            found += [f"{path.relative_to(ROOT)}:{node.lineno} {alias.name} from {node.module}"
+                      for alias in node.names
+                      if f"{node.module}.{alias.name}" not in MODULES and alias.name in only_imported]
+    return found
+
+
+def test_every_name_is_imported_from_the_module_that_defines_it() -> None:
+    """One import path per name: ``Capacity`` from ``model``, not also from ``capacity.decision``."""
+    paths = [*MODULES.values(), *sorted((ROOT / "tests").rglob("*.py")), *sorted((ROOT / "bench").rglob("*.py"))]
+    assert second_import_paths(paths) == []
+
+
 def test_package_inits_import_nothing_of_ours() -> None:
     assert init_edges(IMPORT_TIME_EDGES) == {}, "an __init__ hands names on: import them from their module"
 

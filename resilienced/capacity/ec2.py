@@ -43,11 +43,11 @@ import botocore.exceptions
 from aiobotocore.client import AioBaseClient
 
 from resilienced.aws import errors
-from resilienced.capacity.decision import ACTIVE, CAPACITY_BLOCK_TYPE, CapacityOffering
+from resilienced.capacity.decision import ACTIVE, CAPACITY_BLOCK_TYPE
 from resilienced.capacity.policy import PURCHASE_KEY_TAG as POLICY_PURCHASE_KEY_TAG
 from resilienced.clock import parse_time
 from resilienced.errors import PermanentError
-from resilienced.model import JsonValue
+from resilienced.model import CapacityOffering, JsonValue
 from resilienced.ports import CapacityReservation
 
 #: Every EC2 action this module calls; the deploy/ IAM policy must grant exactly these.

@@ -21,14 +21,14 @@ from typing import Protocol, TypeVar, runtime_checkable
 
 from prometheus_client import CollectorRegistry, Counter
 
-from resilienced.capacity.decision import Capacity, CapacityDecision, CapacityOffering, Pool, decide
+from resilienced.capacity.decision import Pool, decide
 from resilienced.capacity.ec2 import PurchaseResult
 from resilienced.capacity.history import InterruptionHistory, UnavailableCache
 from resilienced.capacity.policy import CapacityPolicy
 from resilienced.capacity.request import CapacityRequest
 from resilienced.clock import utcnow
 from resilienced.followup import stalled_key
-from resilienced.model import Event, JsonValue, Kind, Target
+from resilienced.model import Capacity, CapacityDecision, CapacityOffering, Event, JsonValue, Kind, Target
 from resilienced.ports import CapacitySource
 
 @runtime_checkable

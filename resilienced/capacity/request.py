@@ -15,9 +15,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from resilienced.capacity.decision import KARPENTER_BLOCK_DRAIN, PLACEMENTS, Capacity, Pool, Selectable
+from resilienced.capacity.decision import KARPENTER_BLOCK_DRAIN, PLACEMENTS, Pool, Selectable
 from resilienced.clock import parse_time
-from resilienced.model import Event, JsonValue, Kind, NodeShape, Target
+from resilienced.model import Capacity, Event, JsonValue, Kind, NodeShape, Target
 
 # ---- annotations the Kubernetes requeuers write on the RayJob / RayCluster / Volcano Job
 ANNOTATION_CAPACITY = "resilienced.io/capacity-type"

@@ -471,7 +471,7 @@ class BootingProvider:
 
     async def launch(self, *, capacity: Any, node_labels: Sequence[Mapping[str, str]],
                      reservation_id: str | None = None) -> list[Any]:
-        from resilienced.ray.requeue import ProvidedNode
+        from resilienced.ports import ProvidedNode
 
         n = min(len(node_labels), await self.available(capacity) or 0)
         if n == 0:  # the inner provider says NoCapacity, in its words
@@ -529,7 +529,7 @@ class StallingProvider:
 
     async def launch(self, *, capacity: Any, node_labels: Sequence[Mapping[str, str]],
                      reservation_id: str | None = None) -> list[Any]:
-        from resilienced.ray.requeue import ProvidedNode
+        from resilienced.ports import ProvidedNode
 
         if getattr(capacity, "value", capacity) not in self._stalled:
             return await self._inner.launch(capacity=capacity, node_labels=node_labels, reservation_id=reservation_id)

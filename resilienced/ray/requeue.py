@@ -25,14 +25,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 
-from resilienced.capacity.decision import Capacity, CapacityDecision
 from resilienced.capacity.planner import CapacityPlanner
 from resilienced.capacity.request import CapacityRequest
 from resilienced.errors import TemporaryError
-from resilienced.model import Event, JsonValue, Target
+from resilienced.model import Capacity, CapacityDecision, Event, JsonValue, RequeueResult, Target
 from resilienced.ports import NodeProvider, ProvidedNode
 from resilienced.ray.cluster import ELASTIC_LABEL, RESERVATION_LABEL
-from resilienced.requeue.result import RequeueResult, waiting
 
 REPLACES_LABEL = "resilienced.io/replaces"
 
@@ -46,7 +44,7 @@ class NoCapacity(TemporaryError):
 
 
 class RayModeRequeuer:
-    """:class:`~resilienced.requeue.result.Requeuer` for ray mode: replacement nodes from a provider.
+    """:class:`~resilienced.ports.Requeuer` for ray mode: replacement nodes from a provider.
 
     Args:
         provider: starts nodes per capacity pool.
@@ -88,7 +86,7 @@ class RayModeRequeuer:
                 dry_run=dry_run, decision=decision)
         if dry_run:
             if not decision.places:
-                return waiting(target, kind=self.kind, decision=decision, dry_run=True)
+                return RequeueResult.waiting(target, kind=self.kind, decision=decision, dry_run=True)
             return RequeueResult(
                 run_key=target.run_key, kind=self.kind, capacity=decision.capacity,
                 reservation_id=decision.reservation_id, dry_run=True, decision=decision,

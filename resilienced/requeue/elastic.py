@@ -42,15 +42,13 @@ import json
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from resilienced.capacity.decision import Capacity, CapacityDecision
 from resilienced.capacity.request import ANNOTATION_ELASTIC_REPLACED, ANNOTATION_REQUEUED_FOR, capacity_of
 from resilienced.kube.api import JsonObj
 from resilienced.kube.locate import instance_id_of
 from resilienced.log import get as get_logger
-from resilienced.model import Event, JsonValue, Target
+from resilienced.model import Capacity, CapacityDecision, Event, JsonValue, RequeueResult, Target
 from resilienced.requeue.objects import RAYCLUSTER, Objects, annotations_of, modify
 from resilienced.requeue.placement import Placement
-from resilienced.requeue.result import RequeueResult
 
 log = get_logger(__name__)
 

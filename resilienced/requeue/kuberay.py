@@ -41,7 +41,6 @@ from datetime import datetime, timezone
 
 from kubernetes_asyncio import client as k8s
 
-from resilienced.capacity.decision import Capacity, CapacityDecision
 from resilienced.capacity.request import (
     ANNOTATION_CAPACITY,
     ANNOTATION_MOVED_AT,
@@ -51,11 +50,10 @@ from resilienced.capacity.request import (
 from resilienced.clock import utcnow
 from resilienced.errors import PermanentError
 from resilienced.kube.api import JsonObj
-from resilienced.model import Event, JsonValue, Target
+from resilienced.model import Capacity, CapacityDecision, Event, JsonValue, RequeueResult, Target
 from resilienced.requeue.elastic import ElasticKubeRay, not_elastic_on_kuberay, with_fallback
 from resilienced.requeue.objects import RAYCLUSTER, RAYJOB, Kind, Objects, annotations_of, modify, split_key
 from resilienced.requeue.placement import DEFAULT_TOLERATIONS, Placement
-from resilienced.requeue.result import RequeueResult, waiting
 
 CLUSTER_LABEL = "ray.io/cluster"
 NODE_TYPE_LABEL = "ray.io/node-type"
@@ -131,7 +129,7 @@ class PlacingRequeuer:
 
 
 class KubeRayRequeuer(PlacingRequeuer):
-    """:class:`~resilienced.requeue.result.Requeuer` for KubeRay RayClusters / RayJobs without Kueue.
+    """:class:`~resilienced.ports.Requeuer` for KubeRay RayClusters / RayJobs without Kueue.
 
     Takes :class:`PlacingRequeuer`'s arguments.
     """
@@ -178,7 +176,7 @@ class KubeRayRequeuer(PlacingRequeuer):
         self, target: Target, *, decision: CapacityDecision, event: Event, dry_run: bool = False
     ) -> RequeueResult:
         if not decision.places:
-            return waiting(target, kind=self.kind, decision=decision, dry_run=dry_run)
+            return RequeueResult.waiting(target, kind=self.kind, decision=decision, dry_run=dry_run)
         placement = Placement.for_decision(decision, tolerations=self._tolerations, shape=target.facts.node_shape)
         now = self._clock()
         changes: list[str] = []

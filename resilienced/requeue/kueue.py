@@ -61,14 +61,13 @@ from typing import TypeVar
 
 from kubernetes_asyncio import client as k8s
 
-from resilienced.capacity.decision import Capacity, CapacityDecision
 from resilienced.clock import utcnow
 from resilienced.errors import PermanentError, TemporaryError
 from resilienced.kube.api import JsonObj
 from resilienced.kube.discovery import served_version
 from resilienced.kube.locate import kueue_manages
 from resilienced.log import get as get_logger
-from resilienced.model import Event, JsonValue, Target
+from resilienced.model import Capacity, CapacityDecision, Event, JsonValue, RequeueResult, Target
 from resilienced.requeue.elastic import ElasticKueue, kueue_not_elastic, with_fallback
 from resilienced.requeue.kuberay import groups_patch, placed_groups
 from resilienced.requeue.objects import (
@@ -82,7 +81,6 @@ from resilienced.requeue.objects import (
     workload_kind,
 )
 from resilienced.requeue.placement import DEFAULT_TOLERATIONS, Placement
-from resilienced.requeue.result import RequeueResult, waiting
 
 T = TypeVar("T")
 log = get_logger(__name__)
@@ -172,7 +170,7 @@ def _suspended(job: Mapping[str, JsonValue]) -> bool:
 
 
 class KueueRequeuer:
-    """:class:`~resilienced.requeue.result.Requeuer` for Kueue-managed RayJobs and RayClusters.
+    """:class:`~resilienced.ports.Requeuer` for Kueue-managed RayJobs and RayClusters.
 
     Args:
         api_client: a kubernetes_asyncio ApiClient (the caller's).
@@ -291,7 +289,7 @@ class KueueRequeuer:
             raise PermanentError(f"requeue: {key} has no {QUEUE_LABEL} label, or is a RayJob with "
                                  "spec.clusterSelector (Kueue skips those): Kueue does not manage it")
         if not decision.places:
-            return waiting(target, kind=self.kind, decision=decision, dry_run=dry_run)
+            return RequeueResult.waiting(target, kind=self.kind, decision=decision, dry_run=dry_run)
         if self._workload is None:
             raise PermanentError(f"requeue: {key} is Kueue-managed but the API server serves no Kueue "
                                  f"Workload version ({', '.join(WORKLOAD_VERSIONS)}): is Kueue installed?")

@@ -43,9 +43,8 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from resilienced.capacity.decision import Capacity, CapacityDecision
 from resilienced.kube.locate import EKS_CAPACITY_LABEL, capacity_selector
-from resilienced.model import JsonValue
+from resilienced.model import Capacity, CapacityDecision, JsonValue
 
 CAPACITY_TYPE_LABEL = "karpenter.sh/capacity-type"
 RESERVATION_ID_LABEL = "karpenter.k8s.aws/capacity-reservation-id"

@@ -23,16 +23,14 @@ from dataclasses import replace
 from kubernetes_asyncio import client as k8s
 from prometheus_client import CollectorRegistry, Counter
 
-from resilienced.capacity.decision import Capacity, CapacityDecision
 from resilienced.errors import PermanentError, ResilienceError
 from resilienced.log import get as get_logger
-from resilienced.model import Event, Target
-from resilienced.ports import Cluster, Withdraws
+from resilienced.model import Capacity, CapacityDecision, Event, RequeueResult, Target
+from resilienced.ports import Cluster, Requeuer, Withdraws
 from resilienced.requeue.elastic import with_fallback
 from resilienced.requeue.kuberay import KubeRayRequeuer
 from resilienced.requeue.kueue import KueueRequeuer, is_kueue_managed
 from resilienced.requeue.objects import RAYCLUSTER, RAYJOB, Objects, split_key
-from resilienced.requeue.result import Requeuer, RequeueResult
 from resilienced.requeue.volcano import VolcanoRequeuer
 
 log = get_logger(__name__)

@@ -41,16 +41,14 @@ import hashlib
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 
-from resilienced.capacity.decision import CapacityDecision
 from resilienced.capacity.request import ANNOTATION_REQUEUED_FOR
 from resilienced.clock import parse_time
 from resilienced.errors import PermanentError
 from resilienced.kube.api import JsonObj, KubeStatusError
-from resilienced.model import Event, JsonValue, Target
+from resilienced.model import CapacityDecision, Event, JsonValue, RequeueResult, Target
 from resilienced.requeue.kuberay import PlacingRequeuer, bookkeeping
 from resilienced.requeue.objects import VOLCANO_COMMAND, VOLCANO_JOB, annotations_of, modify, split_key
 from resilienced.requeue.placement import Placement
-from resilienced.requeue.result import RequeueResult, waiting
 
 RESTART_JOB = "RestartJob"
 #: Job phases in which the pods are being (re)created as a gang already.
@@ -108,7 +106,7 @@ def _time(value: object) -> datetime | None:
 
 
 class VolcanoRequeuer(PlacingRequeuer):
-    """:class:`~resilienced.requeue.result.Requeuer` for Volcano Jobs (``Target.facts.volcano_job``).
+    """:class:`~resilienced.ports.Requeuer` for Volcano Jobs (``Target.facts.volcano_job``).
 
     Takes :class:`~resilienced.requeue.kuberay.PlacingRequeuer`'s arguments.
     """
@@ -126,7 +124,7 @@ class VolcanoRequeuer(PlacingRequeuer):
         if job is None:
             raise PermanentError(f"requeue: Volcano Job {key} no longer exists")
         if not decision.places:
-            return waiting(target, kind=self.kind, decision=decision, dry_run=dry_run)
+            return RequeueResult.waiting(target, kind=self.kind, decision=decision, dry_run=dry_run)
         placement = Placement.for_decision(decision, tolerations=self._tolerations, shape=target.facts.node_shape)
         if event.event_id and annotations_of(job).get(ANNOTATION_REQUEUED_FOR) == event.event_id:
             return self._result(target, decision, [], dry_run,

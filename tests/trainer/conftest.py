@@ -24,7 +24,8 @@ from typing import Any
 
 import pytest
 
-from resilienced.local.raycluster import CAPACITY_TYPE_LABEL, INSTANCE_ID_LABEL, LocalRayCluster
+from resilienced.local.raycluster import LocalRayCluster
+from resilienced.ray.cluster import CAPACITY_TYPE_LABEL, INSTANCE_ID_LABEL
 
 REPO = Path(__file__).resolve().parents[2]
 
