@@ -14,8 +14,8 @@ the ``RESILIENCED_*`` environment.
 
 Each run is a fresh ``python`` (runs of the two interleaved, ``--runs`` each); printed: the median
 time from interpreter start to settings built, the peak RSS (``VmHWM``: ``ru_maxrss`` would count the parent's RSS at the fork) over a bare interpreter
-(``python -c pass``, measured in the same run), the modules loaded, the daemon's own imports for scale (``daemon``: ``resilienced.daemon`` and
-``wiring``, which load aiobotocore, kubernetes_asyncio, aiohttp and Ray's GCS client), and the installed size of the
+(``python -c pass``, measured in the same run), the modules loaded, the daemon's own imports for scale (``daemon``: ``resilienced.app.daemon`` and
+``app.runtime``, which load aiobotocore, kubernetes_asyncio, aiohttp and Ray's GCS client), and the installed size of the
 packages pydantic-settings would add to the daemon image (deploy/images/daemon-requirements.txt
 has none of them).  Ratios are pydantic / ours.
 
@@ -64,7 +64,7 @@ Settings(_cli_parse_args={argv!r})
 
 BARE = "pass"
 #: For scale: everything ``resilienced run`` imports before it reads a setting.
-DAEMON = "import resilienced.daemon, resilienced.wiring"
+DAEMON = "import resilienced.app.daemon, resilienced.app.runtime"
 
 
 def pydantic_model() -> str:

@@ -21,7 +21,7 @@ A real payload (aws/aws-node-termination-handler fixture), through EventBridge::
     }
 
 The hook may also notify SQS directly: then the body is the detail alone (with ``RequestId``,
-``Time`` and ``AccountId``); ``resilienced.intake`` turns it into an envelope with this
+``Time`` and ``AccountId``); ``resilienced.intake.pipeline`` turns it into an envelope with this
 detail-type.  ``autoscaling:TEST_NOTIFICATION`` and launch transitions are valid, not
 actionable.  Deadline: ``time`` + ``--asg-deadline-seconds`` (the hook's heartbeat timeout is
 not in the event).  The hook fields are kept in :class:`LifecycleAction` (``lifecycle_action_token``,
@@ -35,7 +35,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields, replace
 from datetime import timedelta
 
-from resilienced import validate
+from resilienced.intake import validate
 from resilienced.model import Envelope, Event, EventDetail, JsonValue, Kind, Plan, Step
 from resilienced.settings import IntakeSettings
 

@@ -33,7 +33,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
-from resilienced import validate
+from resilienced.intake import validate
 from resilienced.capacity.decision import KARPENTER_BLOCK_DRAIN
 from resilienced.model import Envelope, Event, EventDetail, JsonValue, Kind, NodeShape, Plan, Step
 from resilienced.settings import IntakeSettings

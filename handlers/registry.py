@@ -7,7 +7,7 @@ Each kind's module names what it handles and holds two pure functions:
 - ``KIND``: the :class:`~resilienced.model.Kind` it produces;
 - ``parse(envelope, base, settings) -> Event``: read the kind's ``detail``.  ``base`` is the
   event with its common fields (id, time, account, region...) already validated by
-  ``resilienced.intake``; ``parse`` returns it with the kind, instance ids, deadline and
+  ``resilienced.intake.pipeline``; ``parse`` returns it with the kind, instance ids, deadline and
   attributes filled in, or raises :class:`~resilienced.errors.InvalidEventError` naming the field;
 - ``plan(event, settings) -> Plan``: what must happen to which instances by when.  Whether the
   event is actionable is decided here (a ``pending`` state change is not).

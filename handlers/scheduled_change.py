@@ -35,7 +35,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime
 
-from resilienced import validate
+from resilienced.intake import validate
 from resilienced.model import Envelope, Event, EventDetail, JsonValue, Kind, Plan, Step
 from resilienced.settings import IntakeSettings
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from resilienced import validate
+from resilienced.intake import validate
 from resilienced.model import Envelope, Event, EventDetail, JsonValue, Kind, Plan, Step
 from resilienced.settings import IntakeSettings
 

@@ -17,7 +17,7 @@ import structlog
 from structlog.typing import Processor
 
 from resilienced.model import JsonValue, Outcome, Verdict
-from resilienced.validate import isoformat
+from resilienced.intake.validate import isoformat
 
 _LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING,
            "error": logging.ERROR}

@@ -269,7 +269,7 @@ class StageSeen:
 
 
 class Verdict(str, enum.Enum):
-    """What happens to the SQS message; decided in exactly one place (``resilienced.ack``)."""
+    """What happens to the SQS message; decided in exactly one place (``resilienced.intake.ack_policy``)."""
 
     DELETE = "delete"  # the work is done (or there was none): acknowledge
     KEEP = "keep"  # the work failed and may succeed later: leave it for redelivery

@@ -8,7 +8,7 @@ consumer (receive loop)   ``Backoff(1, maximum=30)``: 1, 2, 4, 8, 16, 30, 30 ...
 kube/cache.py (informer)  ``Backoff(backoff_initial_s, maximum=backoff_max_s, jitter=0.25)``
                           after each failed list or watch; reset by a list, or a watch that
                           delivered something
-notify.py (webhook)       ``attempts(retries + 1, backoff=Backoff(backoff_s))``: 0.5, 1 s
+ops/notify.py (webhook)   ``attempts(retries + 1, backoff=Backoff(backoff_s))``: 0.5, 1 s
                           between the attempts of one notification
 kube/leases.py (complete) ``attempts(5)``: a 409 means another writer changed the Lease, the
                           next read sees its write, so it reads again at once (no wait)

@@ -310,6 +310,48 @@ def test_every_name_is_imported_from_the_module_that_defines_it() -> None:
     assert second_import_paths(paths) == []
 
 
+#: The most modules the root of ``resilienced/`` may hold (``__init__`` aside): the rest is in a
+#: folder per layer (issue #22).
+MAX_ROOT_MODULES = 12
+ARCHITECTURE = ROOT / "docs" / "architecture.md"
+
+
+def folder_map(text: str) -> dict[str, set[str]]:
+    """folder (``resilienced``, ``resilienced/app``...) -> the backticked names in its row of the
+    Folders table of docs/architecture.md."""
+    rows = re.findall(r"^\| `(resilienced/[^`]*)`(?: \(root\))? \| (.*) \|$", text, flags=re.M)
+    return {folder.rstrip("/"): set(re.findall(r"`([A-Za-z_][A-Za-z0-9_]*)`", cell)) for folder, cell in rows}
+
+
+def map_gaps(mapped: dict[str, set[str]], root: Path) -> list[str]:
+    """What the folder map misses or names wrongly: a package without a row, a row for a folder
+    that is gone, a module its row does not name."""
+    folders = {p.relative_to(root).as_posix() for p in (root / "resilienced").rglob("*")
+               if p.is_dir() and (p / "__init__.py").exists()} | {"resilienced"}
+    gaps = [f"{f}: no row" for f in sorted(folders - set(mapped))]
+    gaps += [f"{f}: no such folder" for f in sorted(set(mapped) - folders - {"resilienced/samples"})]
+    for folder in sorted(folders & set(mapped)):
+        modules = {p.stem for p in (root / folder).glob("*.py") if p.stem != "__init__"}
+        gaps += [f"{folder}: {m} not named" for m in sorted(modules - mapped[folder])]
+    return gaps
+
+
+def test_the_folder_map_of_the_architecture_page_names_every_folder_and_module() -> None:
+    assert map_gaps(folder_map(ARCHITECTURE.read_text()), ROOT) == []
+
+
+def test_the_folder_map_check_finds_what_is_missing() -> None:
+    text = "| `resilienced/` (root) | `model` |\n| `resilienced/gone/` | `x` |\n"
+    gaps = map_gaps(folder_map(text), ROOT)
+    assert "resilienced/gone: no such folder" in gaps and "resilienced: ports not named" in gaps
+    assert "resilienced/app: no row" in gaps
+
+
+def test_the_root_holds_at_most_twelve_modules() -> None:
+    root = sorted(p.stem for p in (ROOT / "resilienced").glob("*.py") if p.stem != "__init__")
+    assert len(root) <= MAX_ROOT_MODULES, f"{len(root)} modules at the root of resilienced/: {root}"
+
+
 def test_package_inits_import_nothing_of_ours() -> None:
     assert init_edges(IMPORT_TIME_EDGES) == {}, "an __init__ hands names on: import them from their module"
 
@@ -372,9 +414,9 @@ def test_there_are_no_import_cycles() -> None:
 
 # --------------------------------------------------------------------------- the checks can fail
 @pytest.mark.parametrize("edge, check", [
-    (("resilienced.model", "resilienced.daemon"), "layers"),
-    (("resilienced.daemon", "resilienced.local.drill"), "local"),
-    (("resilienced.cli", "resilienced.local"), "local"),
+    (("resilienced.model", "resilienced.app.daemon"), "layers"),
+    (("resilienced.app.daemon", "resilienced.local.drill"), "local"),
+    (("resilienced.app.cli", "resilienced.local"), "local"),
     (("trainer.loop", "resilienced.model"), "trainer"),
     (("resilienced.recovery.durable", "trainer.checkpoint"), "daemon-trainer"),
     (("trainer.resilience", "trainer.integrations.transformers"), "integrations"),

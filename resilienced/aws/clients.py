@@ -1,4 +1,4 @@
-"""The one place aiobotocore clients are made: the daemon (``wiring``, the SQS and S3 adapters),
+"""The one place aiobotocore clients are made: the daemon (``app.runtime``, the SQS and S3 adapters),
 ``replay`` and ``inject`` all open theirs here, with one :class:`AioConfig`.
 
 The config: botocore's ``standard`` retry mode with :data:`MAX_ATTEMPTS` retries after the first

@@ -16,12 +16,12 @@ never deleted, so a slow or dead holder cannot make its event vanish.
 from __future__ import annotations
 
 
-from resilienced import ack
+from resilienced.intake import ack_policy
 from resilienced.claims import HeldClaim, held_claim
 from resilienced.consumer.flight import Flight
 from resilienced.errors import PermanentError, TemporaryError, backends_of
 from resilienced.log import Logger
-from resilienced.metrics import Metrics
+from resilienced.ops.metrics import Metrics
 from resilienced.model import Outcome, Plan, Result
 from resilienced.ports import Claim, ClaimStore, Message, Responder
 from resilienced.settings import QueueSettings
@@ -124,11 +124,11 @@ class EventClaim:
 
     def _retry_delay(self, error: TemporaryError, message: Message) -> float | None:
         """When to receive a message again after ``error``: a backend's failure backs off with
-        the receive count (:func:`ack.backend_retry_delay`); anything else (a run held by another
+        the receive count (:func:`ack_policy.backend_retry_delay`); anything else (a run held by another
         replica: retry when its claim would lapse) after the delay it gives."""
         if not backends_of(error):
             return error.delay
-        return ack.backend_retry_delay(suggested=error.delay,
+        return ack_policy.backend_retry_delay(suggested=error.delay,
                                        visibility_timeout=float(self.settings.visibility_timeout),
                                        receive_count=message.receive_count)
 

@@ -13,11 +13,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from datetime import datetime
 
-from resilienced import intake
+from resilienced.intake import pipeline as intake
 from resilienced.consumer.event_claim import EventClaim
 from resilienced.consumer.flight import Flight
 from resilienced.log import Logger
-from resilienced.metrics import Metrics
+from resilienced.ops.metrics import Metrics
 from resilienced.model import Kind, Outcome, Result
 from resilienced.settings import IntakeSettings
 

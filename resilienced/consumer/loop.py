@@ -34,9 +34,9 @@ from resilienced.consumer.handle import Handler
 from resilienced.consumer.settle import Observer, Settle
 from resilienced.consumer.visibility import Visibility
 from resilienced.errors import BackendUnavailable
-from resilienced.http import Readiness
+from resilienced.ops.http import Readiness
 from resilienced.log import Logger
-from resilienced.metrics import Metrics
+from resilienced.ops.metrics import Metrics
 from resilienced.model import Outcome
 from resilienced.ports import ClaimStore, Message, Queue, Responder
 from resilienced.retry import Backoff

@@ -1,6 +1,6 @@
 """Settling a handled message: the ack policy's verdict carried out on the queue, and recorded.
 
-:func:`resilienced.ack.verdict` decides delete / keep / dead-letter; :meth:`Settle.settle`
+:func:`resilienced.intake.ack_policy.verdict` decides delete / keep / dead-letter; :meth:`Settle.settle`
 carries it out (a KEEP with a retry delay sets the message's visibility to it; a DEAD_LETTER
 releases it for the redrive policy, or deletes it where the queue has no DLQ), then one
 ``decision`` log line and the metrics record it, and the observer hears of it.
@@ -12,11 +12,12 @@ import math
 import time
 from collections.abc import Callable
 
-from resilienced import ack, log
+from resilienced import log
+from resilienced.intake import ack_policy
 from resilienced.consumer.flight import Flight
 from resilienced.errors import BackendUnavailable
 from resilienced.log import Logger
-from resilienced.metrics import Metrics
+from resilienced.ops.metrics import Metrics
 from resilienced.model import Kind, Outcome, Verdict
 from resilienced.ports import Message, Queue
 from resilienced.settings import QueueSettings
@@ -42,7 +43,7 @@ class Settle:
 
     async def settle(self, flight: Flight, outcome: Outcome) -> Verdict:
         message = flight.message
-        verdict = ack.verdict(outcome)
+        verdict = ack_policy.verdict(outcome)
         try:
             action = await self._carry_out(verdict, message, outcome)
         except BackendUnavailable as e:
@@ -72,10 +73,10 @@ class Settle:
         return await self._dead_letter(message, outcome)
 
     async def _dead_letter(self, message: Message, outcome: Outcome) -> str:
-        dead = ack.dead_letter_action(
+        dead = ack_policy.dead_letter_action(
             receive_count=message.receive_count, max_receive_count=self.max_receive_count,
             max_receives_without_dlq=self.settings.max_receives_without_dlq)
-        if dead is ack.DeadLetterAction.DELETE:
+        if dead is ack_policy.DeadLetterAction.DELETE:
             await self.queue.delete(message)
             self.metrics.dead_lettered.inc()
             self.log.error("poison message deleted (the queue has no DLQ)",
@@ -83,7 +84,7 @@ class Settle:
                            body=message.body[:512], reason=outcome.reason)
             return "deleted: no DLQ"
         await self.queue.change_visibility(message, seconds=0)
-        if dead is ack.DeadLetterAction.RELEASE_LAST:
+        if dead is ack_policy.DeadLetterAction.RELEASE_LAST:
             self.metrics.dead_lettered.inc()
             return f"to the DLQ (receive {message.receive_count} of {self.max_receive_count})"
         return f"released for the redrive policy (receive {message.receive_count})"

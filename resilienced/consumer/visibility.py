@@ -18,7 +18,7 @@ import asyncio
 from resilienced.consumer.flight import Flight
 from resilienced.errors import BackendUnavailable
 from resilienced.log import Logger
-from resilienced.metrics import Metrics
+from resilienced.ops.metrics import Metrics
 from resilienced.ports import Queue
 from resilienced.settings import QueueSettings
 

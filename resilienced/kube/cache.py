@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 import aiohttp
 from kubernetes_asyncio import watch as k8s_watch
 
-from resilienced import tasks
+from resilienced.supervisor import Supervisor
 from resilienced.errors import ResilienceError
 from resilienced.kube.api import JsonObj, KubeStatusError, call, translate
 from resilienced.log import get as get_logger
@@ -190,11 +190,11 @@ class Informer:
             self._put(obj)
 
     # ------------------------------------------------------------------ lifecycle
-    def start(self, supervisor: tasks.Supervisor | None = None) -> None:
+    def start(self, supervisor: Supervisor | None = None) -> None:
         """Start the list-and-watch task ``resilienced.kube.cache[<resource>]``, a long-lived task of
         ``supervisor`` (the daemon's: its death turns /healthz to 503; else one of its own)."""
         if self._task is None:
-            owner = supervisor if supervisor is not None else tasks.Supervisor()
+            owner = supervisor if supervisor is not None else Supervisor()
             self._task = owner.spawn(self._guarded(), name=f"resilienced.kube.cache[{self.source.resource}]")
 
     async def stop(self) -> None:

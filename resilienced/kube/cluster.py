@@ -78,7 +78,7 @@ from resilienced.kube.tokens import RayTokens, auth_mode
 from resilienced.log import get as get_logger
 from resilienced.model import Capacity, JsonValue, NodeShape, RunFacts, Target
 from resilienced.ports import Location, RayControl, RayNode
-from resilienced.tasks import Supervisor
+from resilienced.supervisor import Supervisor
 
 log = get_logger(__name__)
 

@@ -817,7 +817,7 @@ class Drill:
 
     async def _start_daemon(self, stack: contextlib.AsyncExitStack, endpoint: str, queue_url: str,
                             cluster: Any, stop: asyncio.Event) -> asyncio.Task[int]:
-        from resilienced import daemon
+        from resilienced.app import daemon
         from resilienced.local.capacity import StaticCapacity
         from resilienced.local.provider import LocalNodeProvider
         from resilienced.ports import CapacityReservation
@@ -830,7 +830,7 @@ class Drill:
             RecoverySettings,
             Settings,
         )
-        from resilienced.wiring import StandIns
+        from resilienced.app.runtime import StandIns
 
         token_file = self.workdir / "ray-token"
         token_file.write_text(cluster.auth_token)

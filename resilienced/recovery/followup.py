@@ -62,7 +62,7 @@ from resilienced.model import (
     StageSeen,
     Target,
 )
-from resilienced.notify import Notifier
+from resilienced.ops.notify import Notifier
 from resilienced.ports import ClaimStore, Cluster, FollowUpStore, ObjectStore, Planner, Progress, Requeuer, Withdraws
 from trainer import resume
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 from resilienced import log
 from resilienced.log import Logger
 from resilienced.model import Outcome, Plan, Result
-from resilienced.validate import isoformat
+from resilienced.intake.validate import isoformat
 
 
 class PlanLogger:

@@ -54,7 +54,7 @@ from resilienced.errors import (
     backends_of,
 )
 from resilienced.model import Capacity, Event, JsonValue, Kind, Outcome, Plan, Result, Step, Target
-from resilienced.notify import Notifier
+from resilienced.ops.notify import Notifier
 from resilienced.ports import (
     CapacitySource,
     ClaimStore,
@@ -65,7 +65,7 @@ from resilienced.ports import (
     RayControl,
     Requeuer,
 )
-from resilienced.runs import RunRecord
+from resilienced.ops.run_record import RunRecord
 
 #: Reasons of the Kubernetes Events resilienced records (kubernetes mode; logged in ray mode).
 REASON_NOTICE = "InterruptionNotice"

@@ -21,7 +21,7 @@ Read, never written, for the follow-up (``resilienced.recovery.followup``); each
   (kubernetes-sigs/karpenter ``pkg/controllers/nodeclaim/lifecycle/launch.go`` and ``events.go``,
   v1.x).
 
-RBAC (``resilienced.permissions``): ``kueue.x-k8s.io resourceflavors get``, ``karpenter.sh
+RBAC (``resilienced.ops.permissions``): ``kueue.x-k8s.io resourceflavors get``, ``karpenter.sh
 nodeclaims list``, ``events list`` besides what the requeuers have.
 """
 

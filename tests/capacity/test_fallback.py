@@ -15,7 +15,7 @@ from resilienced.model import Capacity
 from resilienced.local.capacity import StaticCapacity
 from resilienced.model import Event, Kind, RunFacts, Target
 from resilienced.ports import CapacityReservation
-from resilienced.replay import target_cell
+from resilienced.app.replay import target_cell
 
 pytestmark = pytest.mark.unit
 

@@ -28,7 +28,7 @@ later instead: once the node is drained, while the replica waits for the checkpo
   draining with the same or an earlier deadline);
 * the checkpoint verified: the run claim (``run/<event id>/<GCS address>`` in the GCS KV) done,
   its record saying ``durable.verified``;
-* the requeue: a plain ``run --mode ray`` has no node provider (resilienced/wiring.py: only the
+* the requeue: a plain ``run --mode ray`` has no node provider (resilienced/app/runtime.py: only the
   drill passes one), so its requeue step is recorded in the run's record without launching
   anything; counted are the ``recovery`` log lines carrying a ``requeue`` step for the event
   (one wanted), and the run claim done once;

@@ -25,7 +25,7 @@ from resilienced.claims import MemoryClaims
 from resilienced.consumer.loop import Consumer
 from resilienced.local.aws import MotoServer
 from resilienced.model import Kind, Result, Verdict
-from resilienced.permissions import IAM_ACTIONS
+from resilienced.ops.permissions import IAM_ACTIONS
 from resilienced.recovery.plan_only import PlanLogger
 from resilienced.settings import IntakeSettings, QueueSettings
 

@@ -8,7 +8,7 @@ import pytest
 
 from handlers import registry
 from handlers.asg_lifecycle import LifecycleAction
-from resilienced import intake
+from resilienced.intake import pipeline as intake
 from resilienced.model import Kind, Step, Wrapping
 from resilienced.settings import IntakeSettings
 

@@ -26,7 +26,8 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
-from resilienced import cli, intake
+from resilienced.app import cli
+from resilienced.intake import pipeline as intake
 from resilienced.aws.s3 import S3Store
 from resilienced.capacity.planner import CapacityPlanner
 from resilienced.capacity.policy import CapacityPolicy

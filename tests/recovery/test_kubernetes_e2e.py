@@ -38,7 +38,7 @@ from resilienced.kube.cluster import KubeCluster
 from resilienced.kube.leases import KubeLeaseClaims
 from resilienced.local.aws import create_queue_with_dlq
 from resilienced.local.raycluster import LocalRayCluster
-from resilienced.metrics import Metrics
+from resilienced.ops.metrics import Metrics
 from resilienced.ray.gcs import RayGcs
 from resilienced.recovery.responder import Recovery, RecoveryMetrics, RecoveryOptions
 from resilienced.requeue.router import KubernetesRequeuer, Requeue, RequeueMetrics

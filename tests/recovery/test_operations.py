@@ -23,9 +23,9 @@ import pytest
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
-from resilienced import cli
+from resilienced.app import cli
 from resilienced.model import Result
-from resilienced.notify import Notifier, NotifyMetrics, load_template
+from resilienced.ops.notify import Notifier, NotifyMetrics, load_template
 
 from .conftest import NS, instance
 from .test_recovery import World, body, plan_of, save_after_the_drain, world  # noqa: F401  (fixture)
@@ -190,7 +190,7 @@ async def status(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, l
 
 def status_rows(out: str) -> list[dict[str, Any]]:
     """The rows in ``status --json`` output (log lines of the test's own recovery set aside)."""
-    from resilienced.runs import FIELDS
+    from resilienced.ops.run_record import FIELDS
 
     parsed = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
     return [row for row in parsed if set(row) == set(FIELDS)]
@@ -243,7 +243,7 @@ async def test_status_names_a_bad_since_and_needs_a_mode(capsys: pytest.CaptureF
 
 
 def test_a_record_written_before_the_event_fields_existed_is_summarised_with_what_it_has() -> None:
-    from resilienced.runs import RunRecord
+    from resilienced.ops.run_record import RunRecord
 
     old = {"run": "ml/train", "instances": [instance(1)],
            "durable": {"verified": False, "resume_step": 10, "steps_lost": 5, "reason": "deadline passed"},

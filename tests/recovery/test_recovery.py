@@ -19,7 +19,7 @@ from botocore.stub import Stubber
 from prometheus_client import CollectorRegistry
 from aiobotocore.session import get_session
 
-from resilienced import intake
+from resilienced.intake import pipeline as intake
 from resilienced.aws.s3 import S3Store
 from resilienced.capacity.planner import CapacityPlanner
 from resilienced.capacity.policy import CapacityPolicy

@@ -10,7 +10,7 @@ from kubernetes_asyncio import client as k8s
 from resilienced.model import Capacity, CapacityDecision
 from resilienced.kube.events import EventRecorder, ObjectRef
 from resilienced.kube.rbac import RBAC_RULES as KUBE_RULES
-from resilienced.metrics import Metrics
+from resilienced.ops.metrics import Metrics
 from resilienced.model import Event, Kind, RunFacts, Target
 from resilienced.requeue.router import KubernetesRequeuer, Requeue, RequeueMetrics
 from tests.requeue.conftest import rbac_of_requeue

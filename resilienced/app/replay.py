@@ -21,7 +21,7 @@ also gets ``targets``, the runs on its instances, and ``unresolved``, why the ot
 have none, found through the daemon's own resolve -> locate -> group
 (:func:`resilienced.recovery.targets.find_targets`, as ``Recovery``, asked to record failures
 instead of raising).  :func:`open_lookup` builds the read-only adapters the way
-:func:`resilienced.wiring.open_runtime` does for the daemon (``KubeCluster`` on watch caches, or
+:func:`resilienced.app.runtime.open_runtime` does for the daemon (``KubeCluster`` on watch caches, or
 ``RayModeCluster`` on one GCS; ``Ec2Capacity`` for the capacity decision, on a client from the
 same :func:`resilienced.aws.clients.open_client`), but never the acting
 ones: no claims, no S3, no requeuer, no Auto Scaling.  The Ray and EC2 adapters are wrapped in
@@ -51,7 +51,8 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn, TextIO
 
-from resilienced import intake, log
+from resilienced import log
+from resilienced.intake import pipeline as intake
 from resilienced.capacity.policy import CapacityPolicy
 from resilienced.clock import parse_time, utcnow
 from resilienced.errors import (
@@ -60,13 +61,13 @@ from resilienced.errors import (
     PermanentError,
     ResilienceError,
 )
-from resilienced.intake import Reading
+from resilienced.intake.pipeline import Reading
 from resilienced.model import CapacityOffering, JsonValue, Plan, Step, Target
 from resilienced.ports import CapacityReservation, Cluster, DrainResult, RayControl, RayNode, Responder
 from resilienced.recovery.plan_only import PlanLogger
 from resilienced.recovery.targets import find_targets
 from resilienced.settings import IntakeSettings, Mode, ModeSettings, QueueSettings
-from resilienced.validate import isoformat
+from resilienced.intake.validate import isoformat
 
 if TYPE_CHECKING:  # imported where it is built (its dependencies load on use)
     from aiobotocore.client import AioBaseClient
@@ -447,7 +448,7 @@ async def open_lookup(settings: LookupSettings) -> AsyncIterator[Finder]:
     from resilienced.capacity.ec2 import Ec2Capacity
     from resilienced.capacity.planner import CapacityPlanner
     from resilienced.ray.gcs import RayGcs
-    from resilienced.wiring import read_token
+    from resilienced.app.runtime import read_token
 
     mode = settings.mode
     region = settings.aws.effective_region

@@ -24,7 +24,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 
-from resilienced import intake, validate
+from resilienced.intake import pipeline as intake
+from resilienced.intake import validate
 from resilienced.aws.clients import open_client
 from resilienced.aws.errors import translate
 from resilienced.aws.sqs import SqsQueue

@@ -23,7 +23,7 @@ and progress probe (``KubeProgress``; ``RayProgress``), started as the long-live
 ``resilienced.follow-up`` and stopped with the runtime.
 
 Long-lived tasks (the follow-up, kubernetes mode's watch caches and Lease sweeper
-``resilienced.lease-sweep``) are spawned on the daemon's ``tasks.Supervisor`` (``open_runtime``'s
+``resilienced.lease-sweep``) are spawned on the daemon's ``supervisor.Supervisor`` (``open_runtime``'s
 ``supervisor``), in scopes closed before the clients they use, so ``/healthz`` sees one die.
 
 S3 (durable), EC2 (Capacity Blocks, DescribeInstances), FSx (export tasks) and Auto Scaling
@@ -50,9 +50,9 @@ from resilienced.aws.autoscaling import Lifecycle
 from resilienced.aws.clients import open_client
 from resilienced.claims import MemoryClaims
 from resilienced.errors import ConfigError, ResilienceError
-from resilienced.metrics import Metrics
+from resilienced.ops.metrics import Metrics
 from resilienced.model import Target
-from resilienced.notify import Notifier, NotifyMetrics, load_template
+from resilienced.ops.notify import Notifier, NotifyMetrics, load_template
 from resilienced.ports import (
     CapacitySource,
     ClaimStore,
@@ -71,7 +71,7 @@ from resilienced.recovery.followup import Follower, FollowUpMetrics, FollowUpOpt
 from resilienced.recovery.plan_only import PlanLogger
 from resilienced.recovery.responder import Recovery, RecoveryMetrics, RecoveryOptions
 from resilienced.settings import Mode, Settings
-from resilienced.tasks import Supervisor
+from resilienced.supervisor import Supervisor
 
 if TYPE_CHECKING:  # imported where used: the kubernetes client is loaded in kubernetes mode only
     from resilienced.kube.leases import KubeLeaseClaims

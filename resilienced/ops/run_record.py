@@ -8,7 +8,7 @@ mode the GCS KV record's ``details``).  Its JSON (:meth:`RunRecord.as_json`) is 
 ``done_at`` and ``outcome`` (and ``reason`` for a failed run).
 
 :meth:`RunRecord.summary` flattens a record into the facts ``resilienced status`` shows and a
-notification carries (:mod:`resilienced.notify`): one place, so the two cannot disagree.
+notification carries (:mod:`resilienced.ops.notify`): one place, so the two cannot disagree.
 Records written before these fields existed give ``None`` for what they lack
 (:meth:`RunRecord.from_json` reads anything a claim holds).
 """
@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from resilienced.model import Event, JsonValue
-from resilienced.validate import isoformat
+from resilienced.intake.validate import isoformat
 
 #: The key prefix of run claims (``run/<event id>/<run>``).
 RUN_PREFIX = "run/"

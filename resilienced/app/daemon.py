@@ -4,7 +4,7 @@ Start-up checks, once: settings are valid; the queue answers; it has a redrive p
 unless ``--allow-no-dlq``.  Then the consumer loop runs until SIGTERM or SIGINT, which stop
 receiving and drain within ``--shutdown-timeout``; the process then exits 0.
 
-The responder and the claim store come from :func:`resilienced.wiring.open_runtime` for the
+The responder and the claim store come from :func:`resilienced.app.runtime.open_runtime` for the
 configured ``--mode`` (plan: :class:`~resilienced.recovery.plan_only.PlanLogger`; kubernetes or ray:
 :class:`~resilienced.recovery.responder.Recovery` with that mode's adapters); :func:`serve` takes them.
 """
@@ -23,16 +23,16 @@ from resilienced.claims import MemoryClaims
 from resilienced.consumer.loop import Consumer
 from resilienced.consumer.settle import Observer
 from resilienced.errors import BackendUnavailable, ConfigError, ResilienceError
-from resilienced.http import HttpServer, Readiness
+from resilienced.ops.http import HttpServer, Readiness
 from resilienced.log import Logger
-from resilienced.metrics import QUEUE_STATES, Metrics
+from resilienced.ops.metrics import QUEUE_STATES, Metrics
 from resilienced.ports import ClaimStore, Responder
 from resilienced.recovery.plan_only import PlanLogger
 from resilienced.settings import Settings
-from resilienced.tasks import Supervisor
+from resilienced.supervisor import Supervisor
 
 if TYPE_CHECKING:
-    from resilienced.wiring import StandIns
+    from resilienced.app.runtime import StandIns
 
 #: Seconds between readiness pings of the queue (receives also count).
 PING_INTERVAL = 15.0
@@ -57,7 +57,7 @@ async def serve(settings: Settings, *, responder: Responder | None = None,
     runtime's); the consumer loop, the pinger and the stop waiter run in a scope of it that ends
     with this call.  ``/healthz`` answers 503 naming any of its tasks that died.
     """
-    logger = log.get("resilienced.daemon")
+    logger = log.get("resilienced.daemon")  # the lines keep their logger name (docs/operations.md)
     qs = settings.queue
     metrics = metrics if metrics is not None else Metrics()
     supervisor = supervisor if supervisor is not None else Supervisor()
@@ -178,10 +178,10 @@ def main(args: argparse.Namespace) -> int:
 
 async def run(settings: Settings, *, ready: asyncio.Event | None = None, observer: Observer | None = None,
               stop: asyncio.Event | None = None, stand_ins: StandIns | None = None) -> int:
-    """Open the mode's adapters (:func:`resilienced.wiring.open_runtime`; ``stand_ins``: those
+    """Open the mode's adapters (:func:`resilienced.app.runtime.open_runtime`; ``stand_ins``: those
     given instead, the drill's), then :func:`serve`."""
     from resilienced.consumer.flight import replica_name
-    from resilienced.wiring import StandIns, open_runtime
+    from resilienced.app.runtime import StandIns, open_runtime
 
     metrics = Metrics()
     replica = replica_name()

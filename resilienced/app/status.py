@@ -1,7 +1,7 @@
 """``resilienced status``: what the daemon did, read back from where it records it.
 
 Every run the daemon handles for an event ends in a done claim ``run/<event id>/<run>`` whose
-details are the run's record (:mod:`resilienced.runs`): in kubernetes mode a Lease in
+details are the run's record (:mod:`resilienced.ops.run_record`): in kubernetes mode a Lease in
 ``--claims-namespace`` (annotation ``resilienced.io/details``), in ray mode a record in the Ray
 cluster's GCS KV.  ``status`` lists them, one row per (event, run): time, kind, instance(s),
 run, outcome, the run's stage since the requeue (its follow-up, :mod:`resilienced.followup`:
@@ -34,7 +34,7 @@ from datetime import datetime, timedelta
 from resilienced.clock import parse_time, utcnow
 from resilienced.errors import ConfigError
 from resilienced.model import JsonValue
-from resilienced.runs import RUN_PREFIX, RunRecord
+from resilienced.ops.run_record import RUN_PREFIX, RunRecord
 from resilienced.settings import Mode, ModeSettings
 
 MODE_FLAGS = ("mode", "kubeconfig", "kube_context", "claims_namespace", "ray_address",
@@ -106,7 +106,7 @@ async def records(mode: ModeSettings) -> tuple[list[tuple[str, dict[str, JsonVal
         from resilienced.ray.claims import RayKvClaims
         from resilienced.ray.followups import RayKvFollowUps
         from resilienced.ray.gcs import RayGcs
-        from resilienced.wiring import read_token
+        from resilienced.app.runtime import read_token
 
         ray = RayGcs(mode.ray_address, token=read_token(mode.ray_token_file))
         claims = await RayKvClaims(kv=ray).done(RUN_PREFIX)
@@ -160,7 +160,7 @@ def _parse(value: object) -> datetime | None:
 
 def main(args: argparse.Namespace) -> int:
     from resilienced import log
-    from resilienced.replay import table
+    from resilienced.app.replay import table
 
     mode = mode_settings(args, os.environ)
     log.configure(level="warning", stream=sys.stderr)

@@ -26,7 +26,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
 from handlers import registry
-from resilienced import validate
+from resilienced.intake import validate
 from resilienced.errors import DecodeError, InvalidEventError
 from resilienced.model import Envelope, Event, JsonValue, Kind, Plan, Wrapping
 from resilienced.settings import IntakeSettings

@@ -111,7 +111,7 @@ class Supervisor:
 
 def spawn(coro: Coroutine[object, None, T], *, name: str, logger: Logger | None = None) -> asyncio.Task[T]:
     """Start ``coro`` as a named task nobody supervises; its error is logged (``task died``)."""
-    logger = logger or log.get("resilienced.tasks")
+    logger = logger or log.get("resilienced.tasks")  # the logger name of before the rename: lines unchanged
     task = asyncio.get_running_loop().create_task(coro, name=name)
 
     def guard(done: asyncio.Task[T]) -> None:
