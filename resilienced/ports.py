@@ -8,18 +8,18 @@ implement it; everything above the adapters is written against these protocols o
 port              production adapter                              in tests and the drill
 ================  ==============================================  ==================================
 Queue             ``resilienced.aws.sqs.SqsQueue`` (aiobotocore)  moto server over HTTP
-Cluster           ``resilienced.kube.KubeCluster``                emulated API server over HTTP
+Cluster           ``resilienced.kube.cluster.KubeCluster``        emulated API server over HTTP
                   ``resilienced.ray.cluster.RayModeCluster``      real local Ray cluster
 RayControl        ``resilienced.ray.gcs.RayGcs``                  real local Ray cluster
 ObjectStore       ``resilienced.aws.s3.S3Store`` (aiobotocore)    moto server over HTTP
 ExportTasks       ``resilienced.aws.fsx.FsxExportTasks``          botocore Stubber
-CapacitySource    ``resilienced.capacity.Ec2Capacity``            botocore Stubber
+CapacitySource    ``resilienced.capacity.ec2.Ec2Capacity``        botocore Stubber
 ClaimStore        per mode (Kubernetes Lease, Ray GCS KV)         the same, real
 Responder         ``resilienced.recovery.responder.Recovery``     the same, real (``--mode plan``:
                                                                   ``recovery.plan_only.PlanLogger``)
 Planner           ``capacity.planner.CapacityPlanner``            the same, over a botocore Stubber
-Requeuer          ``requeue.router.Requeue`` around the           the same, real
-                  ``requeue.router.KubernetesRequeuer`` or
+Requeuer          ``requeue.router.ReportingRequeuer`` around     the same, real
+                  ``requeue.router.RequeueRouter`` or
                   ``ray.requeue.RayModeRequeuer``
 NodeProvider      none for EC2 yet (docs/architecture.md)         ``local.provider.LocalNodeProvider``
 FollowUpStore     ``kube.followups.KubeFollowUps`` (Leases),      the same, real (``followups.
@@ -292,8 +292,8 @@ class Requeuer(Protocol):
     """Gets one run scheduled again, as a whole, on the decided capacity.
 
     Implemented by each applier (``requeue.kueue``, ``requeue.kuberay``, ``requeue.volcano``,
-    ``ray.requeue``), by ``requeue.router.KubernetesRequeuer`` (which picks one) and by
-    ``requeue.router.Requeue`` (one of them plus its metric and its Events; what
+    ``ray.requeue``), by ``requeue.router.RequeueRouter`` (which picks one) and by
+    ``requeue.router.ReportingRequeuer`` (one of them plus its metric and its Events; what
     ``Recovery`` is given).
     """
 

@@ -6,7 +6,7 @@
 mode        cluster / claims / GCS              requeue
 ==========  ==================================  ================================================
 plan        none: :class:`PlanLogger` only      none
-kubernetes  ``KubeCluster`` (watch caches),     ``KubernetesRequeuer`` (Kueue, KubeRay, Volcano)
+kubernetes  ``KubeCluster`` (watch caches),     ``RequeueRouter`` (Kueue, KubeRay, Volcano)
             ``KubeLeaseClaims``, a ``RayGcs``
             per RayCluster (token per cluster)
 ray         ``RayModeCluster`` on one ``RayGcs``, ``RayModeRequeuer`` when a node provider is
@@ -204,7 +204,7 @@ async def _kubernetes(settings: Settings, stack: AsyncExitStack, *, replica: str
     from resilienced.ray.gcs import RayGcs
     from resilienced.requeue.kueue import KueueRequeuer, discover_workload_version
     from resilienced.requeue.progress import KubeProgress
-    from resilienced.requeue.router import KubernetesRequeuer
+    from resilienced.requeue.router import RequeueRouter
 
     api = await connect(kubeconfig=settings.mode.kubeconfig, context=settings.mode.kube_context)
     stack.push_async_callback(api.close)
@@ -220,7 +220,7 @@ async def _kubernetes(settings: Settings, stack: AsyncExitStack, *, replica: str
     if workload_version == "auto":
         workload_version = await discover_workload_version(api)
     kueue = KueueRequeuer(api, workload_version=workload_version)
-    return ModeParts(cluster=cluster, claims=claims, requeuer=KubernetesRequeuer(api, kueue=kueue),
+    return ModeParts(cluster=cluster, claims=claims, requeuer=RequeueRouter(api, kueue=kueue),
                      ray_control=cluster.ray_control,
                      follow_ups=KubeFollowUps(api, namespace=settings.mode.claims_namespace),
                      progress=KubeProgress(api, kueue=kueue))
@@ -288,7 +288,7 @@ async def open_runtime(
     from resilienced.aws.s3 import S3Store
     from resilienced.capacity.ec2 import Ec2Capacity
     from resilienced.capacity.planner import CapacityPlanner
-    from resilienced.requeue.router import Requeue
+    from resilienced.requeue.router import ReportingRequeuer
 
     mode = settings.mode.kind
     groups = metric_groups(metrics)  # in every mode: the same series for dashboards and alerts
@@ -328,7 +328,7 @@ async def open_runtime(
             parts = await _kubernetes(settings, stack, replica=replica, supervisor=supervisor)
         else:
             parts = _ray_mode(settings, ec2=ec2, planner=planner, provider=stand_ins.node_provider)
-        requeue = (Requeue(parts.requeuer, cluster=parts.cluster, metrics=groups.requeue)
+        requeue = (ReportingRequeuer(parts.requeuer, cluster=parts.cluster, metrics=groups.requeue)
                    if parts.requeuer is not None else None)
         follower = _follower(settings, parts, planner=planner, requeue=requeue, store=store,
                              metrics=groups.follow_up, notifier=notifier, replica=replica)

@@ -16,7 +16,7 @@ Mechanism (KubeRay, ray-project/kuberay at feeaf72):
    ``utils.GenerateHashWithoutReplicasAndWorkersToDelete`` of the spec, which mutes replicas and
    tolerations but not nodeSelector), which would end the Ray cluster and its job.  So for a
    RayCluster with ``Recreate`` the requeuer changes nothing and returns a *refused* result
-   (reason in it; ``Requeue`` records a Warning Event ``RequeueRefused``): such a run is moved
+   (reason in it; ``ReportingRequeuer`` records a Warning Event ``RequeueRefused``): such a run is moved
    only through Kueue (a Kueue-managed RayCluster goes to the Kueue requeuer, which changes the
    templates only while the cluster is suspended and its pods deleted).  ``upgradeStrategy`` is
    only ever on a RayCluster created directly: KubeRay v1.6+ refuses to reconcile one a RayJob or
@@ -105,7 +105,7 @@ def bookkeeping(obj: Mapping[str, JsonValue], *, decision: CapacityDecision, eve
     return out
 
 
-class PlacingRequeuer:
+class PodTemplateRequeuer:
     """What the requeuers that edit a run's pod templates share (KubeRay, Volcano).
 
     Args:
@@ -128,10 +128,10 @@ class PlacingRequeuer:
         self._clock = clock
 
 
-class KubeRayRequeuer(PlacingRequeuer):
+class KubeRayRequeuer(PodTemplateRequeuer):
     """:class:`~resilienced.ports.Requeuer` for KubeRay RayClusters / RayJobs without Kueue.
 
-    Takes :class:`PlacingRequeuer`'s arguments.
+    Takes :class:`PodTemplateRequeuer`'s arguments.
     """
 
     kind = "kuberay"

@@ -46,7 +46,7 @@ from resilienced.clock import parse_time
 from resilienced.errors import PermanentError
 from resilienced.kube.api import JsonObj, KubeStatusError
 from resilienced.model import CapacityDecision, Event, JsonValue, RequeueResult, Target
-from resilienced.requeue.kuberay import PlacingRequeuer, bookkeeping
+from resilienced.requeue.kuberay import PodTemplateRequeuer, bookkeeping
 from resilienced.requeue.objects import VOLCANO_COMMAND, VOLCANO_JOB, annotations_of, modify, split_key
 from resilienced.requeue.placement import Placement
 
@@ -105,10 +105,10 @@ def _time(value: object) -> datetime | None:
         return None
 
 
-class VolcanoRequeuer(PlacingRequeuer):
+class VolcanoRequeuer(PodTemplateRequeuer):
     """:class:`~resilienced.ports.Requeuer` for Volcano Jobs (``Target.facts.volcano_job``).
 
-    Takes :class:`~resilienced.requeue.kuberay.PlacingRequeuer`'s arguments.
+    Takes :class:`~resilienced.requeue.kuberay.PodTemplateRequeuer`'s arguments.
     """
 
     kind = "volcano"

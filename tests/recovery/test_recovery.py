@@ -33,7 +33,7 @@ from resilienced.ports import CapacityReservation
 from handlers.asg_lifecycle import LifecycleAction
 from resilienced.aws.autoscaling import Lifecycle
 from resilienced.recovery.responder import Recovery, RecoveryMetrics, RecoveryOptions
-from resilienced.requeue.router import KubernetesRequeuer, Requeue
+from resilienced.requeue.router import ReportingRequeuer, RequeueRouter
 from resilienced.settings import IntakeSettings
 from tests.support.kubeapi import KubeApiServer
 
@@ -84,7 +84,7 @@ class World:
         self.recovery = Recovery(
             cluster=self.cluster, claims=self.claims, ray_control=self.cluster.ray_control,
             store=S3Store(client=s3), planner=self.planner,
-            requeue=Requeue(KubernetesRequeuer(api), cluster=self.cluster), capacity=capacity,
+            requeue=ReportingRequeuer(RequeueRouter(api), cluster=self.cluster), capacity=capacity,
             options=RecoveryOptions(durable_grace_seconds=grace, durable_poll_seconds=0.1))
 
     def events(self, reason: str) -> list[dict[str, Any]]:
