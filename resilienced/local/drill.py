@@ -50,7 +50,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Any, TextIO, TypeVar
+from typing import TYPE_CHECKING, Any, TextIO, TypeVar
 from urllib.parse import urlsplit
 
 from resilienced import log
@@ -59,7 +59,19 @@ from resilienced.errors import ConfigError, ResilienceError
 from resilienced.ray.cluster import CAPACITY_TYPE_LABEL as CAPACITY_LABEL
 from resilienced.ray.cluster import ELASTIC_LABEL
 from resilienced.ray.cluster import INSTANCE_ID_LABEL as INSTANCE_LABEL
-from resilienced.settings import NotifySettings
+from resilienced.settings import (
+    FollowUpSettings,
+    HttpSettings,
+    IntakeSettings,
+    ModeSettings,
+    NotifySettings,
+    QueueSettings,
+    RecoverySettings,
+    Settings,
+)
+
+if TYPE_CHECKING:  # imported where used: `resilienced drill --help` does not load the daemon's adapters
+    from resilienced.app.runtime import StandIns
 
 REGION = "us-east-1"
 BUCKET = "resilienced-drill"
@@ -251,6 +263,38 @@ def made_up_ids(n: int, *, seed: int) -> list[str]:
 
 
 # --------------------------------------------------------------------------- the report
+@dataclass(frozen=True)
+class ResumeFacts:
+    """Where the trainer was stopped and where it went on, from its metrics and events."""
+
+    interrupted_at: int | None  # the last step of the first attempt
+    checkpoint_step: int | None  # the step the attempt after the notice resumed from
+    resumed_at: int | None  # that attempt's first step
+    after: list[dict[str, Any]]  # that attempt's metrics
+    heard: dict[str, Any] | None  # the trainer's first preemption_notice event after the notice
+    committed: list[dict[str, Any]]  # the checkpoints committed after it, at or beyond its step
+
+
+def resume_facts(*, metrics: list[dict[str, Any]], events: list[dict[str, Any]], notice: float | None) -> ResumeFacts:
+    """The first attempt's last step, the resumed attempt's checkpoint and first step, and the
+    checkpoint holding the step the notice reached the trainer at (spot): the first committed after
+    the notice at or beyond that step (a periodic save of it counts); abrupt: none."""
+    starts = sorted((e for e in events if e.get("event") == "started"), key=lambda e: e["time"])
+    resumed = next((e for e in starts if e.get("resumed_from_step") is not None and
+                    notice is not None and e["time"] >= notice), None)
+    first_attempt = starts[0].get("attempt") if starts else None
+    before = [m for m in metrics if m.get("attempt") == first_attempt] if starts else metrics
+    after = ([m for m in metrics if m.get("attempt") == resumed.get("attempt")] if resumed else [])
+    heard = next((e for e in sorted(events, key=lambda e: e["time"]) if e.get("event") == "preemption_notice"
+                  and notice is not None and e["time"] >= notice), None)
+    committed = [e for e in events if e.get("event") == "checkpoint_committed" and heard is not None
+                 and e["time"] >= notice and e.get("step", -1) >= heard.get("step", 0)]
+    return ResumeFacts(interrupted_at=max((m["step"] for m in before), default=None),
+                       checkpoint_step=resumed.get("resumed_from_step") if resumed else None,
+                       resumed_at=min((m["step"] for m in after), default=None),
+                       after=after, heard=heard, committed=committed)
+
+
 def report_from(
     *,
     options: DrillOptions,
@@ -267,21 +311,8 @@ def report_from(
     """The drill's report, from what the trainer, the daemon and the reference wrote.
     ``node_spans``: (joined, gone or None) of every worker node, for ``worker_seconds_idle``;
     ``follow_up``: the daemon's follow-up record (:func:`follow_up_facts`), None: not read."""
-    starts = sorted((e for e in events if e.get("event") == "started"), key=lambda e: e["time"])
-    resumed = next((e for e in starts if e.get("resumed_from_step") is not None and
-                    notice is not None and e["time"] >= notice), None)
-    first_attempt = starts[0].get("attempt") if starts else None
-    before = [m for m in metrics if m.get("attempt") == first_attempt] if starts else metrics
-    interrupted_at = max((m["step"] for m in before), default=None)
-    checkpoint_step = resumed.get("resumed_from_step") if resumed else None
-    after = ([m for m in metrics if m.get("attempt") == resumed.get("attempt")] if resumed else [])
-    resumed_at = min((m["step"] for m in after), default=None)
-    # the checkpoint holding the step the notice reached the trainer at (spot): the first committed
-    # after the notice at or beyond that step (a periodic save of it counts); abrupt: none
-    heard = next((e for e in sorted(events, key=lambda e: e["time"]) if e.get("event") == "preemption_notice"
-                  and notice is not None and e["time"] >= notice), None)
-    committed = [e for e in events if e.get("event") == "checkpoint_committed" and heard is not None
-                 and e["time"] >= notice and e.get("step", -1) >= heard.get("step", 0)]
+    run = resume_facts(metrics=metrics, events=events, notice=notice)
+    interrupted_at, checkpoint_step, resumed_at = run.interrupted_at, run.checkpoint_step, run.resumed_at
     every_step, trained_twice, losses_match, within = loss_facts(options, metrics, reference)
     idle = idle_facts(options=options, metrics=metrics, notice=notice, node_spans=node_spans)
     finished = any(e.get("event") == "finished" for e in events)
@@ -317,10 +348,10 @@ def report_from(
         "resumed_at_step": resumed_at,
         "steps_lost": steps_lost,
         "steps_trained_twice": trained_twice,
-        "notice_to_trainer_s": since(heard["time"] if heard else None),
-        "notice_to_checkpoint_s": since(min((e["time"] for e in committed), default=None)),
+        "notice_to_trainer_s": since(run.heard["time"] if run.heard else None),
+        "notice_to_checkpoint_s": since(min((e["time"] for e in run.committed), default=None)),
         "notice_to_durable_s": since(durable_at),
-        "notice_to_resumed_s": since(min((m["time"] for m in after), default=None)),
+        "notice_to_resumed_s": since(min((m["time"] for m in run.after), default=None)),
         "capacity": capacity,
         **followed,
         "losses_match_uninterrupted": losses_match,
@@ -815,27 +846,13 @@ class Drill:
         self.timeline.add("fsx", f"{self.ckpt} auto-exports to s3://{BUCKET}/{PREFIX}")
         return exporter
 
-    async def _start_daemon(self, stack: contextlib.AsyncExitStack, endpoint: str, queue_url: str,
-                            cluster: Any, stop: asyncio.Event) -> asyncio.Task[int]:
-        from resilienced.app import daemon
-        from resilienced.local.capacity import StaticCapacity
-        from resilienced.local.provider import LocalNodeProvider
-        from resilienced.ports import CapacityReservation
-        from resilienced.settings import (
-            FollowUpSettings,
-            HttpSettings,
-            IntakeSettings,
-            ModeSettings,
-            QueueSettings,
-            RecoverySettings,
-            Settings,
-        )
-        from resilienced.app.runtime import StandIns
-
+    def _daemon_settings(self, endpoint: str, queue_url: str, cluster: Any) -> Settings:
+        """The daemon's settings in the drill: ray mode on the local cluster with its token, the moto
+        queue, short polls, and follow-up bounds scaled to the drill's notice and node boot."""
         token_file = self.workdir / "ray-token"
         token_file.write_text(cluster.auth_token)
         token_file.chmod(0o600)
-        settings = Settings(
+        return Settings(
             queue=QueueSettings(queue_url=queue_url, region=REGION, endpoint_url=endpoint,
                                 wait_seconds=1, visibility_timeout=30, shutdown_timeout=10),
             intake=IntakeSettings(notice_seconds=self.o.notice_seconds),
@@ -849,6 +866,16 @@ class Drill:
                 training_bound_seconds=self.o.notice_seconds + TRAINING_BOUND_EXTRA_S,
                 follow_up_interval_seconds=1.0, follow_up_claim_ttl_seconds=60),
         ).validate()
+
+    def _stand_ins(self, cluster: Any) -> StandIns:
+        """The drill's EC2 and node provider: one active Capacity Block of ``workers`` instances,
+        Spot as the options say (and On-Demand in the stalled scenario, whose block's nodes never
+        join); nodes that take ``node_boot_seconds`` to join when asked."""
+        from resilienced.app.runtime import StandIns
+        from resilienced.local.capacity import StaticCapacity
+        from resilienced.local.provider import LocalNodeProvider
+        from resilienced.ports import CapacityReservation
+
         now = utcnow()
         block = CapacityReservation(
             reservation_id=BLOCK_ID, instance_type=INSTANCE_TYPE, availability_zone=f"{REGION}a",
@@ -862,6 +889,15 @@ class Drill:
             provider = BootingProvider(provider, boot_seconds=self.o.node_boot_seconds)
         if stalled:  # the block accepts the launch; its node never joins
             provider = StallingProvider(provider, stalled=("capacity-block",))
+        return StandIns(capacity=StaticCapacity([block]), node_provider=provider)
+
+    async def _start_daemon(self, stack: contextlib.AsyncExitStack, endpoint: str, queue_url: str,
+                            cluster: Any, stop: asyncio.Event) -> asyncio.Task[int]:
+        from resilienced.app import daemon
+
+        settings = self._daemon_settings(endpoint, queue_url, cluster)
+        stand_ins = self._stand_ins(cluster)
+        stalled = self.o.scenario == "stalled"
         daemon_log = open(self.workdir / "daemon.log", "a")
         stack.callback(daemon_log.close)
         # unwound first: nothing logs into the closed file after the drill (structlog raises there)
@@ -869,8 +905,7 @@ class Drill:
         log.configure(level="info", stream=daemon_log)
         ready = asyncio.Event()
         task = asyncio.create_task(daemon.run(
-            settings, ready=ready, observer=self._observe, stop=stop,
-            stand_ins=StandIns(capacity=StaticCapacity([block]), node_provider=provider)), name="drill.daemon")
+            settings, ready=ready, observer=self._observe, stop=stop, stand_ins=stand_ins), name="drill.daemon")
 
         async def shut() -> None:
             stop.set()

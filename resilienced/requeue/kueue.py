@@ -311,14 +311,21 @@ class KueueRequeuer:
         wl_key = f"Workload {namespace}/{wl['metadata']['name']}"
 
         if dry_run:
-            steps = []
-            if not placed(job):
-                steps += [f"would deactivate {wl_key} (Kueue evicts and suspends the whole run)",
-                          f"would set every worker group of {key} to {placement.describe()}"]
-            steps.append(f"would set the worker PodSets of {wl_key} to {placement.describe()} if Kueue has not")
-            steps.append(f"would reactivate {wl_key} (Kueue requeues it on the matching flavor)")
+            steps = _planned_steps(key, wl_key, placement, placed=placed(job))
             return self._result(target, decision, placement, steps, True, "plan only")
+        changes = await self._move(kind, namespace, name, path, job=job, wl=wl, placement=placement, placed=placed,
+                                   event=event, decision=decision)
+        reason = (f"requeued through Kueue onto {decision.capacity.value}" if changes
+                  else f"already on {decision.capacity.value}")
+        return self._result(target, decision, placement, changes, False, reason)
 
+    async def _move(self, kind: Kind, namespace: str, name: str, path: tuple[str, ...], *, job: JsonObj,
+                    wl: JsonObj, placement: Placement, placed: Callable[[Mapping[str, JsonValue]], bool],
+                    decision: CapacityDecision, event: Event) -> list[str]:
+        """Evict the run through Kueue, steer its job and its Workload to ``placement``, requeue it;
+        the changes made, in words."""
+        key = f"{kind.kind} {namespace}/{name}"
+        wl_key = f"Workload {namespace}/{wl['metadata']['name']}"
         changes: list[str] = []
         # 1. evict through Kueue
         if not placed(job) and is_active(wl):
@@ -353,9 +360,7 @@ class KueueRequeuer:
             })
             changes.append(f"reactivated Workload {namespace}/{wl['metadata']['name']}: Kueue requeues "
                            f"it and admits it on the flavor matching {placement.describe()}")
-        reason = (f"requeued through Kueue onto {decision.capacity.value}" if changes
-                  else f"already on {decision.capacity.value}")
-        return self._result(target, decision, placement, changes, False, reason)
+        return changes
 
     async def _steer_job(self, kind: Kind, namespace: str, name: str, path: tuple[str, ...], placement: Placement,
                          *, decision: CapacityDecision, event: Event) -> list[str]:
@@ -424,3 +429,14 @@ class KueueRequeuer:
             run_key=target.run_key, kind=self.kind, capacity=decision.capacity, reason=reason,
             reservation_id=decision.reservation_id, changes=tuple(changes), dry_run=dry_run,
             decision=decision, details={"node_selector": dict(placement.node_selector)})
+
+
+def _planned_steps(key: str, wl_key: str, placement: Placement, *, placed: bool) -> list[str]:
+    """What a requeue through Kueue would do, in words (a dry run)."""
+    steps = []
+    if not placed:
+        steps += [f"would deactivate {wl_key} (Kueue evicts and suspends the whole run)",
+                  f"would set every worker group of {key} to {placement.describe()}"]
+    steps.append(f"would set the worker PodSets of {wl_key} to {placement.describe()} if Kueue has not")
+    steps.append(f"would reactivate {wl_key} (Kueue requeues it on the matching flavor)")
+    return steps
