@@ -17,7 +17,11 @@ Every ``import`` of every module of ``resilienced/``, ``handlers/`` and ``traine
    packages' ``__init__`` first, so one that hands names on drags its siblings, and their
    libraries, into every import of the package; issue #22 counted 29 such edges in 4 of them);
 7. importing the bottom layer, ``resilienced.settings``, loads no AWS, Kubernetes or HTTP library
-   (read statically here, and seen in a fresh interpreter).
+   (read statically here, and seen in a fresh interpreter);
+8. one import path per name: a name of the daemon is imported from the module that defines it,
+   never from one that only imports it (tests and bench/ included);
+9. the root of ``resilienced/`` holds at most 12 modules, and the Folders table of
+   docs/architecture.md has a row for every folder that names each of its modules.
 
 And the daemon's modules (all but ``resilienced.local``) import only what pyproject.toml's base
 dependencies install, which is what the daemon image has.
