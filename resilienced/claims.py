@@ -155,7 +155,8 @@ class HeldClaim:
         renewed = loop.time()
         while True:
             try:
-                await asyncio.wait_for(self._stop.wait(), self.ttl / 3)
+                async with asyncio.timeout(self.ttl / 3):
+                    await self._stop.wait()
                 return
             except TimeoutError:
                 pass

@@ -300,7 +300,8 @@ class ReadOnlyRay:
 
     async def nodes(self) -> list[RayNode]:
         try:
-            nodes = await asyncio.wait_for(self._inner.nodes(), self._timeout_s)
+            async with asyncio.timeout(self._timeout_s):
+                nodes = await self._inner.nodes()
         except TimeoutError:
             error: BackendUnavailable = BackendUnavailable(
                 "ray-gcs", f"{self.address}: no node list within {self._timeout_s:g}s")
@@ -318,7 +319,8 @@ class ReadOnlyRay:
     async def ping(self) -> str:
         """Connect once (token and Ray version checked); BackendUnavailable when it does not answer."""
         try:
-            return await asyncio.wait_for(self._inner.ping(), self._timeout_s)
+            async with asyncio.timeout(self._timeout_s):
+                return await self._inner.ping()
         except TimeoutError:
             raise BackendUnavailable("ray-gcs", f"{self.address}: no answer within {self._timeout_s:g}s") from None
 

@@ -146,7 +146,8 @@ class Informer:
                 return False
             changed = self._changed
             try:
-                await asyncio.wait_for(changed.wait(), remaining)
+                async with asyncio.timeout(remaining):
+                    await changed.wait()
             except TimeoutError:
                 return predicate(self)
         return True

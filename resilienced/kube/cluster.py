@@ -306,7 +306,8 @@ class KubeCluster:
         timeout = self.options.ready_timeout_s if timeout is None else timeout
         waits = [asyncio.ensure_future(i.synced.wait()) for i in self.informers]
         try:
-            await asyncio.wait_for(asyncio.gather(*waits), timeout)
+            async with asyncio.timeout(timeout):
+                await asyncio.gather(*waits)
         except TimeoutError:
             missing = [f"{i.source.resource} ({i.stats.last_error or 'no answer yet'})"
                        for i in self.informers if not i.synced.is_set()]
@@ -591,7 +592,8 @@ class KubeCluster:
             token = await self.tokens.token_for(raycluster)
             control = self._control(address, token)
             try:
-                return list(await asyncio.wait_for(control.nodes(), self.options.gcs_timeout_s))
+                async with asyncio.timeout(self.options.gcs_timeout_s):
+                    return list(await control.nodes())
             except TimeoutError:
                 raise BackendUnavailable("ray", f"{where}: the GCS at {address} did not answer within "
                                                 f"{self.options.gcs_timeout_s:g}s") from None

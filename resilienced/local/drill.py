@@ -793,7 +793,8 @@ class Drill:
                 await self._play_abrupt(moto.endpoint_url, cluster, victim)
             assert self._trainer is not None
             try:
-                code = await asyncio.wait_for(self._trainer.wait(), timeout=self.o.timeout)
+                async with asyncio.timeout(self.o.timeout):
+                    code = await self._trainer.wait()
             except asyncio.TimeoutError:
                 raise DrillError(f"the run did not finish within {self.o.timeout:.0f}s after the "
                                  f"interruption; see {self.workdir / 'trainer.log'}") from None
@@ -806,7 +807,8 @@ class Drill:
                 follow_up = await self._followed(daemon_task)
                 stop.set()
                 with contextlib.suppress(Exception):
-                    await asyncio.wait_for(daemon_task, timeout=30)
+                    async with asyncio.timeout(30):
+                        await daemon_task
             self.timeline.add("drill", "running the uninterrupted reference (same seed, no Ray)")
             reference = await self._reference()
         report = report_from(options=self.o, metrics=self.metrics.lines, events=self.events.lines,
@@ -910,7 +912,8 @@ class Drill:
         async def shut() -> None:
             stop.set()
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(task, timeout=30)
+                async with asyncio.timeout(30):
+                    await task
             await _cancel(task)
         stack.push_async_callback(shut)
         waiter = asyncio.create_task(ready.wait())
@@ -1030,7 +1033,8 @@ class Drill:
                                     events=None, pad=False),
                 stdout=log_file, stderr=log_file, env=env, start_new_session=True)
             try:
-                code = await asyncio.wait_for(proc.wait(), timeout=self.o.timeout)
+                async with asyncio.timeout(self.o.timeout):
+                    code = await proc.wait()
             finally:
                 await _stop_process(proc)
         if code != 0:
@@ -1077,7 +1081,8 @@ async def _stop_process(proc: asyncio.subprocess.Process) -> None:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGTERM)
         try:
-            await asyncio.wait_for(proc.wait(), timeout=10)
+            async with asyncio.timeout(10):
+                await proc.wait()
         except asyncio.TimeoutError:
             pass
     with contextlib.suppress(ProcessLookupError):

@@ -157,7 +157,8 @@ class LocalExporter:
                 self._idle.clear()
                 await self._idle.wait()
 
-        await asyncio.wait_for(idle_after_call(), timeout=timeout)
+        async with asyncio.timeout(timeout):
+            await idle_after_call()
 
     def exported_at(self, path: str) -> float | None:
         """When ``path`` (relative to the root) was last exported (unix seconds), or None."""

@@ -179,7 +179,8 @@ class Notifier:
         """Send what is queued within ``timeout_s``, then stop (what is left is dropped)."""
         if self._task is not None:
             with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._queue.join(), timeout=timeout_s)
+                async with asyncio.timeout(timeout_s):
+                    await self._queue.join()
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
