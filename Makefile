@@ -23,8 +23,9 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(VENV)/bin/resilienced drill
 
+# The e2e layer and the two others side by side (tests/run_layers.py, docs/development.md).
 test: $(STAMP) deploy-tools redis-server
-	$(PY) -m pytest
+	$(PY) tests/run_layers.py
 
 # The unit and integration layers (tests/support/layers.py): no Ray, trainer or drill.
 test-fast: $(STAMP) deploy-tools

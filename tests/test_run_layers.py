@@ -1,0 +1,41 @@
+"""``make test``'s runner (tests/run_layers.py): both layers run, and either one failing fails it."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.integration  # it starts pytest processes
+
+RUNNER = Path(__file__).resolve().parent / "run_layers.py"
+INI = "[pytest]\nmarkers =\n    unit: u\n    integration: i\n    e2e: e\naddopts = --strict-markers\n"
+
+
+def run(tmp_path: Path, *, unit_passes: bool, e2e_passes: bool) -> subprocess.CompletedProcess:
+    (tmp_path / "pytest.ini").write_text(INI)
+    (tmp_path / "test_layers_here.py").write_text(
+        "import pytest\n"
+        f"@pytest.mark.unit\ndef test_fast():\n    assert {unit_passes}, 'the unit test failed'\n"
+        f"@pytest.mark.e2e\ndef test_slow():\n    assert {e2e_passes}, 'the e2e test failed'\n")
+    return subprocess.run([sys.executable, str(RUNNER), "-p", "no:cacheprovider", "-c", str(tmp_path / "pytest.ini"),
+                           "--rootdir", str(tmp_path), str(tmp_path)],
+                          capture_output=True, text=True, timeout=300, cwd=tmp_path)
+
+
+def test_both_layers_pass_and_both_are_reported(tmp_path: Path) -> None:
+    done = run(tmp_path, unit_passes=True, e2e_passes=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "the unit and integration layers" in done.stdout
+    assert done.stdout.count("1 passed, 1 deselected") == 2
+    assert "e2e exit 0" in done.stdout and "unit and integration exit 0" in done.stdout
+
+
+@pytest.mark.parametrize(("unit_passes", "e2e_passes"), [(False, True), (True, False)], ids=["unit-fails", "e2e-fails"])
+def test_a_failure_in_either_layer_fails_the_run_and_is_shown(tmp_path: Path, unit_passes: bool,
+                                                              e2e_passes: bool) -> None:
+    done = run(tmp_path, unit_passes=unit_passes, e2e_passes=e2e_passes)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert ("the unit test failed" if not unit_passes else "the e2e test failed") in done.stdout
