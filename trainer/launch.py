@@ -85,7 +85,8 @@ def run_with_ray(cfg: TrainConfig) -> int:
         from trainer.elastic import ElasticCallback
 
         callbacks.append(ElasticCallback(root, max_workers=cfg.num_workers,
-                                         save_timeout_s=cfg.resize_save_timeout_s))
+                                         save_timeout_s=cfg.resize_save_timeout_s,
+                                         resize_interval_s=cfg.resize_interval_s))
     trainer_ = TorchTrainer(
         ray_train_fn,
         train_loop_config=cfg.as_dict(),
