@@ -141,8 +141,12 @@ class ElasticCallback(ControllerCallback, WorkerGroupCallback):
     def before_worker_group_start(self, worker_group_context: Any) -> None:
         self._mark("group_start")
 
+    def before_init_train_context(self, workers: Any) -> dict[str, list[Any]]:
+        self._mark("actors_ready")  # placement group ready, worker actors created
+        return {}
+
     def after_worker_group_start(self, worker_group: Any) -> None:
-        self._mark("group_ready")
+        self._mark("group_ready")  # train context and torch process group set up on every worker
 
     def after_worker_group_training_start(self, worker_group: Any) -> None:
         self._mark("launched")

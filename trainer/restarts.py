@@ -10,16 +10,17 @@ ranks and the controller share, as for :mod:`trainer.resize`):
   decided, then once per milestone of the worker group's start::
 
       {"id": "<hex>", "at": <unix s>, "kind": "start" | "restart" | "resize", "workers": N,
-       "decision": {...} | null, "marks": {"group_start": t, "group_ready": t, "launched": t}}
+       "decision": {...} | null, "marks": {"group_start": t, "actors_ready": t, "group_ready": t, "launched": t}}
 
 * ``.restart-cost``: written by rank 0 after the first step of the group (``Checkpointer``)::
 
       {"id": "<the .restart id>", "seconds": S, "kind": ..., "workers": N, "at": <unix s>,
-       "phases": {"teardown": s, "workers": s, "launch": s, "train_fn": s, "checkpointer": s,
-                  "model": s, "restore": s, "first_step": s}, "decision": {...} | null}
+       "phases": {"teardown": s, "actors": s, "process_group": s, "launch": s, "train_fn": s,
+                  "checkpointer": s, "model": s, "restore": s, "first_step": s}, "decision": {...} | null}
 
   ``phases`` splits ``seconds``: ``teardown`` (a resize: the ranks' save and the old group's
-  shutdown), ``workers`` (placement group, worker actors, the process group), ``launch`` (the
+  shutdown), ``actors`` (the placement group and the worker actors: new worker processes),
+  ``process_group`` (each worker's train context and torch process group), ``launch`` (the
   train function started on every worker), ``train_fn`` (the train function up to the
   ``Checkpointer``: its imports and set-up), ``checkpointer`` (the checkpointer's own gloo groups
   and the root probe), ``model`` (from there to ``restore``: building and sharding the model),
@@ -43,7 +44,7 @@ BEGAN = ".restart"
 COST = ".restart-cost"
 
 #: The controller's milestones, in order (``mark``), and rank 0's (``Checkpointer``).
-CONTROLLER_MARKS = ("group_start", "group_ready", "launched")
+CONTROLLER_MARKS = ("group_start", "actors_ready", "group_ready", "launched")
 RANK_MARKS = ("checkpointer_init", "checkpointer_ready", "restore_start", "restore_end", "first_step")
 
 
@@ -106,8 +107,9 @@ def measure(root: str | os.PathLike[str], *, marks: dict[str, float], world_size
 
 def phases(*, at: float, marks: dict[str, float]) -> dict[str, float]:
     """Seconds between consecutive milestones (a missing one merges into the next phase)."""
-    names = ("teardown", "workers", "launch", "train_fn", "checkpointer", "model", "restore", "first_step")
-    order = ("group_start", "group_ready", "launched", "checkpointer_init", "checkpointer_ready",
+    names = ("teardown", "actors", "process_group", "launch", "train_fn", "checkpointer", "model", "restore",
+             "first_step")
+    order = ("group_start", "actors_ready", "group_ready", "launched", "checkpointer_init", "checkpointer_ready",
              "restore_start", "restore_end", "first_step")
     out: dict[str, float] = {}
     previous = at

@@ -17,13 +17,15 @@ checked exactly in test_elastic_units.py).  A fixed-size run is unchanged: test_
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator
+import json
 import time
+from collections.abc import Iterator
 
 import pytest
 
 from conftest import DRAIN_TIMEOUT_S, SMALL, TrainerRun, node_labels
-from resilienced.local.raycluster import LocalRayCluster, LocalRayNode
+from resilienced.local.raycluster import INSTANCE_ID_LABEL, LocalRayCluster, LocalRayNode
+from trainer import replacement, restarts
 
 pytestmark = pytest.mark.e2e
 
@@ -113,4 +115,51 @@ def test_an_elastic_run_goes_on_at_two_after_a_notice_and_grows_back_to_three(
     for world_size, last in ((3, held[0]), (2, held[1]), (3, STEPS)):  # the run's world sizes, one after the other
         reference.start(["--ray-address", "local", "--num-workers", str(world_size), "--steps", str(last), *MODEL])
         assert reference.wait(240) == 0, reference.log
+    assert run.losses() == reference.losses()  # bit for bit
+
+
+def test_an_elastic_run_waits_for_a_replacement_due_before_shrinking_would_pay_and_restarts_once(
+    three_workers: LocalRayCluster, trainer_runs
+) -> None:
+    """The daemon's record (``trainer.replacement``, as ``resilienced.ray.replacement`` writes it)
+    says the replacement joins right after the deadline; the run measured that a restart costs it
+    120 s (its ``.restart-cost``, written here in its place: the real one is a few seconds, too
+    close to the time a node takes to start on a busy machine).  Shrinking cannot pay, so the run
+    holds its restart until the replacement joins and restarts once, at 3, as a gang would."""
+    ray_cluster = three_workers
+    env = {**ray_cluster.env, "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.5"}
+    steps = 60
+    run = trainer_runs.start(["--ray-address", ray_cluster.address, "--num-workers", "3", "--min-workers", "2",
+                              "--resize-interval-s", "2", "--min-step-seconds", "0.2", "--steps", str(steps), *MODEL],
+                             env=env)
+    run.wait_until(lambda r: r.events_named("restarted"), timeout=240, what="the first step (its start measured)")
+    cost = run.checkpoint_dir / restarts.COST
+    cost.write_text(json.dumps({**json.loads(cost.read_text()), "seconds": 120.0}))
+
+    victim = workers_alive(ray_cluster)[-1]
+    deadline = time.time() + DRAIN_TIMEOUT_S
+    record = {"lost_instance_id": victim.labels[INSTANCE_ID_LABEL], "capacity": "on-demand", "asked_at": time.time(),
+              "expected_join_s": DRAIN_TIMEOUT_S + 1.0, "basis": "test", "replacements": [], "joined_s": None}
+    with ray_cluster._gcs() as raw:
+        raw.internal_kv_put(replacement.key(victim.node_id).encode(), json.dumps(record).encode(), True,
+                            namespace=replacement.NAMESPACE.encode(), timeout=10)
+    assert ray_cluster.drain_node(victim, deadline_ms=int(deadline * 1000))
+    run.wait_until(lambda r: r.events_named("waiting_for_teardown"), timeout=DRAIN_TIMEOUT_S + 30,
+                   what="the ranks to save and wait for teardown")
+    while time.time() < deadline:
+        time.sleep(0.05)
+    ray_cluster.terminate_node(victim)
+    ray_cluster.add_node(labels=node_labels(next(_serial), "on-demand"))  # the replacement joins
+    assert run.wait(300) == 0, run.log
+
+    held, = [e["step"] for e in run.events_named("waiting_for_teardown")]
+    assert attempts(run) == [(3, None), (3, held)]  # one restart, at full size: never at 2
+    restart = run.events_named("restarted")[-1]
+    assert restart["kind"] == "restart" and restart["world_size"] == 3
+    assert restart["decision"]["choice"] == "wait" and restart["decision"]["outcome"] == "joined", restart
+    assert run.step_counts() == {step: 1 for step in range(1, steps + 1)}
+
+    reference = TrainerRun(run.out.parent / "reference").start(
+        ["--ray-address", "local", "--num-workers", "3", "--steps", str(steps), *MODEL])
+    assert reference.wait(240) == 0, reference.log
     assert run.losses() == reference.losses()  # bit for bit

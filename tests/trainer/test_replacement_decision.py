@@ -136,11 +136,11 @@ def test_a_restart_is_measured_once_from_the_size_decision_to_the_first_step(tmp
     marks = {"checkpointer_init": NOW + 9, "checkpointer_ready": NOW + 10, "restore_start": NOW + 11,
              "restore_end": NOW + 13, "first_step": NOW + 14}
     data = json.loads((tmp_path / restarts.BEGAN).read_text())
-    data["marks"] = {"group_start": NOW + 2, "group_ready": NOW + 7, "launched": NOW + 7.5}
+    data["marks"] = {"group_start": NOW + 2, "actors_ready": NOW + 5, "group_ready": NOW + 7, "launched": NOW + 7.5}
     (tmp_path / restarts.BEGAN).write_text(json.dumps(data))
     cost = restarts.measure(tmp_path, marks=marks, world_size=3)
     assert cost is not None and cost["seconds"] == 14.0 and cost["kind"] == "resize"
-    assert cost["phases"] == {"teardown": 2.0, "workers": 5.0, "launch": 0.5, "train_fn": 1.5,
+    assert cost["phases"] == {"teardown": 2.0, "actors": 3.0, "process_group": 2.0, "launch": 0.5, "train_fn": 1.5,
                               "checkpointer": 1.0, "model": 1.0, "restore": 2.0, "first_step": 1.0}
     assert sum(cost["phases"].values()) == cost["seconds"]
     assert cost["decision"] == {"choice": "shrink"} and restarts.last_cost(tmp_path) == 14.0
