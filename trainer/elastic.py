@@ -121,7 +121,10 @@ class ElasticCallback(ControllerCallback, WorkerGroupCallback):
                     and type(previous_state) is not type(current_state):
                 error = getattr(current_state, "training_failed_error", None)
                 self._wait_for_preempted_nodes(error)
-                self._decide_and_maybe_wait(error)
+                try:
+                    self._decide_and_maybe_wait(error)
+                except Exception:  # no decision: the run restarts as Ray Train decides (shrinks)
+                    log.warning("elastic callback: shrink-or-wait decision failed", exc_info=True)
                 self._refresh(force=True)
             elif isinstance(current_state, RunningState) and self._workers < self.max_workers:
                 self._refresh()
