@@ -19,8 +19,9 @@ from the source:
   or joined is seen up to 20 s late, and a restart decided on the stale view tries to place a
   worker on the dead node (and waits ``RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S``, 60 s, to fail).
 
-``ElasticCallback`` (a Ray Train ``ControllerCallback``, passed in ``RunConfig(callbacks=...)``)
-closes the gaps without changing Ray:
+``ElasticCallback`` (a Ray Train ``ControllerCallback``, and a ``WorkerGroupCallback`` for the
+milestones of a group's start; passed in ``RunConfig(callbacks=...)``) closes the gaps without
+changing Ray:
 
 1. when the run restarts after a preemption, it waits (at most ``node_gone_timeout_s``) until
    the preempted nodes are no longer alive, then has the coordinator look at the cluster again
