@@ -302,7 +302,7 @@ def report_from(
     checks[SAME_LOSSES if options.scenario == "elastic" else "losses match the uninterrupted run"] = \
         losses["losses_match_uninterrupted"]
     if options.scenario == "elastic":
-        checks.update(elastic_checks(options, idle=idle, trained_twice=trained_twice))
+        checks.update(elastic_checks(options, idle=idle, trained_twice=trained_twice, events=events))
     if options.scenario in ("spot", "elastic") and options.daemon:
         checks["no step lost"] = steps_lost == 0
         checks["requeued on capacity that exists"] = capacity in ("spot", "capacity-block", "on-demand")
@@ -430,9 +430,17 @@ def _replacement_facts(announced: dict[str, Any] | None,
             "joined_s": round(joined - asked, 1) if joined is not None else None}
 
 
-def elastic_checks(options: DrillOptions, *, idle: dict[str, Any], trained_twice: int) -> dict[str, bool]:
+def elastic_checks(options: DrillOptions, *, idle: dict[str, Any], trained_twice: int,
+                   events: Sequence[dict[str, Any]] = ()) -> dict[str, bool]:
+    """The elastic story's checks.  The run either shrank (resumed at ``--workers`` - 1) or, when
+    its replacement was due before shrinking would pay, waited for it and resumed at full size
+    (its ``restarted`` event says which, ``trainer.replacement``)."""
+    waited = any(e.get("event") == "restarted" and (e.get("decision") or {}).get("outcome") == "joined"
+                 for e in events)
+    resumed = (f"waited for the replacement and resumed at world size {options.workers}" if waited
+               else f"resumed at world size {options.min_workers}")
     return {
-        f"resumed at world size {options.min_workers}": idle["resumed_world_size"] == options.min_workers,
+        resumed: idle["resumed_world_size"] == (options.workers if waited else options.min_workers),
         f"back at world size {options.workers}": idle["back_to_full_s"] is not None,
         "no step trained twice": trained_twice == 0,
     }

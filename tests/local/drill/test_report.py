@@ -202,3 +202,30 @@ def test_the_elastic_scenario_runs_the_trainer_elastic_and_its_reference_at_each
     spot = Drill(DrillOptions(workdir=str(tmp_path / "w")), out=io.StringIO())
     plain = spot._trainer_args(ray_address="local", checkpoint_dir=tmp_path, metrics=tmp_path / "m", events=None, pad=False)
     assert flag(plain, "--batch-size") == "8" and "--min-workers" not in plain and "--dropout" not in plain
+
+
+def test_an_elastic_run_that_waited_for_its_replacement_resumes_at_full_size_once() -> None:
+    """The replacement was due before shrinking would pay: one restart, at 3 (the decision is in
+    the new group's ``restarted`` event); a wait that ended late is a shrink like any other."""
+    m = (metrics(range(1, 31), attempt=1, t0=NOTICE - 15, world_size=3)
+         + metrics(range(31, 81), attempt=2, t0=NOTICE + 40, world_size=3))
+    e = [{"event": "started", "time": NOTICE - 16, "attempt": 1, "resumed_from_step": None, "world_size": 3},
+         {"event": "preemption_notice", "time": NOTICE + 0.7, "step": 16, "deadline_ms": 0, "source": "ray"},
+         {"event": "checkpoint_committed", "time": NOTICE + 0.9, "step": 16, "reason": "preemption"},
+         {"event": "checkpoint_committed", "time": NOTICE + 14, "step": 30, "reason": "preemption"},
+         {"event": "started", "time": NOTICE + 39, "attempt": 2, "resumed_from_step": 30, "world_size": 3},
+         {"event": "restarted", "time": NOTICE + 40.1, "kind": "restart", "world_size": 3, "seconds": 9.0,
+          "phases": {}, "decision": {"choice": "wait", "reason": "wait for the replacement until 40s from now: ...",
+                                     "waited_s": 6.0, "outcome": "joined"}},
+         {"event": "finished", "time": NOTICE + 95, "step": 80}]
+    report = report_from(options=ELASTIC, metrics=m, events=e, reference=reference(80), notice=NOTICE,
+                         durable_at=NOTICE + 1.5, capacity="capacity-block", trainer_exit=0,
+                         node_spans=[(900.0, None), (900.0, None), (900.0, NOTICE + 25), (NOTICE + 30, None)])
+    assert report["ok"], report["checks"]
+    assert report["checks"]["waited for the replacement and resumed at world size 3"]
+    assert report["elastic_decision"].startswith("wait for the replacement")
+    assert report["restarts"] == [{"attempt": 2, "world_size": 3, "after": "node joined", "seconds": 10.0}]
+    e[5]["decision"]["outcome"] = "late"  # it waited in vain, then shrank: yet it resumed at 3
+    assert report_from(options=ELASTIC, metrics=m, events=e, reference=reference(80), notice=NOTICE,
+                       durable_at=NOTICE + 1.5, capacity="capacity-block", trainer_exit=0)["checks"][
+        "resumed at world size 2"] is False
