@@ -13,8 +13,9 @@ include deploy/tools.mk
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	# torch is pinned here too: a newer or unpinned torch pulls a multi-GB CUDA build.
-	$(PY) -m pip install -q "torch==2.13.0" -e ".[train,test]"
+	# torch is pinned here too: a newer or unpinned torch pulls a multi-GB CUDA build. The hf and
+	# lightning extras (the framework callbacks' tests) pull no other torch.
+	$(PY) -m pip install -q "torch==2.13.0" -e ".[train,test,hf,lightning]"
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -25,8 +26,9 @@ demo: $(STAMP)
 test: $(STAMP) deploy-tools redis-server
 	$(PY) -m pytest
 
-test-fast: $(STAMP)
-	$(PY) -m pytest -m "not e2e"
+# The unit and integration layers (tests/support/layers.py): no Ray, trainer or drill.
+test-fast: $(STAMP) deploy-tools
+	$(PY) -m pytest -m "unit or integration"
 
 bench: $(STAMP)
 	$(PY) bench/intake.py

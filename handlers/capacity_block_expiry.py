@@ -17,7 +17,12 @@ The payload as the EC2 User Guide documents it (its sample writes ``detail_type`
     }
 
 Sent 40 minutes before the block ends; EC2 starts terminating its instances 30 minutes before
-the end.  Deadline: ``end-date`` - 30 min.  The instances are not in the event: they are found
+the end.  Deadline: ``end-date`` - 30 min.  Where Karpenter manages a run's nodes (the node's
+``karpenter.sh/nodepool`` label) they go earlier: Karpenter deletes the NodeClaims of a block that
+is ``expiring``, 40 minutes before its end, polled every minute, and drains the nodes then
+(aws/karpenter-provider-aws v1.6+, v1.14.1 ``pkg/controllers/capacityreservation/expiration/
+controller.go``, ``capacityReservationExpirationPeriod`` in ``pkg/apis/v1/ec2nodeclass_status.go``):
+:func:`run_deadline` gives those runs ``end-date`` - 40 min.  The instances are not in the event: they are found
 through the reservation when the plan is carried out, so ``instance_ids`` is empty and the plan
 names the reservation.  Plan: signal, durable, requeue, for every instance of the reservation.
 (Stored copies of the guide disagree on the detail-type; both spellings are accepted.)
@@ -26,10 +31,11 @@ names the reservation.  Plan: signal, durable, requeue, for every instance of th
 from __future__ import annotations
 
 from dataclasses import replace
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from resilienced import validate
-from resilienced.model import Envelope, Event, Kind, Plan, Step
+from resilienced.capacity.decision import KARPENTER_BLOCK_DRAIN
+from resilienced.model import Envelope, Event, Kind, NodeShape, Plan, Step
 from resilienced.settings import IntakeSettings
 
 SOURCE = "aws.ec2"
@@ -53,3 +59,13 @@ def parse(envelope: Envelope, base: Event, settings: IntakeSettings) -> Event:
 def plan(event: Event, settings: IntakeSettings) -> Plan:
     return Plan(event=event, actionable=True, steps=STEPS,
                 capacity_reservation_id=event.capacity_reservation_id, deadline=event.deadline)
+
+
+def run_deadline(plan: Plan, *, node_shape: str | None) -> datetime | None:
+    """When one run's nodes go: the plan's deadline, or for an expiring block on Karpenter's nodes
+    ``end-date`` - 40 min (Karpenter drains them then, ten minutes before EC2 would)."""
+    event = plan.event
+    if event.kind is not KIND or node_shape != NodeShape.KARPENTER.value or not event.attributes.get("end_date"):
+        return plan.deadline
+    end = validate.iso_time(event.attributes["end_date"], field="detail.end-date")
+    return end - KARPENTER_BLOCK_DRAIN

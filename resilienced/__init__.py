@@ -5,7 +5,8 @@ Folders: the root holds the entry points, the message stages (``consumer``, ``in
 signal -> ``durable`` -> requeue; ``plan_only``: log it); ``aws/``, ``kube/`` and ``ray/`` are
 the adapters of each backend (``ray/`` mirrors ``kube/``: ``gcs``, ``cluster``, ``claims``,
 ``requeue``); ``capacity/`` decides Spot / Capacity Block / On-Demand; ``requeue/`` applies the
-decision in Kubernetes; ``local/`` holds the stand-ins of the drill and the demo (moto, a local
+decision in Kubernetes; ``followup`` (pure) and ``recovery/followup`` follow a requeued run until
+it trains again; ``local/`` holds the stand-ins of the drill and the demo (moto, a local
 Ray cluster, the FSx exporter, the local node provider), which nothing else imports.
 
 Layers, top to bottom.  A module may import from its own layer and the layers below it, never
@@ -16,8 +17,8 @@ numbered lines below, so this list is the one place the layers are written:
 1. cli, __main__, replay, status, inject, local: entry points and the local stand-ins
 2. daemon, wiring: settings -> adapters -> consumer loop, HTTP server
 3. consumer, recovery: one pass receive -> handle -> ack; acting on a plan
-4. aws, kube, ray, requeue, capacity, claims, notify, http, metrics: adapters and their state
-5. intake, handlers, ack, runs, validate, log, tasks, capacity.decision, capacity.history, capacity.request: pure logic
+4. aws, kube, ray, requeue, capacity, claims, followups, notify, http, metrics: adapters and their state
+5. intake, handlers, ack, runs, validate, log, tasks, followup, capacity.decision, capacity.history, capacity.request: pure logic
 6. model, ports, errors, settings, options, permissions, capacity.policy, resilienced: vocabulary
 
 Also checked there: nothing outside ``local/`` imports ``resilienced.local`` (its ``demo`` and

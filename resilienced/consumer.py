@@ -7,9 +7,10 @@ Per message (``Consumer._process``):
    ``stale_after_seconds`` ago, or whose time is more than ``future_skew_seconds`` ahead, is not
    actionable (deleted with a ``stale: ...`` reason, counted in ``resilienced_stale_events_total``);
 2. not decodable / invalid / not actionable: an outcome at once; actionable: claim the event
-   id (idempotency), then hand the plan to the :class:`~resilienced.ports.Responder`,
-   while a keeper extends the message's visibility (and renews the claim) every
-   visibility/3 seconds, for as long as the responder runs;
+   id (idempotency; :func:`resilienced.claims.held_claim`, TTL the visibility timeout, renewed
+   every third of it), then hand the plan to the :class:`~resilienced.ports.Responder`,
+   while a keeper extends the message's visibility every visibility/3 seconds, for as long as
+   the responder runs (the claim's renewal never holds up the extensions);
 3. settle: :func:`resilienced.ack.verdict` decides delete / keep / dead-letter; one
    ``decision`` log line and the metrics record it.
 
@@ -22,9 +23,10 @@ message coming back (its visibility lapsed while the claim is still held): it is
 never deleted, so a slow or dead holder cannot make its event vanish.
 
 The loop (:meth:`Consumer.run`) receives only when a handling slot is free (``concurrency``),
-so received messages never wait unstarted.  :meth:`Consumer.stop` (SIGTERM) stops receiving,
-waits up to ``shutdown_timeout`` for in-flight messages, then cancels the rest and releases
-them (visibility 0) for another replica; unfinished work is never deleted.
+so received messages never wait unstarted.  :meth:`Consumer.stop` (SIGTERM) stops receiving
+(messages a long poll in flight returns after it are released at once, not started), waits up to
+``shutdown_timeout`` for in-flight messages, then cancels the rest and releases them
+(visibility 0) for another replica; unfinished work is never deleted.
 """
 
 from __future__ import annotations
@@ -36,11 +38,12 @@ import socket
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
 from resilienced import ack, intake, log
+from resilienced.claims import HeldClaim, held_claim
 from resilienced.errors import BackendUnavailable, PermanentError, TemporaryError, backends_of
 from resilienced.http import Readiness
 from resilienced.metrics import Metrics
@@ -75,14 +78,7 @@ class Flight:
     holder: str
     received_at: float
     received_unix: float = 0.0  # wall clock, to age the event against its ``time``
-    claim_key: str | None = None
     settling: bool = False
-    # why the event claim was lost while handling (a renewal found it taken over): the new
-    # holder decides the event; this replica's outcome becomes a retry, its decision not final
-    claim_lost: str | None = None
-    # held while the event claim is renewed, completed or released: a renewal in flight lands
-    # before the completion, and none starts after it (ray mode's GCS KV has no compare-and-set)
-    claim_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
 
 class Consumer:
@@ -168,6 +164,9 @@ class Consumer:
                     await self._until_stopped(asyncio.sleep(backoff))
                     continue
                 backoff = 0.0
+                if self._stopping.is_set():  # a long poll that answered as stop() came
+                    await self._give_back(messages or [])
+                    break
                 for message in messages or ():
                     self._start(message)
         finally:
@@ -275,47 +274,54 @@ class Consumer:
         return await self._act(flight, plan)
 
     async def _act(self, flight: Flight, plan: Plan) -> Outcome:
+        """Under the event claim (held while the responder works), or an outcome saying who has it."""
         event, message = plan.event, flight.message
         key = f"event/{event.event_id}" if event.event_id else f"message/{message.message_id}"
-        ttl = float(self.settings.visibility_timeout)
-        try:
-            claim = await self.claims.acquire(key, holder=flight.holder, ttl_seconds=ttl)
-            existing = None if claim is not None else await self.claims.get(key)
+        try:  # a TemporaryError here is the claim store's, on the acquire or the look at who has it
+            async with held_claim(self.claims, key, holder=flight.holder, logger=self.log,
+                                  ttl_seconds=float(self.settings.visibility_timeout)) as held:
+                if held is None:
+                    existing = await self.claims.get(key)
+                    return self._not_claimed(event_id=event.event_id, plan=plan, message=message,
+                                             existing=existing)
+                outcome = await self._respond(plan, flight)
+                return await self._settle_claim(held, outcome)
         except TemporaryError as e:
             for backend in backends_of(e):
                 self.metrics.backend_errors.labels(backend=backend).inc()
             return Outcome(result=Result.RETRY, event=event, plan=plan,
                            reason=f"claim store: {e}", retry_delay=self._retry_delay(e, message))
-        if claim is None:
-            return self._not_claimed(event_id=event.event_id, plan=plan, message=message,
-                                     existing=existing)
-        flight.claim_key = key
+
+    async def _respond(self, plan: Plan, flight: Flight) -> Outcome:
+        """The responder's outcome; what it raises becomes one (it never raises itself)."""
+        event, message = plan.event, flight.message
         try:
-            outcome = await self.responder.act(plan, holder=flight.holder)
+            return await self.responder.act(plan, holder=flight.holder)
         except TemporaryError as e:
             for backend in backends_of(e):
                 self.metrics.backend_errors.labels(backend=backend).inc()
-            outcome = Outcome(result=Result.RETRY, event=event, plan=plan, reason=str(e),
-                              retry_delay=self._retry_delay(e, message))
+            return Outcome(result=Result.RETRY, event=event, plan=plan, reason=str(e),
+                           retry_delay=self._retry_delay(e, message))
         except PermanentError as e:
-            outcome = Outcome(result=Result.FAILED, event=event, plan=plan, reason=str(e))
+            return Outcome(result=Result.FAILED, event=event, plan=plan, reason=str(e))
         except Exception as e:
             self.log.error("responder raised", event_id=event.event_id,
                            error=f"{type(e).__name__}: {e}", exc_info=e)
-            outcome = Outcome(result=Result.RETRY, event=event, plan=plan,
-                              reason=f"responder raised {type(e).__name__}: {e}")
-        async with flight.claim_lock:  # after a renewal in flight; the keeper renews no more
-            flight.claim_key = None
-            if flight.claim_lost is not None:
-                return self._lost(flight, key, outcome)
-            try:
-                if outcome.result is Result.RETRY:
-                    await self.claims.release(key, holder=flight.holder)
-                else:
-                    await self.claims.complete(key, holder=flight.holder,
-                                               details={"result": outcome.result.value})
-            except TemporaryError as e:
-                self.log.warning("claim update failed", key=key, error=str(e))
+            return Outcome(result=Result.RETRY, event=event, plan=plan,
+                           reason=f"responder raised {type(e).__name__}: {e}")
+
+    async def _settle_claim(self, held: HeldClaim, outcome: Outcome) -> Outcome:
+        """Complete the event claim (release it for a retry), unless it was lost meanwhile."""
+        await held.stop_renewing()  # a renewal in flight lands first; none starts after
+        if held.lost is not None:
+            return self._lost(held, outcome)
+        try:
+            if outcome.result is Result.RETRY:
+                await held.release()
+            else:
+                await held.complete({"result": outcome.result.value})
+        except TemporaryError as e:
+            self.log.warning("claim update failed", key=held.key, error=str(e))
         return outcome
 
     def _retry_delay(self, error: TemporaryError, message: Message) -> float | None:
@@ -328,18 +334,20 @@ class Consumer:
                                        visibility_timeout=float(self.settings.visibility_timeout),
                                        receive_count=message.receive_count)
 
-    def _lost(self, flight: Flight, key: str, outcome: Outcome) -> Outcome:
-        """The event claim was taken over while this replica handled the event (it could not
-        renew it within its TTL: a stalled claim store, a starved process): the holder decides
-        the event, so this replica's outcome is not final. It neither completes nor releases the
-        claim, and keeps the message (RETRY after the TTL): if the holder dies unfinished, the
-        next delivery takes the event again. Every step of the work is idempotent, and the
-        recovery's run claims fence its steps the same way."""
-        self.log.warning("event claim lost while handling it", key=key, why=flight.claim_lost,
+    def _lost(self, held: HeldClaim, outcome: Outcome) -> Outcome:
+        """The event claim was lost while this replica handled the event (taken over: it could
+        not renew it within its TTL, a stalled claim store, a starved process; or no renewal
+        succeeded for a whole TTL): the holder decides the event, so this replica's outcome is
+        not final. It neither completes nor releases the claim, and keeps the message (RETRY
+        after the TTL): if the holder dies unfinished, the next delivery takes the event again.
+        Every step of the work is idempotent, and the recovery's run claims fence its steps the
+        same way."""
+        key = held.key
+        self.log.warning("event claim lost while handling it", key=key, why=held.lost,
                          result=outcome.result.value)
         return Outcome(result=Result.RETRY, event=outcome.event, plan=outcome.plan,
                        retry_delay=float(self.settings.visibility_timeout),
-                       reason=f"event claim {key} lost while handling it ({flight.claim_lost}); its "
+                       reason=f"event claim {key} lost while handling it ({held.lost}); its "
                               f"holder decides (this delivery's outcome was {outcome.result.value}: "
                               f"{outcome.reason})")
 
@@ -362,67 +370,39 @@ class Consumer:
                               "message stays on the queue until that finishes")
 
     async def _keep_visible(self, flight: Flight) -> None:
-        """Every third of the visibility timeout: extend the message's visibility, and renew its
-        event claim beside it.
+        """Every third of the visibility timeout: extend the message's visibility.
 
-        The renewal never holds up the extensions: a claim store that does not answer (ray mode:
-        a stopped GCS holds a call up to 45 s) would otherwise let the message become visible,
-        and another replica would handle the event a second time.  One renewal at a time; one in
-        flight is waited for, never cancelled (its write could land after the completion).
+        The event claim is renewed beside it by its own task (``claims.held_claim``), so a claim
+        store that does not answer (ray mode: a stopped GCS holds a call up to 45 s) never holds
+        up the extensions: the message would become visible, and another replica would handle
+        the event a second time.
         """
         interval = self.settings.visibility_timeout / 3
-        renewal: asyncio.Task[None] | None = None
-        try:
-            while True:
-                await asyncio.sleep(interval)
-                try:
-                    await self.queue.change_visibility(flight.message,
-                                                       seconds=self.settings.visibility_timeout)
-                    self.metrics.visibility_extensions.inc()
-                except BackendUnavailable as e:
-                    self.metrics.queue_errors.labels("change_visibility").inc()
-                    self.log.warning("visibility extension failed",
-                                     message_id=flight.message.message_id, error=str(e))
-                if renewal is not None and renewal.done():
-                    renewal, done = None, renewal
-                    done.result()  # an unexpected error ends the keeper, as it always did
-                if renewal is None:
-                    renewal = asyncio.create_task(self._renew_event_claim(flight),
-                                                  name=f"resilienced.renew/{flight.message.message_id}")
-        finally:
-            if renewal is not None:
-                await asyncio.gather(asyncio.shield(renewal), return_exceptions=True)
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                await self.queue.change_visibility(flight.message,
+                                                   seconds=self.settings.visibility_timeout)
+                self.metrics.visibility_extensions.inc()
+            except BackendUnavailable as e:
+                self.metrics.queue_errors.labels("change_visibility").inc()
+                self.log.warning("visibility extension failed",
+                                 message_id=flight.message.message_id, error=str(e))
 
-    async def _renew_event_claim(self, flight: Flight) -> None:
-        async with flight.claim_lock:
-            if flight.claim_key is not None:
-                try:
-                    renewed = await self.claims.acquire(
-                        flight.claim_key, holder=flight.holder,
-                        ttl_seconds=float(self.settings.visibility_timeout))
-                    if renewed is None:  # it lapsed and another delivery took it over
-                        current = await self.claims.get(flight.claim_key)
-                        flight.claim_lost = (f"taken over by {current.holder}" if current is not None
-                                             else "it lapsed")
-                        flight.claim_key = None  # renew it no more
-                except TemporaryError as e:
-                    self.log.warning("claim renewal failed", key=flight.claim_key, error=str(e))
+    async def _give_back(self, messages: list[Message]) -> None:
+        """Messages received after stop() was called: not started, visible again at once."""
+        for message in messages:
+            await self._release(self._flight(message))
 
     async def _release(self, flight: Flight) -> None:
-        """Give an unfinished message back to the queue at once (and its claim)."""
+        """Give an unfinished message back to the queue at once (its event claim, if it held
+        one, was released as its handling was cancelled: ``claims.held_claim``)."""
         try:
             await self.queue.change_visibility(flight.message, seconds=0)
         except BackendUnavailable as e:
             self.metrics.queue_errors.labels("change_visibility").inc()
             self.log.warning("release failed; the message returns after its visibility timeout",
                              message_id=flight.message.message_id, error=str(e))
-        async with flight.claim_lock:
-            key, flight.claim_key = flight.claim_key, None
-            if key is not None:
-                try:
-                    await self.claims.release(key, holder=flight.holder)
-                except TemporaryError as e:
-                    self.log.warning("claim release failed", key=key, error=str(e))
         self.metrics.released.inc()
         self.log.info("released", message_id=flight.message.message_id,
                       receive_count=flight.message.receive_count)

@@ -12,12 +12,11 @@ configured ``--mode`` (plan: :class:`~resilienced.recovery.plan_only.PlanLogger`
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import signal
 from typing import Any
 
-from resilienced import log, tasks
+from resilienced import log
 from resilienced.aws.sqs import SqsQueue
 from resilienced.claims import MemoryClaims
 from resilienced.consumer import Consumer, Observer
@@ -27,6 +26,7 @@ from resilienced.metrics import QUEUE_STATES, Metrics
 from resilienced.ports import CapacitySource, ClaimStore, NodeProvider, Responder
 from resilienced.recovery.plan_only import PlanLogger
 from resilienced.settings import Settings
+from resilienced.tasks import Supervisor
 
 #: Seconds between readiness pings of the queue (receives also count).
 PING_INTERVAL = 15.0
@@ -41,31 +41,25 @@ class StartupError(ResilienceError):
 async def serve(settings: Settings, *, responder: Responder | None = None,
                 claims: ClaimStore | None = None, ready: asyncio.Event | None = None,
                 metrics: Metrics | None = None, replica: str | None = None,
-                observer: Observer | None = None, stop: asyncio.Event | None = None) -> int:
+                observer: Observer | None = None, stop: asyncio.Event | None = None,
+                supervisor: Supervisor | None = None) -> int:
     """Run the daemon until SIGTERM/SIGINT (or ``stop`` is set); return the exit status (0 after a clean stop).
 
     ``observer`` is called once per settled message (see :data:`resilienced.consumer.Observer`).
     With ``stop`` the caller owns the signals (the drill): no signal handler is installed.
+    ``supervisor`` owns the long-lived tasks (:func:`run` passes the daemon's, which also owns the
+    runtime's); the consumer loop, the pinger and the stop waiter run in a scope of it that ends
+    with this call.  ``/healthz`` answers 503 naming any of its tasks that died.
     """
     logger = log.get("resilienced.daemon")
     qs = settings.queue
     metrics = metrics if metrics is not None else Metrics()
+    supervisor = supervisor if supervisor is not None else Supervisor()
     readiness = Readiness(stale_after=max(60.0, 2 * qs.wait_seconds + PING_INTERVAL))
     async with SqsQueue.open(queue_url=qs.queue_url, region=qs.effective_region,
                              endpoint_url=qs.endpoint_url,
                              max_connections=qs.concurrency * 2 + 4) as queue:
-        try:
-            max_receive_count = await queue.max_receive_count()
-        except BackendUnavailable as e:
-            raise StartupError(f"queue {qs.queue_url} did not answer: {e}") from e
-        readiness.ok()
-        metrics.ready.set_function(lambda: 1.0 if readiness.ready() else 0.0)
-        if max_receive_count is None and not qs.allow_no_dlq:
-            raise ConfigError("--queue-url", (
-                f"queue {qs.queue_url} has no redrive policy (no DLQ): poison messages would have "
-                "nowhere to go. Give it a RedrivePolicy with a dead-letter queue, or pass "
-                "--allow-no-dlq (env RESILIENCED_ALLOW_NO_DLQ) to delete them after "
-                f"{qs.max_receives_without_dlq} receives"))
+        max_receive_count = await _startup_checks(queue, settings, readiness=readiness, metrics=metrics)
         consumer = Consumer(
             queue=queue, responder=responder if responder is not None else PlanLogger(),
             claims=(claims if claims is not None
@@ -75,44 +69,63 @@ async def serve(settings: Settings, *, responder: Responder | None = None,
             **({"replica": replica} if replica else {}),
             observer=observer,
         )
-        http = HttpServer(host=settings.http.http_host, port=settings.http.http_port,
-                          metrics=metrics, readiness=readiness, alive=tasks.alive)
-        try:
-            await http.start()
-        except OSError as e:
-            raise StartupError(f"cannot serve HTTP on {settings.http.http_host}:{settings.http.http_port}: "
-                               f"{e.strerror or e}") from e
+        http = await _start_http(settings, metrics=metrics, readiness=readiness, supervisor=supervisor)
         loop = asyncio.get_running_loop()
         signals = (signal.SIGTERM, signal.SIGINT) if stop is None else ()
         for sig in signals:
             loop.add_signal_handler(sig, _on_signal, consumer, logger, sig)
-        stopper = (tasks.spawn(_stop_on(stop, consumer), name="resilienced.stop", forever=False)
-                   if stop is not None else None)
-        pinger = tasks.spawn(_ping(queue, readiness, logger, metrics), name="resilienced.ping")
-        logger.info("started", queue_url=qs.queue_url, region=qs.effective_region,
-                    endpoint_url=qs.endpoint_url, max_receive_count=max_receive_count,
-                    concurrency=qs.concurrency, visibility_timeout_s=qs.visibility_timeout,
-                    http_port=http.port, replica=consumer.replica,
-                    rebalance_policy=settings.intake.rebalance_policy)
-        if ready is not None:
-            ready.set()
-        loop_task = tasks.spawn(consumer.run(), name="resilienced.consumer",
-                                may_end=lambda: consumer.stopping)
         try:
-            await loop_task
+            async with supervisor.scope() as running:  # ends the pinger and the stop waiter
+                if stop is not None:
+                    running.spawn(_stop_on(stop, consumer), name="resilienced.stop", may_end=lambda: True)
+                running.spawn(_ping(queue, readiness, logger, metrics), name="resilienced.ping")
+                logger.info("started", queue_url=qs.queue_url, region=qs.effective_region,
+                            endpoint_url=qs.endpoint_url, max_receive_count=max_receive_count,
+                            concurrency=qs.concurrency, visibility_timeout_s=qs.visibility_timeout,
+                            http_port=http.port, replica=consumer.replica,
+                            rebalance_policy=settings.intake.rebalance_policy)
+                if ready is not None:
+                    ready.set()
+                await running.spawn(consumer.run(), name="resilienced.consumer",
+                                    may_end=lambda: consumer.stopping)
         finally:
             for sig in signals:
                 loop.remove_signal_handler(sig)
-            if stopper is not None:
-                stopper.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await stopper
-            pinger.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await pinger
             await http.stop()
         logger.info("stopped", released=int(metrics.value("resilienced_released_total")))
     return 0
+
+
+async def _startup_checks(queue: SqsQueue, settings: Settings, *, readiness: Readiness,
+                          metrics: Metrics) -> int | None:
+    """The queue answers and has a redrive policy (or ``--allow-no-dlq``); its maxReceiveCount."""
+    qs = settings.queue
+    try:
+        max_receive_count = await queue.max_receive_count()
+    except BackendUnavailable as e:
+        raise StartupError(f"queue {qs.queue_url} did not answer: {e}") from e
+    readiness.ok()
+    metrics.ready.set_function(lambda: 1.0 if readiness.ready() else 0.0)
+    if max_receive_count is None and not qs.allow_no_dlq:
+        raise ConfigError("--queue-url", (
+            f"queue {qs.queue_url} has no redrive policy (no DLQ): poison messages would have "
+            "nowhere to go. Give it a RedrivePolicy with a dead-letter queue, or pass "
+            "--allow-no-dlq (env RESILIENCED_ALLOW_NO_DLQ) to delete them after "
+            f"{qs.max_receives_without_dlq} receives"))
+    return max_receive_count
+
+
+async def _start_http(settings: Settings, *, metrics: Metrics, readiness: Readiness,
+                      supervisor: Supervisor) -> HttpServer:
+    """/metrics, /readyz, and /healthz reading which of ``supervisor``'s tasks died."""
+    http = HttpServer(host=settings.http.http_host, port=settings.http.http_port,
+                      metrics=metrics, readiness=readiness, dead=supervisor.dead)
+    try:
+        await http.start()
+    except OSError as e:
+        raise StartupError(f"cannot serve HTTP on {settings.http.http_host}:{settings.http.http_port}: "
+                           f"{e.strerror or e}") from e
+    return http
 
 
 async def _stop_on(stop: asyncio.Event, consumer: Consumer) -> None:
@@ -166,8 +179,9 @@ async def run(settings: Settings, *, ready: asyncio.Event | None = None, provide
 
     metrics = Metrics()
     replica = replica_name()
-    async with open_runtime(settings, metrics=metrics, replica=replica, provider=provider,
-                            capacity_source=capacity_source) as runtime:
-        return await serve(settings, responder=runtime.responder, claims=runtime.claims,
-                           ready=ready, metrics=metrics, replica=replica, observer=observer,
-                           stop=stop)
+    async with Supervisor() as supervisor:  # every long-lived task: the runtime's and serve's
+        async with open_runtime(settings, metrics=metrics, replica=replica, provider=provider,
+                                capacity_source=capacity_source, supervisor=supervisor) as runtime:
+            return await serve(settings, responder=runtime.responder, claims=runtime.claims,
+                               ready=ready, metrics=metrics, replica=replica, observer=observer,
+                               stop=stop, supervisor=supervisor)

@@ -1,7 +1,8 @@
 """The HTTP server: ``/metrics`` (Prometheus), ``/healthz`` (liveness), ``/readyz`` (readiness).
 
-- ``/healthz``: 200 while the event loop answers and the consumer loop runs; 503 when a
-  long-lived task died (the kubelet then restarts the pod).
+- ``/healthz``: 200 while the event loop answers and every long-lived task runs; 503 naming
+  each long-lived task that died and why (``resilienced.tasks.Supervisor.dead``), so the
+  kubelet's livenessProbe (deploy/kubernetes/base/deployment.yaml) restarts the pod.
 - ``/readyz``: 200 when the queue answered recently (:class:`Readiness`), else 503 with the
   last error.  A replica that cannot reach SQS is not ready.
 - ``/metrics``: the daemon's own registry.
@@ -10,7 +11,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from aiohttp import web
 
@@ -42,9 +43,10 @@ class HttpServer:
     """aiohttp on ``host:port`` (port 0: a free one, see :attr:`port` once started)."""
 
     def __init__(self, *, host: str, port: int, metrics: Metrics, readiness: Readiness,
-                 alive: Callable[[], bool]) -> None:
+                 dead: Callable[[], Mapping[str, str]]) -> None:
+        """``dead()``: the long-lived tasks that died, name -> why (empty: healthy)."""
         self._host, self._port = host, port
-        self._metrics, self._readiness, self._alive = metrics, readiness, alive
+        self._metrics, self._readiness, self._dead = metrics, readiness, dead
         self._runner: web.AppRunner | None = None
         self.port: int | None = None
 
@@ -70,9 +72,11 @@ class HttpServer:
                             headers={"Content-Type": Metrics.CONTENT_TYPE})
 
     async def _healthz(self, request: web.Request) -> web.Response:
-        if self._alive():
+        dead = dict(self._dead())
+        if not dead:
             return web.json_response({"status": "ok"})
-        return web.json_response({"status": "a long-lived task died (see logs)"}, status=503)
+        return web.json_response({"status": f"long-lived task(s) died: {', '.join(sorted(dead))}",
+                                  "dead": dead}, status=503)
 
     async def _readyz(self, request: web.Request) -> web.Response:
         if self._readiness.ready():

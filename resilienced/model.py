@@ -121,6 +121,21 @@ class Plan:
     reason: str | None = None
 
 
+class NodeShape(str, enum.Enum):
+    """Who manages the Nodes a run is on, read from the lost Node's labels (docs/requeue.md "Node shapes").
+
+    ``karpenter``: a NodePool (label ``karpenter.sh/nodepool``): capacity from Karpenter's labels,
+    steered with them, Capacity Blocks only where an EC2NodeClass of the run selects them, blocks
+    drained 40 min before their end.  ``eks-nodegroup``: an EKS managed node group (label
+    ``eks.amazonaws.com/nodegroup``): capacity from ``eks.amazonaws.com/capacityType``, steered with
+    it (the cluster autoscaler scales the group whose nodes fit).  Neither (None): Karpenter's
+    labels where the Node has them, steered with Karpenter's labels, no NodePool rule.
+    """
+
+    KARPENTER = "karpenter"
+    EKS_NODEGROUP = "eks-nodegroup"
+
+
 @dataclass(frozen=True)
 class RunFacts:
     """What the locate step knows about a run, for the capacity decision and the requeue.
@@ -135,9 +150,13 @@ class RunFacts:
 
     instance_type: str | None = None  # "p5.48xlarge" (label node.kubernetes.io/instance-type)
     availability_zone: str | None = None  # "us-east-1a" (topology.kubernetes.io/zone)
-    # as labelled: "spot" | "capacity-block" | "on-demand", or Karpenter's "reserved" (a block)
+    # as labelled: "spot" | "capacity-block" | "on-demand", or Karpenter's "reserved" (a Capacity Block,
+    # or an On-Demand Capacity Reservation when reservation_type is "default")
     capacity_type: str | None = None
-    reservation_id: str | None = None  # the block the run is on (karpenter.k8s.aws/capacity-reservation-id)
+    reservation_id: str | None = None  # the reservation the run is on (karpenter.k8s.aws/capacity-reservation-id)
+    # Karpenter's karpenter.k8s.aws/capacity-reservation-type of a reserved node: "capacity-block" | "default" (an ODCR)
+    reservation_type: str | None = None
+    node_shape: str | None = None  # NodeShape value: who manages the run's Nodes (None: neither shape)
     moved_at: str | datetime | None = None  # the run's last move (annotation resilienced.io/capacity-moved-at)
     instance_count: int | None = None  # instances the whole run (gang) uses
     instance_ids: tuple[str, ...] = ()  # the run's instances this event names (set when runs are grouped)
@@ -156,6 +175,12 @@ class RunFacts:
     requeued_for: str | None = None
     requeued_capacity: str | None = None
     requeued_reservation_id: str | None = None
+    # capacity the run must not be moved to now (capacity types or reservation ids): what stalled
+    # a recovery of this run, within its cool-down (resilienced.followup, docs/requeue.md)
+    exclude: tuple[str, ...] = ()
+    # capacities the run cannot be admitted on now, with why: ((capacity value, reason), ...);
+    # Kueue: no flavor of the run's ClusterQueue matches, or its free quota is short
+    closed_capacity: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -195,6 +220,23 @@ class Target:
             "ray_node_ids": list(self.ray_node_ids),
             "checkpoint_uri": self.checkpoint_uri,
         }
+
+
+@dataclass(frozen=True)
+class StageSeen:
+    """What one look at a stage of a requeued run found (``resilienced.followup``).
+
+    ``reached``: the stage's condition holds; ``detail``: what was seen, in words (the evidence of a
+    stall when not reached: a pending Workload's condition, an unschedulable pod, a NodeClaim that
+    could not launch); ``at``: when the stage was reached where the source says so (the trainer's
+    first step), else None (the look's own time counts); ``facts``: JSON-serialisable numbers
+    behind it (``resumed_from_step``, ``world_size`` ...).
+    """
+
+    reached: bool
+    detail: str
+    at: datetime | None = None
+    facts: Mapping[str, Any] = field(default_factory=dict)
 
 
 class Verdict(str, enum.Enum):

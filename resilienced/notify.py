@@ -1,4 +1,6 @@
-"""Notifications: one webhook POST per run per event once the daemon has handled it.
+"""Notifications: one webhook POST per run per event once the daemon has handled it, and one when
+the run trains again (``resumed``), falls back to other capacity (``fell back``) or is ``stuck``
+(``resilienced.recovery.followup``).
 
 :class:`Notifier` is off the recovery's path: :meth:`Notifier.submit` only puts the facts on a
 bounded in-memory queue (never waits, never raises; when the queue is full the notification
@@ -47,6 +49,8 @@ FACTS: dict[str, Any] = {
     "capacity_reason": "spot pool healthy",
     "outcome": "done",
     "reason": "",
+    "stage": "training",
+    "seconds_from_notice": "95",
 }
 #: How many notifications may wait for the webhook before new ones are dropped.
 QUEUE_SIZE = 1000
@@ -102,16 +106,29 @@ def flat(facts: Mapping[str, Any]) -> dict[str, str]:
     return {key: text(facts.get(key)) for key in FACTS}
 
 
+#: Outcomes of the follow-up after the requeue (resilienced.recovery.followup), with their headline.
+FOLLOW_UP_OUTCOMES = {"resumed": "trains again", "fell back": "fell back", "stuck": "is stuck"}
+
+
+def headline_of(f: Mapping[str, str]) -> str:
+    """The one-line summary: the handled notice, or what the follow-up saw of the run afterwards."""
+    if f["outcome"] in FOLLOW_UP_OUTCOMES:
+        return (f"run {f['run']} {FOLLOW_UP_OUTCOMES[f['outcome']]} (stage {f['stage']}, capacity {f['capacity']}, "
+                f"{f['seconds_from_notice']}s after the notice; step {f['checkpoint_step']})")
+    return (f"{f['kind']} on {f['instances']}, run {f['run']}: {f['outcome']}; "
+            f"checkpoint step {f['checkpoint_step']} durable {f['durable']}, "
+            f"steps lost {f['steps_lost']}, capacity {f['capacity']}")
+
+
 def slack_body(facts: Mapping[str, Any]) -> dict[str, Any]:
     """The default body: Slack's ``text`` (fallback, and what other chat webhooks show) and blocks."""
     f = flat(facts)
-    headline = (f"{f['kind']} on {f['instances']}, run {f['run']}: {f['outcome']}; "
-                f"checkpoint step {f['checkpoint_step']} durable {f['durable']}, "
-                f"steps lost {f['steps_lost']}, capacity {f['capacity']}")
+    headline = headline_of(f)
     fields = [("Kind", "kind"), ("Instance(s)", "instances"), ("Run", "run"),
               ("Drained nodes", "drained"), ("Checkpoint step", "checkpoint_step"),
               ("Durable", "durable"), ("Steps lost", "steps_lost"), ("Capacity", "capacity"),
-              ("Capacity reason", "capacity_reason"), ("Outcome", "outcome")]
+              ("Capacity reason", "capacity_reason"), ("Outcome", "outcome"), ("Stage", "stage"),
+              ("Seconds from the notice", "seconds_from_notice")]
     blocks: list[dict[str, Any]] = [
         {"type": "section", "text": {"type": "mrkdwn", "text": f"*resilienced*: {headline}"}},
         {"type": "section", "fields": [{"type": "mrkdwn", "text": f"*{title}*\n{f[key]}"}
@@ -161,7 +178,8 @@ class Notifier:
         """Send what is queued within ``timeout_s``, then stop (what is left is dropped)."""
         if self._task is not None:
             with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._queue.join(), timeout=timeout_s)
+                async with asyncio.timeout(timeout_s):
+                    await self._queue.join()
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task

@@ -64,8 +64,9 @@ RBAC_RULES: tuple[Rule, ...] = (
     Rule("", "pods", ("list", "watch", "delete"), "resilienced.kube, resilienced.requeue",
          "locate: cache Ray pods to find the runs on a Node (list/watch); requeue (KubeRay without "
          "Kueue): delete the run's worker pods so KubeRay recreates them on the decided capacity"),
-    Rule("", "events", ("create", "get", "patch"), "resilienced.kube.events",
-         "record: Events on Nodes and RayJobs/RayClusters; a repeat is read and its count patched"),
+    Rule("", "events", ("create", "get", "patch", "list"), "resilienced.kube.events, resilienced.requeue.progress",
+         "record: Events on Nodes and RayJobs/RayClusters; a repeat is read and its count patched; "
+         "follow-up: list Karpenter's InsufficientCapacityError Events on NodeClaims (evidence of a stall)"),
     Rule("ray.io", "rayclusters", ("get", "list", "watch", "patch"),
          "resilienced.kube, resilienced.requeue",
          "locate: cache RayClusters (GCS address, authOptions, checkpoint annotation); requeue: "
@@ -88,6 +89,19 @@ RBAC_RULES: tuple[Rule, ...] = (
     Rule("karpenter.k8s.aws", "ec2nodeclasses", ("list", "watch"), "resilienced.kube",
          "capacity (where Karpenter is installed): cache EC2NodeClasses; a Capacity Block is used "
          "only when one lists it in status.capacityReservations"),
+    Rule("karpenter.sh", "nodeclaims", ("list",), "resilienced.requeue.progress",
+         "follow-up (where Karpenter is installed): NodeClaims that failed to launch (Launched=False), "
+         "the evidence of a stalled scheduling"),
+    Rule("kueue.x-k8s.io", "localqueues", ("list", "watch"), "resilienced.kube",
+         "capacity (where Kueue is installed): cache LocalQueues, a Kueue-managed run's queue -> ClusterQueue"),
+    Rule("kueue.x-k8s.io", "clusterqueues", ("list", "watch"), "resilienced.kube",
+         "capacity (where Kueue is installed): cache ClusterQueues; a capacity whose flavor has too little "
+         "free quota for the run is not chosen"),
+    Rule("kueue.x-k8s.io", "resourceflavors", ("get", "list", "watch"),
+         "resilienced.kube, resilienced.requeue.progress",
+         "capacity (where Kueue is installed): cache ResourceFlavors, the nodeLabels that match a capacity; "
+         "follow-up: the nodeLabels of the flavors the run's Workload was admitted on, compared with the "
+         "decided capacity"),
 )
 
 NAMESPACED_RBAC_RULES: Mapping[str, tuple[Rule, ...]] = {

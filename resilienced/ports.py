@@ -22,6 +22,10 @@ Requeuer          ``requeue.router.Requeue`` around the           the same, real
                   ``requeue.router.KubernetesRequeuer`` or
                   ``ray.requeue.RayModeRequeuer``
 NodeProvider      none for EC2 yet (docs/architecture.md)         ``local.provider.LocalNodeProvider``
+FollowUpStore     ``kube.followups.KubeFollowUps`` (Leases),      the same, real (``followups.
+                  ``ray.followups.RayKvFollowUps`` (GCS KV)       MemoryFollowUps`` in unit tests)
+Progress          ``requeue.progress.KubeProgress``,              the same, real (emulated API,
+                  ``ray.progress.RayProgress``                    real local Ray cluster)
 ================  ==============================================  ==================================
 """
 
@@ -32,7 +36,16 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol, runtime_checkable
 
-from resilienced.model import Capacity, CapacityDecision, Event, Outcome, Plan, RequeueResult, Target
+from resilienced.model import (
+    Capacity,
+    CapacityDecision,
+    Event,
+    Outcome,
+    Plan,
+    RequeueResult,
+    StageSeen,
+    Target,
+)
 
 
 # --------------------------------------------------------------------------- queue
@@ -208,17 +221,53 @@ class Claim:
 
 @runtime_checkable
 class ClaimStore(Protocol):
-    """Cross-replica idempotency: who handles (event id, run), and whether it is done."""
+    """Cross-replica idempotency: who handles (event id, run), and whether it is done.
+
+    The contract every store keeps (``claims.MemoryClaims``, ``kube.leases.KubeLeaseClaims``,
+    ``ray.claims.RayKvClaims``; one test runs it against all three:
+    tests/intake/test_claim_contract.py).  A claim is ``held`` by one holder (one delivery of an
+    event, ``<replica>/<message id>``, or one actor) until its TTL runs out, or ``done``.  A held
+    claim is *live* until ``ttl_seconds`` after its last acquire or renewal, then *expired*.
+
+    - **acquire** (``holder``): taken, returned held by ``holder``, when the key is free: no
+      claim, a released one, an expired held one (a takeover: its old holder has lost it), or a
+      done one the store has forgotten (after the dedupe window).  ``None`` when another holder's
+      claim is live, or the claim is done (for every holder, its completer too).  Of concurrent
+      acquires of one free key at most one wins.
+    - **renew**: an acquire by the holder of the claim (live, or expired and not taken over):
+      its TTL restarts now, the same claim is returned.
+    - **lost**: a holder has lost its claim when its renewal returns ``None`` (another holder
+      took it over after its TTL ran out), or when it could not renew it for a whole TTL (from
+      then on another holder may take it over at any moment without it knowing).  A holder that
+      lost its claim takes no further step of the work (``claims.held_claim`` watches this).
+    - **complete** (``holder``, ``details``): the claim becomes done with ``details``, remembered
+      for at least the dedupe window, when ``holder`` holds it (live or expired and not taken
+      over) or the key is free (the work was done: a retry must not redo it).  A claim already
+      done stays as it is (the first completion's details).  For a holder that lost its claim to
+      another, live holder it changes nothing: the new holder decides.
+    - **release** (``holder``): the claim is freed (anyone may acquire it at once) when ``holder``
+      holds it.  A done claim, another holder's claim (a holder that lost it) and a free key are
+      left as they are.
+    - **get**: the live held claim or the done one; ``None`` for a free key (an expired held
+      claim nobody took over included).
+
+    Done claims are forgotten after the dedupe window: memory and the GCS KV expire them, the
+    daemon sweeps done Leases (``kube.leases.KubeLeaseClaims.sweep``).
+    """
 
     async def acquire(self, key: str, *, holder: str, ttl_seconds: float) -> Claim | None:
-        """Take the claim; return None when another live holder has it or it is done."""
+        """Take (or renew) the claim; None when another live holder has it or it is done."""
         ...
 
     async def get(self, key: str) -> Claim | None: ...
 
-    async def complete(self, key: str, *, holder: str, details: Mapping[str, Any]) -> None: ...
+    async def complete(self, key: str, *, holder: str, details: Mapping[str, Any]) -> None:
+        """Mark it done, unless another live holder has it or it is done already."""
+        ...
 
-    async def release(self, key: str, *, holder: str) -> None: ...
+    async def release(self, key: str, *, holder: str) -> None:
+        """Free it, when ``holder`` holds it (never a done claim)."""
+        ...
 
 
 # --------------------------------------------------------------------------- capacity and requeue
@@ -230,6 +279,11 @@ class Planner(Protocol):
         self, target: Target, *, event: Event, dry_run: bool = False
     ) -> tuple[object, CapacityDecision]:
         """The question asked about ``target``'s run (a ``CapacityRequest``) and the decision."""
+        ...
+
+    async def fallback(self, target: Target, *, event: Event, dry_run: bool = False) -> CapacityDecision:
+        """Where the run goes after its recovery stalled: decided again, ``target.facts.exclude``
+        passed over, nothing counted (the stalled requeue's notice was counted already)."""
         ...
 
 
@@ -251,6 +305,16 @@ class Requeuer(Protocol):
     async def requeue(
         self, target: Target, *, decision: CapacityDecision, event: Event, dry_run: bool = False
     ) -> RequeueResult: ...
+
+
+@runtime_checkable
+class Withdraws(Protocol):
+    """A requeuer that can give back what a requeue asked of one capacity and that never came
+    (ray mode: replacement nodes that did not join), before the run is moved elsewhere."""
+
+    async def withdraw(self, target: Target, *, capacity: Capacity, reservation_id: str | None) -> list[str]:
+        """Give it back; the things given back, in words (empty: nothing to give back)."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -285,6 +349,47 @@ class NodeProvider(Protocol):
 
     async def available(self, capacity: Capacity) -> int | None:
         """How many more nodes ``capacity`` can give (None: not known)."""
+        ...
+
+
+# --------------------------------------------------------------------------- following a requeue
+@runtime_checkable
+class FollowUpStore(Protocol):
+    """Where the follow-up of each run lives (``resilienced.followup.FollowUp`` as JSON), next to
+    the run claims: one record per run, written compare-and-set on the version it was read at."""
+
+    async def get(self, run: str) -> tuple[dict[str, Any], str] | None:
+        """(record, version), or None when the run has none."""
+        ...
+
+    async def put(self, run: str, record: Mapping[str, Any], *, version: str | None) -> str | None:
+        """Write ``record`` if the stored one is still at ``version`` (None: there is none yet);
+        the new version, or None when someone wrote it first."""
+        ...
+
+    async def all(self) -> list[tuple[dict[str, Any], str]]:
+        """Every record (open and ended), with its version."""
+        ...
+
+    async def delete(self, run: str, *, version: str) -> bool:
+        """Delete the record if it is still at ``version``; whether it was."""
+        ...
+
+
+@runtime_checkable
+class Progress(Protocol):
+    """Looks at a requeued run's way back (kubernetes: Kueue, pods, Nodes, NodeClaims; ray: the
+    Ray cluster's nodes).  The training stage is read from the run's checkpoint root in S3."""
+
+    async def admitted(self, target: Target, *, capacity: Capacity, reservation_id: str | None) -> StageSeen:
+        """Kueue: the run's active Workload holds quota and is admitted on a flavor of ``capacity``."""
+        ...
+
+    async def placed(self, target: Target, *, capacity: Capacity, reservation_id: str | None,
+                     since: datetime | None = None) -> StageSeen:
+        """kubernetes: every worker pod is bound to a Node of ``capacity`` (``scheduled``); ray:
+        the replacement nodes joined the cluster with its label (``joined``).  ``since``: when the
+        stage began (evidence older than it is not the stage's)."""
         ...
 
 

@@ -295,7 +295,8 @@ class ReadOnlyRay:
 
     async def nodes(self) -> list[RayNode]:
         try:
-            nodes = await asyncio.wait_for(self._inner.nodes(), self._timeout_s)
+            async with asyncio.timeout(self._timeout_s):
+                nodes = await self._inner.nodes()
         except TimeoutError:
             error: BackendUnavailable = BackendUnavailable(
                 "ray-gcs", f"{self.address}: no node list within {self._timeout_s:g}s")
@@ -313,7 +314,8 @@ class ReadOnlyRay:
     async def ping(self) -> str:
         """Connect once (token and Ray version checked); BackendUnavailable when it does not answer."""
         try:
-            return await asyncio.wait_for(self._inner.ping(), self._timeout_s)
+            async with asyncio.timeout(self._timeout_s):
+                return await self._inner.ping()
         except TimeoutError:
             raise BackendUnavailable("ray-gcs", f"{self.address}: no answer within {self._timeout_s:g}s") from None
 
@@ -522,5 +524,9 @@ def table(rows: Sequence[dict[str, Any]], columns: Sequence[tuple[str, str]] = C
 
 
 def target_cell(target: Mapping[str, Any]) -> str:
+    """``instance>run:capacity``, then the fallback chain a stalled recovery would try:
+    ``[then on-demand>wait]``."""
     run = target.get("ray_job") or target.get("ray_cluster") or target.get("node") or "?"
-    return f"{target.get('instance_id')}>{run}:{target.get('capacity') or '-'}"
+    chain = ">".join(str(f.get("capacity")) + (f" {f['reservation_id']}" if f.get("reservation_id") else "")
+                     for f in target.get("fallbacks") or [])
+    return f"{target.get('instance_id')}>{run}:{target.get('capacity') or '-'}" + (f"[then {chain}]" if chain else "")

@@ -23,8 +23,9 @@ from resilienced.validate import isoformat
 #: The key prefix of run claims (``run/<event id>/<run>``).
 RUN_PREFIX = "run/"
 #: The fields of a summary, in the order ``resilienced status`` shows them.
-FIELDS = ("time", "event_id", "kind", "instances", "run", "outcome", "drained",
-          "checkpoint_step", "durable", "steps_lost", "capacity", "capacity_reason", "reason")
+FIELDS = ("time", "event_id", "kind", "instances", "run", "outcome", "stage", "drained",
+          "checkpoint_step", "durable", "steps_lost", "capacity", "capacity_reason", "reason",
+          "training_again_s", "fallbacks")
 
 
 def record(event: Event, report: Mapping[str, Any], *, outcome: str, at: datetime,
@@ -65,4 +66,8 @@ def summary(details: Mapping[str, Any], *, key: str | None = None) -> dict[str, 
         "capacity": requeue.get("capacity"),
         "capacity_reason": requeue.get("reason"),
         "reason": details.get("reason") or details.get("failed") or durable.get("reason"),
+        # the run's follow-up after the requeue (resilienced.followup), filled in by ``status``
+        "stage": None,
+        "training_again_s": None,
+        "fallbacks": [],
     }

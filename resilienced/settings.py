@@ -2,7 +2,7 @@
 
 Every setting is a field of a frozen dataclass *group* (``QueueSettings``, ``IntakeSettings``,
 ``ModeSettings``, ``RecoverySettings``, ``CapacityPolicy``, ``HttpSettings``, ``LogSettings``,
-``NotifySettings``).
+``NotifySettings``, ``FollowUpSettings``).
 A field is declared with :func:`~resilienced.options.option` (the machinery lives in
 :mod:`resilienced.options`), which carries its
 flag (``--visibility-timeout``), its environment variables (``RESILIENCED_VISIBILITY_TIMEOUT``,
@@ -432,7 +432,8 @@ class NotifySettings(Group):
         None, parse=text, metavar="FILE",
         help="JSON body template replacing the Slack-compatible default, with $placeholders "
              "(event_id, kind, time, instances, run, drained, checkpoint_step, durable, "
-             "steps_lost, capacity, capacity_reason, outcome, reason); see docs/operations.md.")
+             "steps_lost, capacity, capacity_reason, outcome, reason, stage, "
+             "seconds_from_notice); see docs/operations.md.")
     notify_timeout_seconds: float = option(
         5.0, parse=seconds, metavar="S",
         help="Total time one POST may take, in seconds (0.1-60). Slack answers in well under a "
@@ -476,6 +477,64 @@ class NotifySettings(Group):
         return url
 
 
+@dataclass(frozen=True)
+class FollowUpSettings(Group):
+    """After the requeue: following each run until it trains again, and falling back when it stalls."""
+
+    TITLE: ClassVar[str] = "follow-up"
+
+    follow_up: bool = option(
+        True, parse=boolean, metavar="BOOL",
+        help="Follow every requeued run until it trains again (kubernetes and ray modes): admitted, "
+             "scheduled (ray mode: joined), training; fall back to the next capacity when a stage "
+             "stalls. false: a recovery ends with the requeue, as before (docs/requeue.md).")
+    admitted_bound_seconds: float = option(
+        600.0, parse=seconds, metavar="S",
+        help="How long a Kueue-managed run's Workload may stay pending after the requeue before the "
+             "recovery counts as stalled, in seconds (5-86400). 10 min: Kueue admits within seconds "
+             "when quota is free; minutes of pending mean quota or flavors do not fit.")
+    scheduled_bound_seconds: float = option(
+        900.0, parse=seconds, metavar="S",
+        help="How long the gang's worker pods may wait for Nodes of the decided capacity (ray mode: "
+             "for the replacement node to join) before the recovery counts as stalled, in seconds "
+             "(5-86400). 15 min: Karpenter launches and a GPU node boots and joins in 3-10 min.")
+    training_bound_seconds: float = option(
+        900.0, parse=seconds, metavar="S",
+        help="How long the run may take to train a step again once scheduled (image pull, Ray start, "
+             "checkpoint restore), in seconds (5-86400). 15 min covers a multi-GB image and a large "
+             "restore; the trainer's resume record says when it trained again.")
+    max_fallbacks: int = option(
+        2, parse=integer, metavar="N",
+        help="Moves to the next capacity a stalled recovery may make before the run is stuck (0-10). "
+             "2: Spot -> Capacity Block -> On-Demand covers the ranking; more moves restart the gang "
+             "for little.")
+    fallback_cooldown_seconds: float = option(
+        1800.0, parse=seconds, metavar="S",
+        help="How long capacity that stalled a run's recovery is not tried again for that run, in "
+             "seconds (60-604800). 30 min: longer than a stall bound, shorter than a Spot wave.")
+    follow_up_interval_seconds: float = option(
+        15.0, parse=seconds, metavar="S",
+        help="Seconds between two looks at every followed run (0.2-600). 15 s: a few API reads per "
+             "run, small next to the bounds.")
+    follow_up_claim_ttl_seconds: float = option(
+        60.0, parse=seconds, metavar="S",
+        help="TTL of a run's move claim held by the follow-up while it looks at or moves the run, "
+             "renewed every third of it, in seconds (10-3600). 60 s, as the run claims (the "
+             "visibility timeout): a replica that dies mid-move leaves the run to another within "
+             "it. (The requeue step of a notice holds the same claim with the run claim's TTL.)")
+
+    def validate(self) -> None:
+        for flag, value, low, high in (
+                ("--admitted-bound-seconds", self.admitted_bound_seconds, 5, 86400),
+                ("--scheduled-bound-seconds", self.scheduled_bound_seconds, 5, 86400),
+                ("--training-bound-seconds", self.training_bound_seconds, 5, 86400),
+                ("--fallback-cooldown-seconds", self.fallback_cooldown_seconds, 60, 604800),
+                ("--follow-up-interval-seconds", self.follow_up_interval_seconds, 0.2, 600),
+                ("--follow-up-claim-ttl-seconds", self.follow_up_claim_ttl_seconds, 10, 3600)):
+            _require_range(flag, value, low, high, "s")
+        _require_range("--max-fallbacks", self.max_fallbacks, 0, 10)
+
+
 # --------------------------------------------------------------------------- all groups
 _JOIN_KINDS = ("spot", "capacity-block", "on-demand")
 
@@ -508,6 +567,7 @@ class Settings:
     recovery: RecoverySettings = field(default_factory=RecoverySettings)
     capacity: CapacityPolicy = field(default_factory=CapacityPolicy)
     notify: NotifySettings = field(default_factory=NotifySettings)
+    follow_up: FollowUpSettings = field(default_factory=FollowUpSettings)
     # -- Another group: add a field and an entry in GROUPS; `run` then takes its flags.
 
     GROUPS: ClassVar[dict[str, type[Group]]] = {
@@ -519,6 +579,7 @@ class Settings:
         "recovery": RecoverySettings,
         "capacity": CapacityPolicy,
         "notify": NotifySettings,
+        "follow_up": FollowUpSettings,
     }
 
     @classmethod

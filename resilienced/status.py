@@ -4,8 +4,11 @@ Every run the daemon handles for an event ends in a done claim ``run/<event id>/
 details are the run's record (:mod:`resilienced.runs`): in kubernetes mode a Lease in
 ``--claims-namespace`` (annotation ``resilienced.io/details``), in ray mode a record in the Ray
 cluster's GCS KV.  ``status`` lists them, one row per (event, run): time, kind, instance(s),
-run, outcome, checkpoint step, durable or not, capacity.  It only reads: one Lease list (the
-``list`` verb the daemon's Role already has), or GCS KV key listings and gets.
+run, outcome, the run's stage since the requeue (its follow-up, :mod:`resilienced.followup`:
+``admitted``, ``scheduled``, ``joined``, ``training``, or how it ended: ``resumed``, ``stuck``,
+``superseded``), checkpoint step, durable or not, capacity.  It only reads: one Lease list (the
+``list`` verb the daemon's Role already has: claims and follow-ups are Leases side by side), or
+GCS KV key listings and gets.
 
 The mode comes from ``--mode`` (env ``RESILIENCED_MODE``, as the daemon's ConfigMap sets it, so
 ``kubectl exec deploy/resilienced -- resilienced status`` works in the pod), or from
@@ -37,7 +40,7 @@ MODE_FLAGS = ("mode", "kubeconfig", "kube_context", "claims_namespace", "ray_add
               "ray_token_file")
 #: Table columns: (title, summary field).
 COLUMNS = (("TIME", "time"), ("KIND", "kind"), ("INSTANCES", "instances"), ("RUN", "run"),
-           ("OUTCOME", "outcome"), ("STEP", "checkpoint_step"), ("DURABLE", "durable"),
+           ("OUTCOME", "outcome"), ("STAGE", "stage"), ("STEP", "checkpoint_step"), ("DURABLE", "durable"),
            ("LOST", "steps_lost"), ("CAPACITY", "capacity"), ("EVENT", "event_id"))
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
@@ -83,37 +86,66 @@ def mode_settings(args: argparse.Namespace, environ: Mapping[str, str]) -> ModeS
     return mode
 
 
-async def records(mode: ModeSettings) -> list[tuple[str, dict[str, Any]]]:
-    """(claim key, details) of every done run claim in the mode's claim store."""
+async def records(mode: ModeSettings) -> tuple[list[tuple[str, dict[str, Any]]], list[dict[str, Any]]]:
+    """(claim key, details) of every done run claim in the mode's claim store, and every follow-up."""
     if mode.kind is Mode.KUBERNETES:
         from resilienced.kube.api import connect
+        from resilienced.kube.followups import KubeFollowUps
         from resilienced.kube.leases import KubeLeaseClaims
 
         api = await connect(kubeconfig=mode.kubeconfig, context=mode.kube_context)
-        try:
-            claims = await KubeLeaseClaims(api, namespace=mode.claims_namespace).done(RUN_PREFIX)
+        try:  # one list: the claims and the follow-ups are Leases of the daemon, side by side
+            store = KubeLeaseClaims(api, namespace=mode.claims_namespace)
+            leases = await store.leases()
+            claims = await store.done(RUN_PREFIX, leases=leases)
+            follow_ups = KubeFollowUps.records_in(leases)
         finally:
             await api.close()
     else:
         from resilienced.ray.claims import RayKvClaims
+        from resilienced.ray.followups import RayKvFollowUps
         from resilienced.ray.gcs import RayGcs
         from resilienced.wiring import read_token
 
         ray = RayGcs(mode.ray_address, token=read_token(mode.ray_token_file))
         claims = await RayKvClaims(kv=ray).done(RUN_PREFIX)
-    return [(claim.key, dict(claim.details)) for claim in claims]
+        follow_ups = await RayKvFollowUps(kv=ray).all()
+    return [(claim.key, dict(claim.details)) for claim in claims], [record for record, _ in follow_ups]
 
 
-def rows(found: Sequence[tuple[str, Mapping[str, Any]]], *, after: datetime | None = None) -> list[dict[str, Any]]:
-    """One summary per record, oldest first; ``after``: only those done at or after it."""
+def stage_of(record: Mapping[str, Any]) -> str:
+    """A follow-up's stage as status shows it: the stage while followed, else how it ended."""
+    state = record.get("state") or "following"
+    return str(record.get("stage")) if state == "following" else str(state)
+
+
+def rows(found: Sequence[tuple[str, Mapping[str, Any]]], *, after: datetime | None = None,
+         follow_ups: Sequence[Mapping[str, Any]] = ()) -> list[dict[str, Any]]:
+    """One summary per record, oldest first; ``after``: only those done at or after it.
+
+    A row whose (event, run) has a follow-up gets its ``stage``, ``training_again_s`` (notice ->
+    the first step trained again, once resumed) and ``fallbacks`` (the moves made); others
+    ``stage`` None (not followed: the follow-up is off, or the run was not placed).
+    """
+    followed = {(r.get("event_id"), r.get("run")): r for r in follow_ups}
     out = []
     for key, details in found:
         row = summary(details, key=key)
+        record = followed.get((row["event_id"], row["run"]))
+        row["stage"] = stage_of(record) if record else None
+        row["training_again_s"] = _training_again(record) if record else None
+        row["fallbacks"] = list((record or {}).get("fallbacks") or [])
         moment = _parse(row["time"])
         if after is not None and (moment is None or moment < after):
             continue
         out.append(row)
     return sorted(out, key=lambda r: (r["time"] or "", r["run"] or ""))
+
+
+def _training_again(record: Mapping[str, Any]) -> float | None:
+    trained = _parse((record.get("reached") or {}).get("training"))
+    notice = _parse(record.get("notice_at"))
+    return None if trained is None or notice is None else round((trained - notice).total_seconds(), 3)
 
 
 def _parse(value: Any) -> datetime | None:
@@ -131,7 +163,8 @@ def main(args: argparse.Namespace) -> int:
 
     mode = mode_settings(args, os.environ)
     log.configure(level="warning", stream=sys.stderr)
-    shown = rows(asyncio.run(records(mode)), after=args.since)
+    found, follow_ups = asyncio.run(records(mode))
+    shown = rows(found, after=args.since, follow_ups=follow_ups)
     if not shown:
         print("no runs handled" + (" since then" if args.since else "") + " (done claims are "
               "kept for --dedupe-seconds)", file=sys.stderr)

@@ -17,6 +17,15 @@ ray         ``RayModeCluster`` on one ``RayGcs``, ``RayModeRequeuer`` when a nod
                                                   the nodes
 ==========  ==================================  ================================================
 
+The follow-up after a requeue (``--follow-up``, on by default) is a ``Follower`` over the mode's
+follow-up store (kubernetes: ``KubeFollowUps`` Leases; ray: ``RayKvFollowUps`` on the GCS KV)
+and progress probe (``KubeProgress``; ``RayProgress``), started as the long-lived task
+``resilienced.follow-up`` and stopped with the runtime.
+
+Long-lived tasks (the follow-up, kubernetes mode's watch caches and Lease sweeper
+``resilienced.lease-sweep``) are spawned on the daemon's ``tasks.Supervisor`` (``open_runtime``'s
+``supervisor``), in scopes closed before the clients they use, so ``/healthz`` sees one die.
+
 S3 (durable), EC2 (Capacity Blocks, DescribeInstances), FSx (export tasks) and Auto Scaling
 (lifecycle hooks) are aiobotocore clients of the queue's region, made by
 :func:`resilienced.aws.clients.open_client` (one config, as for ``replay``); ``--endpoint-url``
@@ -26,7 +35,6 @@ applies to all of them (moto and LocalStack serve every service on one endpoint)
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
@@ -34,7 +42,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from resilienced import log, tasks
+from resilienced import log
 from resilienced.aws.autoscaling import Lifecycle
 from resilienced.aws.clients import open_client
 from resilienced.claims import MemoryClaims
@@ -46,18 +54,34 @@ from resilienced.ports import (
     CapacitySource,
     ClaimStore,
     Cluster,
+    FollowUpStore,
     NodeProvider,
+    Progress,
     Planner,
     RayControl,
     Requeuer,
     Responder,
 )
+from resilienced.recovery.followup import Follower, FollowUpMetrics, FollowUpOptions
 from resilienced.recovery.plan_only import PlanLogger
 from resilienced.recovery.responder import Recovery, RecoveryMetrics, RecoveryOptions
 from resilienced.settings import Mode, Settings
+from resilienced.tasks import Supervisor
 
 #: how the recovery reaches a run's Ray GCS (kubernetes mode: per RayCluster; ray mode: the one GCS)
 RayControlFor = Callable[[Target], Awaitable[RayControl]]
+
+
+@dataclass(frozen=True)
+class ModeParts:
+    """The adapters one mode (kubernetes or ray) gives the recovery and its follow-up."""
+
+    cluster: Cluster
+    claims: ClaimStore
+    requeuer: Requeuer | None
+    ray_control: RayControlFor
+    follow_ups: FollowUpStore
+    progress: Progress
 
 
 @dataclass(frozen=True)
@@ -68,6 +92,7 @@ class MetricGroups:
     requeue: Any  # resilienced.requeue.router.RequeueMetrics (imported lazily: kubernetes client)
     interruptions: Any  # prometheus_client.Counter, resilienced_interruptions_total
     notify: NotifyMetrics
+    follow_up: FollowUpMetrics
 
 
 def metric_groups(metrics: Metrics) -> MetricGroups:
@@ -77,7 +102,8 @@ def metric_groups(metrics: Metrics) -> MetricGroups:
 
     r = metrics.registry
     return MetricGroups(recovery=RecoveryMetrics(r), requeue=RequeueMetrics(r),
-                        interruptions=interruption_counter(r), notify=NotifyMetrics(r))
+                        interruptions=interruption_counter(r), notify=NotifyMetrics(r),
+                        follow_up=FollowUpMetrics(r))
 
 
 @dataclass
@@ -131,12 +157,6 @@ def _notifier(settings: Settings, metrics: NotifyMetrics) -> Notifier | None:
                     timeout_s=ns.notify_timeout_seconds, retries=ns.notify_retries, metrics=metrics)
 
 
-async def _cancel(task: asyncio.Task[Any]) -> None:
-    task.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await task
-
-
 def _recovery_options(settings: Settings, *, export: Any | None) -> RecoveryOptions:
     rs = settings.recovery
     return RecoveryOptions(
@@ -150,39 +170,45 @@ def _recovery_options(settings: Settings, *, export: Any | None) -> RecoveryOpti
     )
 
 
-async def _kubernetes(settings: Settings, stack: AsyncExitStack, *,
-                      replica: str) -> tuple[Cluster, ClaimStore, Requeuer | None, RayControlFor]:
-    """kubernetes mode: (cluster, claims, requeuer, ray control), closed by ``stack``."""
+async def _kubernetes(settings: Settings, stack: AsyncExitStack, *, replica: str,
+                      supervisor: Supervisor) -> ModeParts:
+    """kubernetes mode's adapters, closed by ``stack``; the caches and the sweeper on ``supervisor``."""
     from resilienced.kube.api import connect
     from resilienced.kube.cluster import KubeCluster
+    from resilienced.kube.followups import KubeFollowUps
     from resilienced.kube.leases import KubeLeaseClaims
     from resilienced.ray.gcs import RayGcs
     from resilienced.requeue.kueue import KueueRequeuer, discover_workload_version
+    from resilienced.requeue.progress import KubeProgress
     from resilienced.requeue.router import KubernetesRequeuer
 
     api = await connect(kubeconfig=settings.mode.kubeconfig, context=settings.mode.kube_context)
     stack.push_async_callback(api.close)
     cluster = KubeCluster(api, ray_control_factory=lambda addr, tok: RayGcs(addr, token=tok),
-                          replica=replica)
+                          replica=replica, supervisor=supervisor)
     await cluster.start()
     stack.push_async_callback(cluster.stop)
     claims = KubeLeaseClaims(api, namespace=settings.mode.claims_namespace)
-    sweeper = tasks.spawn(_sweep_leases(claims, older_than=settings.intake.dedupe_seconds),
-                          name="resilienced.lease-sweep")
-    stack.push_async_callback(_cancel, sweeper)
+    sweeping = await stack.enter_async_context(supervisor.scope())  # ends before the client closes
+    sweeping.spawn(_sweep_leases(claims, older_than=settings.intake.dedupe_seconds),
+                   name="resilienced.lease-sweep")
     workload_version: str | None = settings.mode.kueue_api_version
     if workload_version == "auto":
         workload_version = await discover_workload_version(api)
-    requeuer = KubernetesRequeuer(api, kueue=KueueRequeuer(api, workload_version=workload_version))
-    return cluster, claims, requeuer, cluster.ray_control
+    kueue = KueueRequeuer(api, workload_version=workload_version)
+    return ModeParts(cluster=cluster, claims=claims, requeuer=KubernetesRequeuer(api, kueue=kueue),
+                     ray_control=cluster.ray_control,
+                     follow_ups=KubeFollowUps(api, namespace=settings.mode.claims_namespace),
+                     progress=KubeProgress(api, kueue=kueue))
 
 
-def _ray_mode(settings: Settings, *, ec2: Any, planner: Planner,
-              provider: NodeProvider | None) -> tuple[Cluster, ClaimStore, Requeuer | None, RayControlFor]:
-    """ray mode: (cluster, claims, requeuer or None without a node provider, ray control)."""
+def _ray_mode(settings: Settings, *, ec2: Any, planner: Planner, provider: NodeProvider | None) -> ModeParts:
+    """ray mode's adapters (no requeuer without a node provider)."""
     from resilienced.ray.claims import RayKvClaims
     from resilienced.ray.cluster import RayModeCluster
+    from resilienced.ray.followups import RayKvFollowUps
     from resilienced.ray.gcs import RayGcs
+    from resilienced.ray.progress import RayProgress
     from resilienced.ray.requeue import RayModeRequeuer
 
     ray = RayGcs(settings.mode.ray_address, token=read_token(settings.mode.ray_token_file))
@@ -196,7 +222,28 @@ def _ray_mode(settings: Settings, *, ec2: Any, planner: Planner,
     async def ray_control(target: Target) -> RayControl:
         return ray
 
-    return cluster, claims, requeuer, ray_control
+    return ModeParts(cluster=cluster, claims=claims, requeuer=requeuer, ray_control=ray_control,
+                     follow_ups=RayKvFollowUps(kv=ray), progress=RayProgress(ray))
+
+
+def _follower(settings: Settings, parts: ModeParts, *, planner: Planner, requeue: Requeuer | None,
+              store: Any, metrics: FollowUpMetrics, notifier: Notifier | None, replica: str) -> Follower | None:
+    """The follow-up of ``settings.follow_up`` (None when off, or when nothing is requeued)."""
+    from resilienced.followup import Bounds
+
+    fs = settings.follow_up
+    if not fs.follow_up or requeue is None:
+        return None
+    options = FollowUpOptions(
+        bounds=Bounds(admitted=timedelta(seconds=fs.admitted_bound_seconds),
+                      scheduled=timedelta(seconds=fs.scheduled_bound_seconds),
+                      training=timedelta(seconds=fs.training_bound_seconds)),
+        max_fallbacks=fs.max_fallbacks, cooldown=timedelta(seconds=fs.fallback_cooldown_seconds),
+        interval_s=fs.follow_up_interval_seconds, claim_ttl_s=fs.follow_up_claim_ttl_seconds,
+        keep=timedelta(seconds=settings.intake.dedupe_seconds), mode=settings.mode.kind.value)
+    return Follower(store=parts.follow_ups, claims=parts.claims, cluster=parts.cluster, progress=parts.progress,
+                    planner=planner, requeue=requeue, objects=store, options=options, metrics=metrics,
+                    notifier=notifier, replica=replica)
 
 
 @asynccontextmanager
@@ -207,11 +254,13 @@ async def open_runtime(
     replica: str,
     provider: NodeProvider | None = None,
     capacity_source: CapacitySource | None = None,
+    supervisor: Supervisor | None = None,
 ) -> AsyncIterator[Runtime]:
     """The responder and claim store for ``settings.mode``; every adapter is closed on exit.
 
     ``provider`` (ray mode): a node provider for replacement nodes (the drill's local one).
     ``capacity_source``: overrides EC2 as the source of Capacity Blocks (the drill's static one).
+    ``supervisor``: owns the long-lived tasks started here (the daemon's; else one of its own).
     """
     from resilienced.aws.s3 import S3Store
     from resilienced.capacity.ec2 import Ec2Capacity
@@ -251,17 +300,22 @@ async def open_runtime(
             stack.push_async_callback(notifier.close)
         options = _recovery_options(settings, export=export)
 
+        supervisor = supervisor if supervisor is not None else Supervisor()
         if mode is Mode.KUBERNETES:
-            cluster, claims, requeuer, ray_control = await _kubernetes(settings, stack, replica=replica)
+            parts = await _kubernetes(settings, stack, replica=replica, supervisor=supervisor)
         else:
-            cluster, claims, requeuer, ray_control = _ray_mode(settings, ec2=ec2, planner=planner,
-                                                               provider=provider)
-        requeue = (Requeue(requeuer, cluster=cluster, metrics=groups.requeue)
-                   if requeuer is not None else None)
+            parts = _ray_mode(settings, ec2=ec2, planner=planner, provider=provider)
+        requeue = (Requeue(parts.requeuer, cluster=parts.cluster, metrics=groups.requeue)
+                   if parts.requeuer is not None else None)
+        follower = _follower(settings, parts, planner=planner, requeue=requeue, store=store,
+                             metrics=groups.follow_up, notifier=notifier, replica=replica)
+        if follower is not None:  # its scope ends first, before the clients it uses close
+            following = await stack.enter_async_context(supervisor.scope())
+            following.spawn(follower.run(), name="resilienced.follow-up")
         recovery = Recovery(
-            cluster=cluster, claims=claims, ray_control=ray_control, store=store,
+            cluster=parts.cluster, claims=parts.claims, ray_control=parts.ray_control, store=store,
             planner=planner, requeue=requeue, capacity=capacity, export=export,
             lifecycle=lifecycle, options=options, metrics=groups.recovery,
-            notifier=notifier,
+            notifier=notifier, follower=follower,
         )
-        yield Runtime(responder=recovery, claims=claims)
+        yield Runtime(responder=recovery, claims=parts.claims)

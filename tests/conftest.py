@@ -1,14 +1,19 @@
 """Fixtures shared by every topic: the local AWS stand-in (moto server over HTTP), and a
-kubernetes_asyncio client to whichever emulated API server (``kubeapi``) a topic's conftest serves."""
+kubernetes_asyncio client to whichever emulated API server (``kubeapi``) a topic's conftest serves.
+
+And the test layers (``unit``, ``integration``, ``e2e``): every test carries one, and
+tests/support/layers.py checks that it follows from what the test starts."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import pytest
 
 from resilienced.local.aws import FAKE_CREDENTIALS, MotoServer
+from tests.support import layers
 
 REGION = "us-east-1"
 
@@ -39,3 +44,82 @@ async def api(kubeapi: Any) -> AsyncIterator[Any]:
         yield client
     finally:
         await client.close()
+
+
+# --------------------------------------------------------------------------- test layers
+def pytest_configure(config: pytest.Config) -> None:
+    layers.GUARD.install()
+    config.stash[_RECORDS] = {}
+
+
+_RECORDS = pytest.StashKey[dict[str, layers.ModuleRecord]]()
+_LAYER = pytest.StashKey[str]()
+
+
+@pytest.hookimpl(trylast=True)  # after -m / -k deselected what does not run
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    unmarked = []
+    records = config.stash[_RECORDS]
+    observing = bool(os.environ.get("RESILIENCED_LAYERS_REPORT"))  # report what each module does
+    for item in items:
+        layer = layers.layer_of([m.name for m in item.iter_markers()])
+        if layer is None and observing:
+            layer = "unit"
+        if layer is None:
+            unmarked.append(item.nodeid)
+            continue
+        item.stash[_LAYER] = layer
+        record = records.setdefault(item.nodeid.split("::")[0], layers.ModuleRecord())
+        record.layer_ranks.add(layers.LAYERS.index(layer))
+        record.tests += 1
+    if unmarked:
+        raise pytest.UsageError(
+            "tests without a layer marker (pytestmark = pytest.mark.unit / integration / e2e; "
+            f"tests/support/layers.py): {', '.join(unmarked[:10])}"
+            + (f" and {len(unmarked) - 10} more" if len(unmarked) > 10 else ""))
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Any:
+    seen = layers.GUARD.begin()
+    if layers.E2E_FIXTURES & set(getattr(item, "fixturenames", ())):
+        seen.add("e2e", "a shared Ray cluster or the trainer (fixture)")
+    try:
+        yield
+    finally:
+        layers.GUARD.end()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[Any]) -> Any:
+    outcome = yield
+    report = outcome.get_result()
+    if call.when != "call" or _LAYER not in item.stash:
+        return
+    seen = layers.GUARD.current
+    record = item.config.stash[_RECORDS].get(item.nodeid.split("::")[0])
+    if seen is None or record is None:
+        return
+    record.ran += 1
+    record.seen_rank = max(record.seen_rank, seen.rank)
+    record.why.extend(w for w in seen.why if w not in record.why and len(record.why) < 5)
+    problem = layers.too_much(item.stash[_LAYER], seen)
+    if problem is not None and report.passed:
+        report.outcome = "failed"
+        report.longrepr = problem
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    records = session.config.stash.get(_RECORDS, {})
+    path = os.environ.get("RESILIENCED_LAYERS_REPORT")
+    if path:
+        layers.write_report(path, records)
+    problems = layers.too_little(records)
+    if problems and not os.environ.get("RESILIENCED_LAYERS_REPORT"):
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None:
+            reporter.write_line("test layers: modules marked above what their tests start:", red=True)
+            for problem in problems:
+                reporter.write_line(f"  {problem}", red=True)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+

@@ -7,8 +7,12 @@ Every ``import`` of every module of ``resilienced/``, ``handlers/`` and ``traine
    is in a layer and every name there is a module, so the list cannot go stale);
 2. nothing outside ``resilienced/local/`` imports ``resilienced.local`` or names it in a string
    (``importlib.import_module("resilienced.local...")``);
-3. ``trainer/`` imports nothing of ``resilienced`` or ``handlers``;
-4. no import cycles.
+3. ``trainer/`` imports nothing of ``resilienced`` or ``handlers``, and the daemon imports of
+   ``trainer/`` only ``trainer.manifest`` and ``trainer.resume`` (the formats both sides read;
+   standard library only);
+4. nothing outside ``trainer/integrations/`` imports it (the framework callbacks, whose
+   libraries are optional extras);
+5. no import cycles.
 
 And the daemon's modules (all but ``resilienced.local``) import only what pyproject.toml's base
 dependencies install, which is what the daemon image has.
@@ -28,6 +32,8 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
 import resilienced
+
+pytestmark = pytest.mark.unit
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("resilienced", "handlers", "trainer")
@@ -151,6 +157,27 @@ def trainer_imports(edges: dict[str, list[tuple[int, str]]]) -> list[str]:
             if m.startswith("trainer") for line, t in targets if not t.startswith("trainer")]
 
 
+#: The modules of ``trainer/`` the daemon may import: the formats both sides read from S3 (the
+#: checkpoint manifest; the resume record of an attempt that trained its first step).
+SHARED_FORMATS = ("trainer.manifest", "trainer.resume")
+
+
+def daemon_imports_of_trainer(edges: dict[str, list[tuple[int, str]]]) -> list[str]:
+    return [f"{MODULES[m].relative_to(ROOT)}:{line}: imports {t}" for m, targets in edges.items()
+            if not m.startswith("trainer") for line, t in targets
+            if t.startswith("trainer") and t not in SHARED_FORMATS]
+
+
+INTEGRATIONS = "trainer.integrations"
+
+
+def integration_imports(edges: dict[str, list[tuple[int, str]]]) -> list[str]:
+    """Imports of ``trainer.integrations`` (transformers, lightning) from outside it: a script
+    that uses neither callback must not import them, nor need those libraries."""
+    return [f"{MODULES[m].relative_to(ROOT)}:{line}: imports {t}" for m, targets in edges.items()
+            if not m.startswith(INTEGRATIONS) for line, t in targets if t.startswith(INTEGRATIONS)]
+
+
 def cycles(edges: dict[str, list[tuple[int, str]]]) -> list[list[str]]:
     """Every strongly connected component of more than one module (Tarjan)."""
     graph = {m: sorted({t for _, t in targets}) for m, targets in edges.items()}
@@ -210,6 +237,18 @@ def test_trainer_imports_nothing_of_the_daemon() -> None:
     assert trainer_imports(EDGES) == []
 
 
+def test_the_daemon_imports_of_trainer_only_the_shared_formats() -> None:
+    """The daemon image has no torch: of ``trainer/`` it reads only the formats' one definitions,
+    which import nothing but the standard library."""
+    assert daemon_imports_of_trainer(EDGES) == []
+    for shared in SHARED_FORMATS:
+        assert EDGES.get(shared) == [] and third_party_imports([shared]) == {}, shared
+
+
+def test_nothing_outside_the_integrations_imports_them() -> None:
+    assert integration_imports(EDGES) == []
+
+
 def test_there_are_no_import_cycles() -> None:
     assert cycles(EDGES) == []
 
@@ -220,6 +259,8 @@ def test_there_are_no_import_cycles() -> None:
     (("resilienced.daemon", "resilienced.local.drill"), "local"),
     (("resilienced.cli", "resilienced.local"), "local"),
     (("trainer.loop", "resilienced.model"), "trainer"),
+    (("resilienced.recovery.durable", "trainer.checkpoint"), "daemon-trainer"),
+    (("trainer.resilience", "trainer.integrations.transformers"), "integrations"),
     (("resilienced.ports", "resilienced.consumer"), "cycle"),
 ])
 def test_each_check_finds_a_forbidden_import(edge: tuple[str, str], check: str) -> None:
@@ -232,6 +273,10 @@ def test_each_check_finds_a_forbidden_import(edge: tuple[str, str], check: str) 
         assert any(f"imports {target}" in p for p in local_references(edges))
     elif check == "trainer":
         assert any(f"imports {target}" in p for p in trainer_imports(edges))
+    elif check == "daemon-trainer":
+        assert any(f"imports {target}" in p for p in daemon_imports_of_trainer(edges))
+    elif check == "integrations":
+        assert any(f"imports {target}" in p for p in integration_imports(edges))
     else:
         assert any(source in c and target in c for c in cycles(edges))
 
@@ -276,7 +321,7 @@ def test_the_daemon_outside_local_needs_only_the_base_dependencies() -> None:
     """What the daemon image installs (no "test" or "train" extra: no moto, no torch) is enough for
     every module but ``resilienced.local``; local/'s own needs are not the image's."""
     daemon = [m for m in MODULES if m.split(".")[0] in ("resilienced", "handlers")
-              and not (m == LOCAL or m.startswith(LOCAL + "."))]
+              and not (m == LOCAL or m.startswith(LOCAL + "."))] + list(SHARED_FORMATS)
     providers = metadata.packages_distributions()
     base = base_distributions()
     missing = {name: where for name, where in third_party_imports(daemon).items()

@@ -12,6 +12,8 @@ import structlog
 
 from resilienced import log
 
+pytestmark = pytest.mark.unit
+
 
 @pytest.fixture
 def stream() -> Iterator[io.StringIO]:

@@ -18,6 +18,9 @@ from __future__ import annotations
 import ast
 import re
 from pathlib import Path
+import pytest
+
+pytestmark = pytest.mark.unit
 
 ROOT = Path(__file__).resolve().parents[1]
 LOG_CONFIG = ROOT / "resilienced" / "log.py"
@@ -107,3 +110,23 @@ def test_every_function_of_the_daemon_is_under_80_lines() -> None:
             for path in files("resilienced", "handlers")
             for name, line, size in long_functions(path.read_text())]
     assert not long, f"functions of {MAX_LINES} lines or more (split them): {long}"
+
+
+def wait_for_calls(source: str) -> list[int]:
+    """Lines that call ``asyncio.wait_for``."""
+    return [node.lineno for node in ast.walk(ast.parse(source)) if isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute) and node.func.attr == "wait_for"
+            and isinstance(node.func.value, ast.Name) and node.func.value.id == "asyncio"]
+
+
+def test_the_wait_for_checker_finds_a_call() -> None:
+    assert wait_for_calls("import asyncio\nasync def f(x):\n    return await asyncio.wait_for(x, 1)\n") == [3]
+
+
+def test_no_asyncio_wait_for_in_the_projects_modules() -> None:
+    """Python 3.11's ``asyncio.wait_for`` returns the result when the caller is cancelled in the
+    iteration its awaitable completes: the cancellation (Ctrl-C, a shutdown) is lost (CPython
+    gh-86296, fixed in 3.12).  ``async with asyncio.timeout(...)`` has no such race."""
+    bad = [f"{path.relative_to(ROOT)}:{line}" for path in files("resilienced", "handlers", "trainer")
+           for line in wait_for_calls(path.read_text())]
+    assert not bad, f"asyncio.wait_for (use async with asyncio.timeout): {bad}"

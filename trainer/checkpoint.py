@@ -32,6 +32,11 @@ collectives in a background thread while training uses the default group):
    renames ``step-<N>.partial`` to ``step-<N>`` and fsyncs the root;
 5. the caller reports the checkpoint to Ray Train and prunes old ones (rank 0).
 
+A framework's own save (trainer.integrations: the Hugging Face Trainer's ``checkpoint-<N>``,
+Lightning's ``save_checkpoint`` into ``step-<N>.partial``) is committed by
+``CheckpointStore.commit_written``: steps 3-4 over whatever files every rank wrote (each rank
+hashing a share of them), the same manifest, written last.
+
 A crash anywhere before the rename leaves a ``.partial`` directory, which resume rejects and
 deletes; a crash after it leaves a complete checkpoint.  Resume picks the newest committed
 directory whose manifest parses and whose every listed file exists with its size and checksum;
@@ -41,7 +46,6 @@ anything newer that fails is rejected (with the reason) and deleted.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import random
 import re
@@ -59,11 +63,9 @@ import torch
 import torch.distributed as dist
 
 from trainer.errors import CheckpointError, CorruptCheckpoint
+from trainer.manifest import MANIFEST, REASONS, STEP_DIR, FileEntry, Manifest, ManifestError
 
-FORMAT = "resilienced-checkpoint/1"
-MANIFEST = "manifest.json"
-REASONS = ("preemption", "periodic", "final", "resize")
-_COMMITTED = re.compile(r"^step-(0|[1-9][0-9]*)$")
+_COMMITTED = STEP_DIR
 _PARTIAL = re.compile(r"^step-([0-9]+)\.partial$")
 _HASH_CHUNK = 8 * 1024 * 1024
 
@@ -78,79 +80,6 @@ def partial_dir(root: Path, step: int) -> Path:
 
 def rng_file(rank: int) -> str:
     return f"rng-rank{rank}.pt"
-
-
-def utc_iso(unix: float) -> str:
-    """ISO-8601 UTC with microseconds and a Z, e.g. ``2026-11-30T00:00:00.123456Z``."""
-    return datetime.fromtimestamp(unix, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-
-
-# ---------------------------------------------------------------------- manifest
-@dataclass(frozen=True)
-class FileEntry:
-    path: str
-    size: int
-    sha256: str
-
-
-@dataclass(frozen=True)
-class Manifest:
-    step: int
-    world_size: int
-    time: str
-    saved_at_unix: float
-    reason: str
-    files: tuple[FileEntry, ...]
-
-    def to_json(self) -> str:
-        return json.dumps(
-            {
-                "format": FORMAT,
-                "step": self.step,
-                "world_size": self.world_size,
-                "time": self.time,
-                "saved_at_unix": self.saved_at_unix,
-                "reason": self.reason,
-                "files": [{"path": f.path, "size": f.size, "sha256": f.sha256} for f in self.files],
-            },
-            indent=1,
-        )
-
-    @classmethod
-    def parse(cls, text: str, *, where: str) -> "Manifest":
-        """Parse and check a manifest; CorruptCheckpoint names what is wrong."""
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise CorruptCheckpoint(where, f"manifest.json is not valid JSON ({e.msg} at char {e.pos})") from e
-        if not isinstance(data, dict):
-            raise CorruptCheckpoint(where, "manifest.json is not a JSON object")
-        if data.get("format") != FORMAT:
-            raise CorruptCheckpoint(where, f"manifest format is {data.get('format')!r}, expected {FORMAT!r}")
-        for key, kind in (("step", int), ("world_size", int), ("time", str), ("reason", str), ("files", list)):
-            if not isinstance(data.get(key), kind) or isinstance(data.get(key), bool):
-                raise CorruptCheckpoint(where, f"manifest field {key!r} is missing or not a {kind.__name__}")
-        if not isinstance(data.get("saved_at_unix"), (int, float)):
-            raise CorruptCheckpoint(where, "manifest field 'saved_at_unix' is missing or not a number")
-        files = []
-        for i, entry in enumerate(data["files"]):
-            if not (
-                isinstance(entry, dict)
-                and isinstance(entry.get("path"), str)
-                and isinstance(entry.get("size"), int)
-                and isinstance(entry.get("sha256"), str)
-            ):
-                raise CorruptCheckpoint(where, f"manifest files[{i}] is not {{path, size, sha256}}")
-            path = entry["path"]
-            if path.startswith("/") or ".." in path.split("/") or path == MANIFEST:
-                raise CorruptCheckpoint(where, f"manifest files[{i}] has a bad path {path!r}")
-            files.append(FileEntry(path, entry["size"], entry["sha256"]))
-        if not files:
-            raise CorruptCheckpoint(where, "manifest lists no files")
-        return cls(
-            step=data["step"], world_size=data["world_size"], time=data["time"],
-            saved_at_unix=float(data["saved_at_unix"]), reason=data["reason"], files=tuple(files),
-        )
 
 
 def hash_file(path: Path) -> tuple[int, str]:
@@ -206,7 +135,10 @@ def verify(step_dir: str | os.PathLike[str]) -> Manifest:
         raise CorruptCheckpoint(where, "manifest.json is missing") from None
     except (OSError, UnicodeDecodeError) as e:
         raise CorruptCheckpoint(where, f"manifest.json cannot be read: {e}") from e
-    manifest = Manifest.parse(text, where=where)
+    try:
+        manifest = Manifest.parse(text, where=where)
+    except ManifestError as e:
+        raise CorruptCheckpoint(where, f"manifest {e.why}") from e
     if manifest.step != int(m.group(1)):
         raise CorruptCheckpoint(where, f"manifest says step {manifest.step}, directory says {m.group(1)}")
     if manifest.world_size < 1:
@@ -360,7 +292,7 @@ def build_manifest(
             files[rel] = FileEntry(rel, size, digest)
     now = time.time()
     return Manifest(
-        step=step, world_size=world_size, time=utc_iso(now), saved_at_unix=now, reason=reason,
+        step=step, world_size=world_size, time=datetime.fromtimestamp(now, tz=timezone.utc), saved_at_unix=now, reason=reason,
         files=tuple(files[k] for k in sorted(files)),
     )
 
@@ -528,6 +460,68 @@ class CheckpointStore:
         """A synchronous save and commit (collective)."""
         return self.commit(self.start(state, step=step, reason=reason))
 
+    # -------------------------------------------------------------- checkpoints another writer made
+    def open_partial(self, step: int) -> Path:
+        """Rank 0 makes an empty ``step-<N>.partial/`` (removing a stale one); every rank gets it
+        after a barrier (collective).  For a framework's own save (trainer.integrations)."""
+        partial = partial_dir(self.root, step)
+        if self.rank == 0:
+            self.root.mkdir(parents=True, exist_ok=True)
+            if partial.exists():
+                _remove_tree(partial)
+            partial.mkdir()
+        self._barrier()
+        return partial
+
+    def commit_written(self, written: Path, *, step: int, reason: str, started: float) -> Committed:
+        """Commit a directory whose files every rank has written some other way (collective).
+
+        ``written`` (``step-<N>.partial``, or a framework's own directory such as the Hugging Face
+        Trainer's ``checkpoint-<N>``, on the same file system as the root) becomes ``step-<N>``
+        with the same manifest as :meth:`commit`, written last: after a barrier (every rank's
+        files are written) rank 0 lists the files, the ranks fsync and hash a share each (every
+        ``world_size``-th file), rank 0 gathers the entries, writes ``manifest.json``, renames the
+        directory and fsyncs the root.  ``started``: ``perf_counter()`` when the save began.
+        """
+        if reason not in REASONS:
+            raise ValueError(f"unknown checkpoint reason {reason!r}; expected one of {REASONS}")
+        self._barrier()
+        names: list[Any] = [None]
+        if self.rank == 0:
+            names = [sorted(p.relative_to(written).as_posix() for p in written.rglob("*")
+                            if p.is_file() and p.name not in (MANIFEST, MANIFEST + ".tmp"))]
+        if self.world_size > 1:
+            dist.broadcast_object_list(names, src=0, group=self.group)
+        if not names[0]:  # every rank raises: none waits for the others
+            raise CheckpointError(f"{written} holds no file: the save wrote nothing")
+        mine = names[0][self.rank::self.world_size]
+        entries = [FileEntry(rel, size, digest)
+                   for rel, (size, digest) in zip(mine, _seal([written / rel for rel in mine]) if mine else [],
+                                                  strict=True)]
+        gathered: list[list[FileEntry]] | None = [[] for _ in range(self.world_size)] if self.rank == 0 else None
+        if self.world_size > 1:
+            dist.gather_object(entries, gathered, dst=0, group=self.group)
+        else:
+            gathered = [entries]
+        self._hook("files-written", step)
+        committed_path = step_dir(self.root, step)
+        total = 0
+        if self.rank == 0:
+            assert gathered is not None
+            manifest = build_manifest(written, step, world_size=self.world_size, reason=reason,
+                                      hashed=tuple(e for rank_entries in gathered for e in rank_entries))
+            total = sum(f.size for f in manifest.files)
+            put_manifest(written, manifest, torn=lambda: self._hook("manifest-torn", step))
+            self._hook("manifest-written", step)
+            if committed_path.exists():  # a stale commit of the same step from an older attempt
+                _remove_tree(committed_path)
+            written.rename(committed_path)
+            _fsync_dir(self.root)
+        self._barrier()
+        self._hook("committed", step)
+        total = self._broadcast_int(total)
+        return Committed(step, reason, committed_path, time.perf_counter() - started, total)
+
     # -------------------------------------------------------------- load
     def load(self, point: ResumePoint, state: dict[str, Any]) -> bool:
         """Load ``state`` (DCP entries, in place) and, same world size, this rank's RNG states.
@@ -547,6 +541,10 @@ class CheckpointStore:
         return False
 
     # -------------------------------------------------------------- collectives
+    def barrier(self) -> None:
+        """Every rank waits for every other, on the checkpoint group."""
+        self._barrier()
+
     def _barrier(self) -> None:
         if self.world_size > 1:
             dist.barrier(group=self.group)

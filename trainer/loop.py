@@ -121,6 +121,7 @@ def run(cfg: TrainConfig) -> int:
         save_margin_factor=p.save_margin_factor, save_margin_s=p.save_margin_s,
         sigterm_grace_s=p.sigterm_grace_s, no_deadline_s=p.no_deadline_s,
         teardown_timeout_s=p.teardown_timeout_s, on_event=journal.event, phase_hook=_crash_hook(cfg),
+        min_world_size=cfg.min_workers,
     )
     box = [attempt_counter(cfg.checkpoint_dir) if rank == 0 else 0]
     if world_size > 1:

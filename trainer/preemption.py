@@ -177,3 +177,34 @@ class DeadlinePlan:
             return True
         return now + self.step_estimate_s() + self.save_budget_s() <= deadline_ms / 1000.0
 
+
+
+class NoticeClock:
+    """This rank's deadline, from what it knows: Ray's notice, the SIGTERM flag, the agreed one.
+
+    A Ray notice carries its deadline; one without gets ``no_deadline_s`` after this rank first
+    saw it.  A SIGTERM gets ``sigterm_grace_s`` after the signal.  The earliest wins, and never
+    one later than the deadline agreed before (``agreed_ms``).  Shared by
+    :class:`trainer.resilience.Checkpointer` and the framework callbacks (trainer.integrations).
+    """
+
+    def __init__(self, *, sigterm_grace_s: float, no_deadline_s: float) -> None:
+        self.sigterm_grace_s = sigterm_grace_s
+        self.no_deadline_s = no_deadline_s
+        self._ray_first_seen: float | None = None
+
+    def deadline_ms(self, info: object | None, *, agreed_ms: int | None) -> float | None:
+        """The earliest deadline known (unix ms), or None; ``info``: Ray's notice or None."""
+        candidates = []
+        if info is not None:
+            deadline = getattr(info, "deadline_ms", None)
+            if deadline:
+                candidates.append(float(deadline))
+            else:
+                self._ray_first_seen = self._ray_first_seen or time.time()
+                candidates.append((self._ray_first_seen + self.no_deadline_s) * 1000.0)
+        if SIGTERM.received_at is not None:
+            candidates.append((SIGTERM.received_at + self.sigterm_grace_s) * 1000.0)
+        if agreed_ms is not None:
+            candidates.append(float(agreed_ms))
+        return min(candidates) if candidates else None

@@ -46,11 +46,11 @@ from trainer.checkpoint import (
     verify,
     write_manifest,
 )
-from trainer import resize, restarts
+from trainer import resize, restarts, resume
 from trainer.config import PreemptionConfig
 from trainer.data import batch_share, loss_weight
 from trainer.errors import CheckpointError, CorruptCheckpoint, UsageError
-from trainer.preemption import SIGTERM, Agreed, Agreement, DeadlinePlan
+from trainer.preemption import SIGTERM, Agreed, Agreement, DeadlinePlan, NoticeClock
 from trainer.runtime import Runtime, detect_runtime
 from trainer.state import RESERVED, dcp_entries
 
@@ -101,6 +101,10 @@ class Checkpointer:
             ``restarted`` (seconds, kind, world_size, phases, decision: ``trainer.restarts``).
         phase_hook: called as ``phase_hook(phase, step)`` at each phase of a commit
             (``files-written``, ``manifest-torn``, ``manifest-written``, ``committed``): a test hook.
+        min_world_size: the smallest world size the run trains at (an elastic run's minimum;
+            None: this attempt's world size, a fixed-size run).  Written in the resume record
+            (``trainer.resume``) rank 0 leaves under ``root`` when the attempt trains its first
+            step: the daemon reads it to see the run train again after a requeue.
 
     Raises:
         UsageError: a bad argument.  CheckpointError: ``root`` is not writable on some rank.
@@ -122,8 +126,12 @@ class Checkpointer:
         agree_interval_s: float = 0.5,
         on_event: EventHook | None = None,
         phase_hook: PhaseHook | None = None,
+        min_world_size: int | None = None,
     ) -> None:
         self._marks = {"checkpointer_init": time.time()}  # this (re)start's milestones (trainer.restarts)
+        if min_world_size is not None and (not isinstance(min_world_size, int) or isinstance(min_world_size, bool)
+                                           or min_world_size < 1):
+            raise UsageError(f"min_world_size must be a positive int or None, got {min_world_size!r}")
         if total_steps is not None and (not isinstance(total_steps, int) or total_steps < 1):
             raise UsageError(f"total_steps must be a positive int or None, got {total_steps!r}")
         _check_args(every=every, keep=keep, save_margin_factor=save_margin_factor, save_margin_s=save_margin_s,
@@ -164,13 +172,15 @@ class Checkpointer:
         self._noticed = False
         self._source = ""
         self._deadline_ms: int | None = None
-        self._ray_first_seen: float | None = None
+        self._clock = NoticeClock(sigterm_grace_s=sigterm_grace_s, no_deadline_s=no_deadline_s)
         self._resize_id: str | None = None  # rank 0: the resize request it found (trainer.resize)
         self._metrics: dict[str, Any] = {}
         self._entries_key: tuple[tuple[str, int], ...] = ()
         self._entries: dict[str, Any] = {}
         self._left = time.perf_counter()  # when the last call returned: a step starts there
         self._marks["checkpointer_ready"] = time.time()
+        self._min_world_size = min_world_size
+        self._resume_written = False
 
     # ------------------------------------------------------------------ the API
     def restore(self, state: Mapping[str, Any]) -> int:
@@ -217,6 +227,8 @@ class Checkpointer:
             self._measure_restart()
         entries = self._entries_of(state)
         previous, self.step = self.step, step
+        if not self._resume_written:
+            self._write_resume_record(step, restored=previous if self.restored_from is not None else None)
         self._metrics = dict(metrics or {})
         last = self.total_steps is not None and step >= self.total_steps  # finish() saves it
         if self._noticed or step >= self._next_boundary:
@@ -263,6 +275,22 @@ class Checkpointer:
                         phases=cost["phases"], decision=cost["decision"])
             log.info(f"restart measured seconds={cost['seconds']} kind={cost['kind']} phases={cost['phases']}")
 
+    def _write_resume_record(self, step: int, *, restored: int | None) -> None:
+        """Rank 0, at the attempt's first step: the resume record (``trainer.resume``).  A failed
+        write is logged, never fatal: the record only tells the daemon the run trains again."""
+        self._resume_written = True
+        if self.rank != 0:
+            return
+        record = resume.ResumeRecord(
+            attempt_id=resume.new_attempt_id(),
+            resumed_from_step=restored, first_step=step, world_size=self.world_size,
+            min_world_size=self._min_world_size or self.world_size,
+            started_at_unix=time.time())
+        try:
+            resume.write(self.root, record)
+        except OSError as e:
+            log.warning(f"resume record not written root={self.root} error={e.strerror or e}")
+
     # ------------------------------------------------------------------ checks
     def _check_step(self, step: int) -> None:
         if self.step is None:
@@ -306,23 +334,13 @@ class Checkpointer:
     # ------------------------------------------------------------------ the step boundary
     def _agree(self, step: int) -> Agreed:
         info = self._runtime.preemption_info()
-        candidates = []
-        if info is not None:
-            if info.deadline_ms:
-                candidates.append(float(info.deadline_ms))
-            else:
-                self._ray_first_seen = self._ray_first_seen or time.time()
-                candidates.append((self._ray_first_seen + self._grace["no_deadline"]) * 1000.0)
-        if SIGTERM.received_at is not None:
-            candidates.append((SIGTERM.received_at + self._grace["sigterm"]) * 1000.0)
-        if self._deadline_ms is not None:
-            candidates.append(float(self._deadline_ms))
+        deadline_ms = self._clock.deadline_ms(info, agreed_ms=self._deadline_ms)
         stop = self._noticed and not self._plan.room_for_another_step(now=time.time(), deadline_ms=self._deadline_ms)
         if self.rank == 0:
             self._resize_id = resize.pending(self.root)
         agreed = self._agreement.agree(
             ray_notice=info is not None, sigterm=SIGTERM.received_at is not None,
-            deadline_ms=min(candidates) if candidates else None, stop=stop,
+            deadline_ms=deadline_ms, stop=stop,
             async_writing=self._pending is not None and not self._pending.written(), step=step,
             propose_next=self._propose_next(step) if self.rank == 0 else 0,
             resize=self._resize_id is not None,

@@ -27,8 +27,8 @@ Nothing here does I/O or reads a clock: ``now`` is an argument.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
-from dataclasses import dataclass
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -44,6 +44,14 @@ ACTIVE = "active"
 
 #: Capacity types that place a run (everything but ``wait``).
 PLACEMENTS = (Capacity.SPOT, Capacity.CAPACITY_BLOCK, Capacity.ON_DEMAND)
+#: How long before a Capacity Block's end Karpenter drains its nodes: the block is ``expiring``
+#: from then on (aws/karpenter-provider-aws v1.6+, v1.14.1 ``pkg/apis/v1/ec2nodeclass_status.go``
+#: ``capacityReservationExpirationPeriod``), and the capacity reservation expiration controller,
+#: polling every minute, deletes the NodeClaims of an expiring block
+#: (``pkg/controllers/capacityreservation/expiration/controller.go``); Karpenter launches into it no
+#: more (``reserved_capacity_resolver.go``: an expiring reservation's offering is unavailable).
+#: EC2 itself starts terminating 30 min before the end.
+KARPENTER_BLOCK_DRAIN = timedelta(minutes=40)
 
 
 @dataclass(frozen=True)
@@ -101,6 +109,8 @@ def decide(
     current_reservation_id: str | None = None,
     offerings: Sequence[CapacityOffering] = (),
     selectable: Selectable | None = None,
+    drain_lead: timedelta | None = None,
+    closed: Mapping[str, str] | None = None,
 ) -> CapacityDecision:
     """Decide where a run of ``instance_count`` instances of ``pool`` goes now.
 
@@ -122,29 +132,31 @@ def decide(
         current_reservation_id: the block the run is on now, preferred when it still fits.
         offerings: Capacity Block offerings to consider buying (only with ``purchase_blocks``).
         selectable: the reservations Karpenter can launch the run into (None: not known, any).
+        drain_lead: the run's nodes are drained this long before a block ends (Karpenter: 40 min);
+            the margin used for the run is at least that.
+        closed: capacity value -> why the run cannot be admitted there now (Kueue quota, flavor).
     """
     _check_inputs(pool=pool, instance_count=instance_count, interruptions=interruptions,
                   now=now, run_needs=run_needs, last_move=last_move, unavailable=unavailable)
-    current = Capacity(current_capacity) if current_capacity is not None else None
-    if current is Capacity.WAIT:
-        current = None
+    policy = _for_the_run(policy, drain_lead)
+    closed = dict(closed or {})
+    current = Capacity(current_capacity) if current_capacity not in (None, Capacity.WAIT, "wait") else None
     unavailable = frozenset(unavailable)
 
     window_start = now - policy.interruption_window
     recent = sorted(t for t in interruptions if window_start < t <= now)
-    details: dict[str, Any] = {
-        "pool": str(pool),
-        "instance_count": instance_count,
-        "interruptions_in_window": len(recent),
-        "interruption_threshold": policy.interruption_threshold,
-    }
+    details: dict[str, Any] = {"pool": str(pool), "instance_count": instance_count,
+                               "interruptions_in_window": len(recent),
+                               "interruption_threshold": policy.interruption_threshold}
 
     spot_reason, why_not_spot, spot_soft = _spot(
         pool=pool, recent=recent, interruptions=interruptions, unavailable=unavailable, now=now,
-        current=current, last_move=last_move, policy=policy)
+        current=current, last_move=last_move, policy=policy) if Capacity.SPOT.value not in closed \
+        else (None, closed[Capacity.SPOT.value], False)
     blocks, why_no_block = usable_blocks(
         reservations, pool=pool, instance_count=instance_count, now=now, run_needs=run_needs,
-        policy=policy, unavailable=unavailable, prefer=current_reservation_id, selectable=selectable)
+        policy=policy, unavailable=unavailable, prefer=current_reservation_id, selectable=selectable
+    ) if Capacity.CAPACITY_BLOCK.value not in closed else ([], closed[Capacity.CAPACITY_BLOCK.value])
     passed_over = f"; {why_no_block}" if blocks and why_no_block else ""
 
     if blocks and (policy.prefer_blocks or spot_reason is None):
@@ -153,15 +165,22 @@ def decide(
     if spot_reason is not None:
         return CapacityDecision(Capacity.SPOT, spot_reason, details=details)
 
-    if policy.purchase_blocks and offerings:
-        offering, why_no_offering = choose_offering(
-            offerings, pool=pool, instance_count=instance_count, now=now, run_needs=run_needs,
-            policy=policy)
+    if policy.purchase_blocks and offerings and Capacity.CAPACITY_BLOCK.value not in closed:
+        offering, why_no_offering = choose_offering(offerings, pool=pool, instance_count=instance_count,
+                                                    now=now, run_needs=run_needs, policy=policy)
         if offering is not None:
             return _purchase(offering, f"{why_not_spot}; {why_no_block}", policy=policy, details=details)
         why_no_block = f"{why_no_block}; {why_no_offering}"
     return _no_block(f"{why_not_spot}; {why_no_block}", why_not_spot, why_no_block, spot_soft=spot_soft,
-                     unavailable=unavailable, policy=policy, details=details)
+                     details=details, unavailable=unavailable, policy=policy, closed=closed.get("on-demand"))
+
+
+def _for_the_run(policy: CapacityPolicy, drain_lead: timedelta | None) -> CapacityPolicy:
+    """``policy`` with a ``block_end_margin`` of at least ``drain_lead`` (the run's nodes are
+    drained that long before a block ends: Karpenter's 40 min where it manages them)."""
+    if drain_lead is None or drain_lead <= policy.block_end_margin:
+        return policy
+    return replace(policy, block_end_margin=drain_lead)
 
 
 def _block_decision(block: CapacityReservation, prefix: str, passed_over: str, *,
@@ -191,13 +210,15 @@ def _purchase(offering: CapacityOffering, why_not_others: str, *, policy: Capaci
 
 def _no_block(why_not_others: str, why_not_spot: str, why_no_block: str, *, spot_soft: bool,
               unavailable: frozenset[str], policy: CapacityPolicy,
-              details: dict[str, Any]) -> CapacityDecision:
+              details: dict[str, Any], closed: str | None = None) -> CapacityDecision:
     """No Spot by choice and no Capacity Block: On-Demand, else Spot after all, else wait."""
     why_not_on_demand = None
     if not policy.allow_on_demand:
         why_not_on_demand = "On-Demand is not allowed"
     elif Capacity.ON_DEMAND.value in unavailable:
         why_not_on_demand = "On-Demand has no capacity (ICE)"
+    elif closed is not None:
+        why_not_on_demand = closed
     if why_not_on_demand is None:
         return CapacityDecision(Capacity.ON_DEMAND, why_not_others, details=details)
     if spot_soft:

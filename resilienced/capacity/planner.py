@@ -13,7 +13,7 @@ dry run.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 from decimal import Decimal
@@ -26,6 +26,7 @@ from resilienced.capacity.ec2 import PurchaseResult
 from resilienced.capacity.history import InterruptionHistory, UnavailableCache
 from resilienced.capacity.policy import CapacityPolicy
 from resilienced.capacity.request import CapacityRequest
+from resilienced.followup import stalled_key
 from resilienced.model import Event, Kind, Target
 from resilienced.ports import CapacitySource
 
@@ -101,36 +102,76 @@ class CapacityPlanner:
         """A provider answered "no capacity" for ``key`` (a capacity type or reservation id)."""
         self.unavailable.mark(pool, key.value if isinstance(key, Capacity) else key, now=self.clock())
 
-    async def plan_for(self, target: Target, *, event: Event, dry_run: bool = False) -> tuple[CapacityRequest, CapacityDecision]:
+    async def plan_for(self, target: Target, *, event: Event, dry_run: bool = False,
+                       cache: dict[str, Any] | None = None) -> tuple[CapacityRequest, CapacityDecision]:
         """Build the request for ``target`` under ``event``, count the interruption, decide.
 
         A dry run decides as if the interruption were counted but leaves the history as it was.
+        ``cache``: EC2's answers (reservations, offerings) kept for further decisions of one plan.
         """
         request = CapacityRequest.from_target(target, event=event)
-        extra: tuple[datetime, ...] = ()
         if not dry_run:
             self.observe(event, request.pool)
-        elif event.kind in INTERRUPTION_KINDS and not self.history.seen(request.pool, event.event_id):
-            extra = (event.time or self.clock(),)
+        extra = self._uncounted(event, request.pool) if dry_run else ()
         kept = applied_decision(target, event=event)
         if kept is not None:
             return request, kept
-        return request, await self.plan(request, dry_run=dry_run, extra_interruptions=extra)
+        return request, await self.plan(request, dry_run=dry_run, extra_interruptions=extra, cache=cache)
+
+    def _uncounted(self, event: Event, pool: Pool) -> tuple[datetime, ...]:
+        """A dry run's interruption: ``event`` as if counted, when it is one the history lacks."""
+        if event.kind in INTERRUPTION_KINDS and not self.history.seen(pool, event.event_id):
+            return (event.time or self.clock(),)
+        return ()
 
     async def target_plan(self, target: Target, *, event: Event) -> dict[str, Any]:
-        """``target.as_json()`` plus its ``capacity`` decision and ``reason``: a target of the
+        """``target.as_json()`` plus its ``capacity`` decision and ``reason``, and the ordered
+        ``fallbacks`` a stalled recovery would try after it (:meth:`chain`): a target of the
         ``replay --dry-run --json`` plan.  Reads only; counts nothing, buys nothing."""
-        _, decision = await self.plan_for(target, event=event, dry_run=True)
+        cache: dict[str, Any] = {}  # one read of EC2 for the decision and its chain
+        _, decision = await self.plan_for(target, event=event, dry_run=True, cache=cache)
         out = target.as_json()
         out.update(decision.as_json())
+        out["fallbacks"] = [{k: v for k, v in d.as_json().items() if k in ("capacity", "reservation_id", "reason")}
+                            for d in await self.chain(target, event=event, first=decision, cache=cache)]
+        return out
+
+    async def fallback(self, target: Target, *, event: Event, dry_run: bool = False) -> CapacityDecision:
+        """Where the run goes after its recovery stalled (``resilienced.recovery.followup``): the
+        decision again for ``target``, whose ``facts.exclude`` names the stalled capacity (and any
+        other in its cool-down).  The notice is not counted again and no earlier move is kept."""
+        return await self.plan(CapacityRequest.from_target(target, event=event), dry_run=dry_run)
+
+    async def chain(self, target: Target, *, event: Event, first: CapacityDecision, limit: int = 4,
+                    cache: dict[str, Any] | None = None) -> list[CapacityDecision]:
+        """The fallbacks after ``first``, in the order a recovery that stalls on each would try
+        them: each decided with every capacity before it passed over, until ``wait`` (dry run)."""
+        out: list[CapacityDecision] = []
+        exclude = list(target.facts.exclude)
+        current = first
+        for _ in range(limit):
+            if not current.places:
+                break
+            exclude.append(stalled_key(current.capacity.value, current.reservation_id))
+            passed = replace(target, facts=replace(target.facts, exclude=tuple(dict.fromkeys(exclude))))
+            request = CapacityRequest.from_target(passed, event=event)
+            current = await self.plan(request, dry_run=True, cache=cache,
+                                      extra_interruptions=self._uncounted(event, request.pool))
+            out.append(current)
         return out
 
     async def plan(self, request: CapacityRequest, *, dry_run: bool = False,
-                   extra_interruptions: tuple[datetime, ...] = ()) -> CapacityDecision:
-        """Decide for ``request`` now (and buy a block if the policy says so and this is no dry run)."""
+                   extra_interruptions: tuple[datetime, ...] = (),
+                   cache: dict[str, Any] | None = None) -> CapacityDecision:
+        """Decide for ``request`` now (and buy a block if the policy says so and this is no dry run).
+
+        ``cache``: where EC2's answers are kept for the next decision of the same plan (the
+        fallback chain of a dry run); None: read each time.
+        """
         now = self.clock()
         pool = request.pool
-        reservations = await self.source.reservations(instance_type=pool.instance_type)
+        reservations = await _kept(cache, "reservations", lambda: self.source.reservations(
+            instance_type=pool.instance_type))
         unavailable = self.unavailable.unavailable(pool, now=now) | request.exclude
         interruptions = (*self.history.recent(pool, now=now), *extra_interruptions)
 
@@ -141,7 +182,7 @@ class CapacityPlanner:
                 run_needs=request.run_needs, current_capacity=request.current_capacity,
                 last_move=request.last_move, policy=self.policy,
                 current_reservation_id=request.current_reservation_id, offerings=offerings,
-                selectable=request.selectable)
+                selectable=request.selectable, drain_lead=request.drain_lead, closed=request.closed)
 
         decision = run()
         if decision.capacity not in (Capacity.ON_DEMAND, Capacity.WAIT) or not self.policy.purchase_blocks:
@@ -151,10 +192,11 @@ class CapacityPlanner:
             return replace(decision, reason=f"{decision.reason}; buying is on but the capacity "
                                             "source cannot buy")
         needed = request.run_needs or self.policy.min_block_time
-        offerings = await market.offerings(
+        margin = max(self.policy.block_end_margin, request.drain_lead or timedelta(0))
+        offerings = await _kept(cache, "offerings", lambda: market.offerings(
             instance_type=pool.instance_type, instance_count=request.instance_count,
-            duration=needed + self.policy.block_end_margin, start_after=now,
-            start_before=now + self.policy.purchase_max_wait)
+            duration=needed + margin, start_after=now,
+            start_before=now + self.policy.purchase_max_wait))
         with_offer = run(offerings)
         if with_offer.offering is None:
             return with_offer
@@ -182,6 +224,15 @@ class CapacityPlanner:
             "the run waits for it",
             retry_after=max(starts - now, self.policy.wait_retry),
             details={**with_offer.details, "bought_reservation_id": block.reservation_id})
+
+
+async def _kept(cache: dict[str, Any] | None, key: str, read: Callable[[], Awaitable[Any]]) -> Any:
+    """``await read()``, once per ``cache`` (None: every time)."""
+    if cache is None:
+        return await read()
+    if key not in cache:
+        cache[key] = await read()
+    return cache[key]
 
 
 def applied_decision(target: Target, *, event: Event) -> CapacityDecision | None:

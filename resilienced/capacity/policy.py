@@ -85,7 +85,8 @@ class CapacityPolicy(Group):
         help="A Capacity Block is never used within this time of its end (30m-1d). 40 min: EC2 "
              "starts terminating a block's instances 30 min before its end (60 min for "
              "UltraServers) and sends the expiration warning 40 min before; Karpenter drains at "
-             "40 min too.")
+             "40 min too, so for a run on Karpenter's nodes (label karpenter.sh/nodepool) the "
+             "margin used is never below 40 min, whatever this says.")
     min_block_time: timedelta = option(
         timedelta(hours=1), parse=duration, metavar="DURATION",
         help="When the run's remaining time is unknown, the least usable time (before "

@@ -161,7 +161,8 @@ class Informer:
                 return False
             changed = self._changed
             try:
-                await asyncio.wait_for(changed.wait(), remaining)
+                async with asyncio.timeout(remaining):
+                    await changed.wait()
             except TimeoutError:
                 return predicate(self)
         return True
@@ -205,10 +206,12 @@ class Informer:
             self._put(obj)
 
     # ------------------------------------------------------------------ lifecycle
-    def start(self) -> None:
-        """Start the list-and-watch task (named, guarded by ``resilienced.tasks.spawn``)."""
+    def start(self, supervisor: tasks.Supervisor | None = None) -> None:
+        """Start the list-and-watch task ``resilienced.kube.cache[<resource>]``, a long-lived task of
+        ``supervisor`` (the daemon's: its death turns /healthz to 503; else one of its own)."""
         if self._task is None:
-            self._task = tasks.spawn(self._guarded(), name=f"resilienced.kube.cache[{self.source.resource}]")
+            owner = supervisor if supervisor is not None else tasks.Supervisor()
+            self._task = owner.spawn(self._guarded(), name=f"resilienced.kube.cache[{self.source.resource}]")
 
     async def stop(self) -> None:
         """Cancel the task and wait for it (its watch connection is closed on the way out)."""
@@ -232,7 +235,7 @@ class Informer:
             await self._run()
         except asyncio.CancelledError:
             raise
-        except BaseException as err:  # a bug: the guard of tasks.spawn logs it; readiness reports it
+        except BaseException as err:  # a bug: its supervisor logs and records it; readiness reports it
             self.failure = err
             raise
 

@@ -41,17 +41,21 @@ from typing import Any
 
 from kubernetes_asyncio import client as k8s
 
+from resilienced.capacity.request import capacity_of
 from resilienced.errors import BackendUnavailable, PermanentError, RayAuthError
 from resilienced.kube.api import BACKEND, JsonObj, KubeStatusError, call
 from resilienced.kube.cache import CacheOptions, Informer, Source
-from resilienced.kube.discovery import CustomResource, served
+from resilienced.kube.discovery import CustomResource, served_as
 from resilienced.kube.events import EventRecorder, ObjectRef, ref_for
 from resilienced.kube.karpenter import selectable_reservations
+from resilienced.kube.kueue import CAPACITIES, QueueCheck, closed_capacities, worker_needs
 from resilienced.kube.locate import (
+    KUEUE_QUEUE_LABEL,
     RAY_POD_SELECTOR,
     RESERVATION_LABEL,
     VOLCANO_JOB_API_VERSION,
     capacity_facts,
+    capacity_selector,
     checkpoint_uri,
     cluster_key_of,
     gcs_address,
@@ -59,6 +63,7 @@ from resilienced.kube.locate import (
     is_head,
     is_ray_pod,
     job_cluster_keys,
+    kueue_manages,
     labels,
     name_of,
     namespace_of,
@@ -72,8 +77,9 @@ from resilienced.kube.locate import (
 )
 from resilienced.kube.tokens import RayTokens, auth_mode
 from resilienced.log import get as get_logger
-from resilienced.model import RunFacts, Target
+from resilienced.model import Capacity, NodeShape, RunFacts, Target
 from resilienced.ports import Location, RayControl, RayNode
+from resilienced.tasks import Supervisor
 
 log = get_logger(__name__)
 
@@ -86,7 +92,13 @@ RayControlFactory = Callable[[str, str | None], RayControl]
 VOLCANO_JOBS = CustomResource("batch.volcano.sh", "v1alpha1", "jobs", namespaced=True)
 NODEPOOLS = CustomResource("karpenter.sh", "v1", "nodepools", namespaced=False)
 EC2NODECLASSES = CustomResource("karpenter.k8s.aws", "v1", "ec2nodeclasses", namespaced=False)
-OPTIONAL_RESOURCES = (VOLCANO_JOBS, NODEPOOLS, EC2NODECLASSES)
+#: Kueue's queues (v1beta2 from v0.15, v1beta1 on v0.14): where a Kueue-managed run can be admitted.
+LOCALQUEUES = CustomResource("kueue.x-k8s.io", "v1beta2", "localqueues", namespaced=True, older_versions=("v1beta1",))
+CLUSTERQUEUES = CustomResource("kueue.x-k8s.io", "v1beta2", "clusterqueues", namespaced=False,
+                               older_versions=("v1beta1",))
+RESOURCEFLAVORS = CustomResource("kueue.x-k8s.io", "v1beta2", "resourceflavors", namespaced=False,
+                                 older_versions=("v1beta1",))
+OPTIONAL_RESOURCES = (VOLCANO_JOBS, NODEPOOLS, EC2NODECLASSES, LOCALQUEUES, CLUSTERQUEUES, RESOURCEFLAVORS)
 
 
 @dataclass(frozen=True)
@@ -144,7 +156,8 @@ class KubeCluster:
 
     ``api_client`` is the caller's (closed by the caller); ``ray_control_factory(address, token)``
     builds the GCS client of one Ray cluster (``resilienced.ray.gcs.RayGcs`` in production);
-    ``replica`` names this daemon replica in Events (``reportingInstance``).
+    ``replica`` names this daemon replica in Events (``reportingInstance``); ``supervisor`` owns
+    the caches' watch tasks (the daemon's, so that /healthz sees one die; else one of its own).
     """
 
     mode = "kubernetes"
@@ -157,8 +170,10 @@ class KubeCluster:
         replica: str | None = None,
         options: KubeOptions | None = None,
         clock: Callable[[], float] = time.monotonic,
+        supervisor: Supervisor | None = None,
     ) -> None:
         self.options = options or KubeOptions()
+        self._supervisor = supervisor if supervisor is not None else Supervisor()
         self._factory = ray_control_factory
         self._clock = clock
         core = k8s.CoreV1Api(api_client)
@@ -219,7 +234,7 @@ class KubeCluster:
             log.warning("kubernetes discovery failed", error=str(err))
         for informer in self.informers:
             if not informer.running:
-                informer.start()
+                informer.start(self._supervisor)
         self._started = True
         return self
 
@@ -229,11 +244,13 @@ class KubeCluster:
             return
         found: dict[str, Informer] = {}
         for resource in OPTIONAL_RESOURCES:
-            if await served(self._api_client, resource, timeout_s=self.options.request_timeout_s):
-                found[resource.key] = Informer(self._source(resource), options=self.options.cache)
+            version = await served_as(self._api_client, resource, timeout_s=self.options.request_timeout_s)
+            if version is not None:
+                found[resource.key] = Informer(self._source(replace(resource, version=version)),
+                                               options=self.options.cache)
         self.optional = found
         for informer in found.values():
-            informer.start()
+            informer.start(self._supervisor)
         self.informers = (*self.informers, *found.values())
         log.info("kubernetes: optional resources served", resources=list(found))
 
@@ -291,7 +308,8 @@ class KubeCluster:
         timeout = self.options.ready_timeout_s if timeout is None else timeout
         waits = [asyncio.ensure_future(i.synced.wait()) for i in self.informers]
         try:
-            await asyncio.wait_for(asyncio.gather(*waits), timeout)
+            async with asyncio.timeout(timeout):
+                await asyncio.gather(*waits)
         except TimeoutError:
             missing = [f"{i.source.resource} ({i.stats.last_error or 'no answer yet'})"
                        for i in self.informers if not i.synced.is_set()]
@@ -469,6 +487,7 @@ class KubeCluster:
                                worker_nodes=workers)
         groups = tuple(sorted({labels(p).get("ray.io/group", "") for p in pods} - {""}))
         facts = self._karpenter_facts(node, replace(facts, volcano_job=volcano_job, groups=groups))
+        facts = self._kueue_facts([o for o in (job, view.raycluster) if o], facts)
         return Target(
             instance_id=instance, node=name_of(node), ray_cluster=view.key, ray_job=view.job_key,
             ray_node_ids=tuple(dict.fromkeys(ids)), checkpoint_uri=view.checkpoint_uri,
@@ -476,17 +495,51 @@ class KubeCluster:
         )
 
     def _karpenter_facts(self, node: JsonObj, facts: RunFacts) -> RunFacts:
-        """Where the cluster serves EC2NodeClasses: the Capacity Blocks Karpenter can launch the
-        run into (``selectable_reservations``) and the NodePool/EC2NodeClass pairs they come from.
-        Nothing where it does not: the capacity decision then takes any block of the account."""
+        """Where the cluster serves EC2NodeClasses and Karpenter manages the run's Node (its
+        ``karpenter.sh/nodepool`` label): the Capacity Blocks Karpenter can launch the run into
+        (``selectable_reservations``) and the NodePool/EC2NodeClass pairs they come from.
+        Nothing otherwise (no Karpenter, or the run's nodes are an EKS managed node group's or
+        nobody's): the capacity decision then takes any block of the account."""
         nodeclasses = self.cache_of(EC2NODECLASSES)
-        if nodeclasses is None:
+        if nodeclasses is None or facts.node_shape != NodeShape.KARPENTER.value:
             return facts
         pools = self.cache_of(NODEPOOLS)
         ids, sources = selectable_reservations(
             node=node, nodepools=pools.values() if pools is not None else (),
             nodeclass=lambda name: nodeclasses.get(None, name), instance_type=facts.instance_type)
         return replace(facts, selectable_reservations=tuple(ids), selectable_from=tuple(sources))
+
+    def _kueue_facts(self, run_objects: Sequence[JsonObj], facts: RunFacts) -> RunFacts:
+        """Where the cluster serves Kueue's queues and Kueue manages the run (not an elastic one):
+        the capacities its ClusterQueue cannot admit it on now (``closed_capacity``, see
+        ``resilienced.kube.kueue``).  Nothing otherwise: the follow-up after the requeue sees the rest."""
+        caches = [self.cache_of(r) for r in (LOCALQUEUES, CLUSTERQUEUES, RESOURCEFLAVORS)]
+        owner = next((o for o in run_objects if kueue_manages(o)), None)
+        if owner is None or facts.elastic or any(c is None for c in caches):
+            return facts
+        localqueues, clusterqueues, flavors = caches
+        queue = labels(owner)[KUEUE_QUEUE_LABEL]
+        localqueue = localqueues.get(namespace_of(owner), queue)  # type: ignore[union-attr]
+        name = ((localqueue or {}).get("spec") or {}).get("clusterQueue")
+        clusterqueue = clusterqueues.get(None, name) if name else None  # type: ignore[union-attr]
+        if clusterqueue is None:
+            return facts
+        spec = owner.get("spec") or {}
+        groups = (spec.get("rayClusterSpec") or {}).get("workerGroupSpecs") if owner.get("kind") == "RayJob" \
+            else spec.get("workerGroupSpecs")
+        try:
+            needs = worker_needs(groups or [])
+            current = capacity_of(str(facts.capacity_type), facts.reservation_type) if facts.capacity_type else None
+        except ValueError as e:
+            log.warning("kueue quota not checked", run=f"{namespace_of(owner)}/{name_of(owner)}", error=str(e))
+            return facts
+        own = None if spec.get("suspend") or current in (None, Capacity.WAIT) else capacity_selector(
+            current.value, reservation_id=facts.reservation_id, shape=facts.node_shape)
+        check = QueueCheck(clusterqueue, needs=needs, own_selector=own, flavor_labels=lambda f: (
+            None if (flavor := flavors.get(None, f)) is None  # type: ignore[union-attr]
+            else (flavor.get("spec") or {}).get("nodeLabels") or {}))
+        closed = closed_capacities(check, {c: capacity_selector(c, shape=facts.node_shape) for c in CAPACITIES})
+        return replace(facts, closed_capacity=closed)
 
     # ------------------------------------------------------------------ GCS
     async def token_for(self, raycluster: Mapping[str, Any]) -> str | None:
@@ -542,7 +595,8 @@ class KubeCluster:
             control = self._control(address, token)
             self.gcs_calls += 1
             try:
-                return list(await asyncio.wait_for(control.nodes(), self.options.gcs_timeout_s))
+                async with asyncio.timeout(self.options.gcs_timeout_s):
+                    return list(await control.nodes())
             except TimeoutError:
                 raise BackendUnavailable("ray", f"{where}: the GCS at {address} did not answer within "
                                                 f"{self.options.gcs_timeout_s:g}s") from None

@@ -6,8 +6,9 @@ version gets 404 on the other releases.  :func:`served_version` asks the server'
 endpoint of each candidate group-version (``GET /apis/<group>/<version>``, the
 ``APIResourceList``; readable by every authenticated user through the built-in
 ``system:discovery`` ClusterRole, so no RBAC rule is needed) and answers the first that lists
-the resource.  :func:`served` answers the same for one version: kubernetes mode starts the watch
-cache of another project's resource (Volcano Jobs, Karpenter NodePools and EC2NodeClasses) only
+the resource.  :func:`served_as` answers the same for a :class:`CustomResource` (its version, else
+its older ones): kubernetes mode starts the watch cache of another project's resource (Volcano
+Jobs, Karpenter NodePools and EC2NodeClasses, Kueue's LocalQueues, ClusterQueues and ResourceFlavors) only
 where the cluster serves it, since a cache of a resource that is not served would never sync and
 the daemon would never become ready.
 """
@@ -45,12 +46,14 @@ async def served_version(api_client: k8s.ApiClient, *, group: str, plural: str, 
 
 @dataclass(frozen=True)
 class CustomResource:
-    """A custom resource kubernetes mode reads when the cluster serves it."""
+    """A custom resource kubernetes mode reads when the cluster serves it (in ``version``, else in
+    one of ``older_versions``, in that order: Kueue serves only ``v1beta1`` up to v0.14)."""
 
     group: str
     version: str
     plural: str
     namespaced: bool
+    older_versions: tuple[str, ...] = ()
 
     @property
     def key(self) -> str:
@@ -59,5 +62,10 @@ class CustomResource:
 
 async def served(api_client: k8s.ApiClient, resource: CustomResource, *, timeout_s: float) -> bool:
     """True when the API server serves ``resource`` (BackendUnavailable when it does not answer)."""
+    return await served_as(api_client, resource, timeout_s=timeout_s) is not None
+
+
+async def served_as(api_client: k8s.ApiClient, resource: CustomResource, *, timeout_s: float) -> str | None:
+    """The version in which the API server serves ``resource`` (None: in none of its versions)."""
     return await served_version(api_client, group=resource.group, plural=resource.plural,
-                                versions=(resource.version,), request_timeout_s=timeout_s) is not None
+                                versions=(resource.version, *resource.older_versions), request_timeout_s=timeout_s)

@@ -10,7 +10,15 @@ A NodePool names its EC2NodeClass in ``spec.template.spec.nodeClassRef`` ``{grou
 karpenter.k8s.aws, kind: EC2NodeClass, name}``, and a Node its NodePool in the label
 ``karpenter.sh/nodepool`` (kubernetes-sigs/karpenter pkg/apis/v1/nodepool.go, labels.go).
 
-The NodePools able to serve the run: the NodePool of the lost node, and every NodePool whose
+A reserved offering carries the requirement ``karpenter.sh/capacity-type In [reserved]``
+(aws/karpenter-provider-aws v1.14.1, same from v1.6.0,
+``pkg/providers/instancetype/offering/reserved_capacity_resolver.go`` ``ResolveOfferings``), and
+Karpenter launches an offering only for a NodePool whose requirements are compatible with it: a
+NodePool that allows only ``spot`` cannot launch into a block even when its EC2NodeClass lists it.
+
+The NodePools able to serve the run: the NodePool of the lost node when its own requirements admit
+``karpenter.sh/capacity-type=reserved`` and the run's instance type (an absent requirement admits
+anything, as in Karpenter's scheduling requirements), and every other NodePool whose
 ``spec.template.spec.requirements`` admit ``karpenter.sh/capacity-type=reserved`` explicitly
 (``In`` with ``reserved``, or ``Exists``) and the run's instance type (no requirement on
 ``node.kubernetes.io/instance-type``, or one it satisfies).  The reservations usable for the run
@@ -82,9 +90,12 @@ def selectable_reservations(
     ids: set[str] = set()
     sources: list[str] = []
     for pool in sorted(nodepools, key=name_of):
-        serves = admits(requirements_of(pool), CAPACITY_TYPE_LABEL, RESERVED, explicit=True) and (
-            instance_type is None or admits(requirements_of(pool), INSTANCE_TYPE_LABEL, instance_type))
-        if name_of(pool) != own and not serves:
+        requirements = requirements_of(pool)
+        # The lost node's own NodePool: its requirements as they are (absent: any capacity type);
+        # another NodePool must ask for reserved capacity to be counted.
+        serves = admits(requirements, CAPACITY_TYPE_LABEL, RESERVED, explicit=name_of(pool) != own) and (
+            instance_type is None or admits(requirements, INSTANCE_TYPE_LABEL, instance_type))
+        if not serves:
             continue
         class_name = node_class_name(pool)
         found = nodeclass(class_name) if class_name else None

@@ -16,10 +16,15 @@ One Lease per claim key, in one namespace, named ``resilienced-<first 20 hex of 
                 held but expired                                            -> take it over by an
                   update carrying the read resourceVersion (leaseTransitions + 1); 409 -> None
     complete  mark done (state done, details as JSON in resilienced.io/details), by update with
-              resourceVersion; a 409 re-reads and retries; a vanished Lease is created done
+              resourceVersion; a 409 re-reads and retries; a vanished Lease is created done;
+              nothing when it is done already or another holder's Lease is live (the caller
+              lost the claim: the new holder decides)
     release   delete the Lease with uid + resourceVersion preconditions, only when the caller
               holds it and it is not done (a done claim must outlive its holder)
-    get       read it back as a Claim
+    get       read it back as a Claim (None for a held Lease past its duration: free)
+
+The rules are the ``ports.ClaimStore`` contract (tests/intake/test_claim_contract.py runs it
+against this store on the emulated API server).
 
     done      list the Leases labelled ``app.kubernetes.io/managed-by=resilienced`` and return the
               done ones whose key starts with a prefix (``resilienced status``; read only)
@@ -200,7 +205,12 @@ class KubeLeaseClaims:
 
     async def get(self, key: str) -> Claim | None:
         lease = await self._read(lease_name(key))
-        return self._claim(key, lease) if lease is not None else None
+        if lease is None:
+            return None
+        claim = self._claim(key, lease)
+        if claim.state != STATE_DONE and self._expired(lease):
+            return None  # its holder did not renew it: free (the next acquire takes it over)
+        return claim
 
     async def complete(self, key: str, *, holder: str, details: Mapping[str, Any]) -> None:
         for _ in range(_RETRIES):
@@ -212,10 +222,8 @@ class KubeLeaseClaims:
             notes = (current.get("metadata") or {}).get("annotations") or {}
             if notes.get(STATE_ANNOTATION) == STATE_DONE:
                 return
-            current_holder = (current.get("spec") or {}).get("holderIdentity")
-            if current_holder != holder:
-                log.warning("claim completed by another holder", key=key, holder=holder,
-                            current_holder=current_holder)
+            if (current.get("spec") or {}).get("holderIdentity") != holder and not self._expired(current):
+                return  # taken over after our TTL ran out: the new holder decides
             done = {
                 **current,
                 "metadata": {**current["metadata"], "annotations": {
@@ -250,10 +258,16 @@ class KubeLeaseClaims:
             self.namespace, label_selector=selector, _preload_content=False, _request_timeout=self._timeout))
         return list(listed.get("items") or [])
 
-    async def done(self, prefix: str = "") -> list[Claim]:
-        """Every done claim whose key starts with ``prefix`` (one list call; changes nothing)."""
+    async def leases(self) -> list[dict[str, Any]]:
+        """Every Lease labelled ``app.kubernetes.io/managed-by=resilienced`` (the claims and the
+        follow-ups of ``resilienced.kube.followups``): one list call, for ``resilienced status``."""
+        return await self._list()
+
+    async def done(self, prefix: str = "", *, leases: list[dict[str, Any]] | None = None) -> list[Claim]:
+        """Every done claim whose key starts with ``prefix`` (one list call, none when ``leases``
+        are given; changes nothing)."""
         found = []
-        for lease in await self._list():
+        for lease in leases if leases is not None else await self._list():
             notes = (lease.get("metadata") or {}).get("annotations") or {}
             key = notes.get(KEY_ANNOTATION) or ""
             if notes.get(STATE_ANNOTATION) == STATE_DONE and key.startswith(prefix):

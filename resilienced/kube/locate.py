@@ -22,7 +22,7 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from resilienced.model import RunFacts
+from resilienced.model import NodeShape, RunFacts
 from resilienced.ports import RayNode
 
 JsonObj = dict[str, Any]
@@ -115,6 +115,21 @@ def job_cluster_keys(job: Mapping[str, Any]) -> list[str]:
     names = {(job.get("status") or {}).get("rayClusterName"),
              ((job.get("spec") or {}).get("clusterSelector") or {}).get(CLUSTER_LABEL)}
     return [f"{ns}/{n}" for n in sorted(n for n in names if n)]
+
+
+def kueue_manages(obj: Mapping[str, Any]) -> bool:
+    """Whether Kueue manages a RayJob / RayCluster: it carries ``kueue.x-k8s.io/queue-name``, and is
+    not a RayJob with ``spec.clusterSelector``.
+
+    Kueue skips a RayJob that runs on an existing cluster (kubernetes-sigs/kueue v0.19.2, from
+    v0.15.0, ``pkg/controller/jobs/rayjob/rayjob_controller.go`` ``Skip()``:
+    ``len(j.Spec.ClusterSelector) > 0``; v0.14 refuses the queue label on such a RayJob in
+    ``rayjob_webhook.go``): no Workload ever exists for it.  The RayCluster it runs on may be
+    Kueue's on its own label.
+    """
+    if not labels(obj).get(KUEUE_QUEUE_LABEL):
+        return False
+    return not (obj.get("kind") == "RayJob" and (obj.get("spec") or {}).get("clusterSelector"))
 
 
 def owning_job_ref(raycluster: Mapping[str, Any]) -> Mapping[str, Any] | None:
@@ -234,6 +249,70 @@ def secret_name_for(cluster_name: str) -> str:
 INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
 ZONE_LABEL = "topology.kubernetes.io/zone"
 KARPENTER_CAPACITY_LABEL = "karpenter.sh/capacity-type"
+#: aws/karpenter-provider-aws v1.6+ ``pkg/apis/v1/labels.go``: ``default`` (an On-Demand Capacity
+#: Reservation) or ``capacity-block``, on every node with ``karpenter.sh/capacity-type: reserved``.
+RESERVATION_TYPE_LABEL = "karpenter.k8s.aws/capacity-reservation-type"
+#: A Node's NodePool (kubernetes-sigs/karpenter ``pkg/apis/v1/labels.go``): Karpenter manages it.
+NODEPOOL_LABEL = "karpenter.sh/nodepool"
+#: EKS managed node groups label their nodes with the group and its capacity type
+#: (``ON_DEMAND`` | ``SPOT`` | ``CAPACITY_BLOCK``); no Karpenter label is on them.
+EKS_NODEGROUP_LABEL = "eks.amazonaws.com/nodegroup"
+EKS_CAPACITY_LABEL = "eks.amazonaws.com/capacityType"
+EKS_CAPACITY = {"SPOT": "spot", "ON_DEMAND": "on-demand", "CAPACITY_BLOCK": "capacity-block"}
+
+
+#: Karpenter's ``karpenter.sh/capacity-type`` for each capacity that places a run.
+KARPENTER_CAPACITY_VALUES = {"spot": "spot", "capacity-block": "reserved", "on-demand": "on-demand"}
+
+
+def capacity_selector(capacity: str, *, reservation_id: str | None = None,
+                      shape: str | None = None) -> dict[str, str]:
+    """The node selector that puts pods on ``capacity`` (``spot`` | ``capacity-block`` |
+    ``on-demand``) for nodes of ``shape`` (a :class:`NodeShape` value; None: Karpenter's labels).
+
+    Karpenter (aws/karpenter-provider-aws ``website/content/en/docs/concepts/scheduling.md``):
+    ``karpenter.sh/capacity-type``, and for a block its reservation id (when given) and type.
+    An EKS managed node group: ``eks.amazonaws.com/capacityType`` (no reservation id label).
+    """
+    if shape == NodeShape.EKS_NODEGROUP.value:
+        return {EKS_CAPACITY_LABEL: next(k for k, v in EKS_CAPACITY.items() if v == capacity)}
+    selector = {KARPENTER_CAPACITY_LABEL: KARPENTER_CAPACITY_VALUES[capacity]}
+    if capacity == "capacity-block":
+        if reservation_id:
+            selector[RESERVATION_LABEL] = reservation_id
+        selector[RESERVATION_TYPE_LABEL] = "capacity-block"
+    return selector
+
+
+def node_shape(node_labels: Mapping[str, str]) -> NodeShape | None:
+    """Who manages a Node: Karpenter (its NodePool label), an EKS managed node group, or neither."""
+    if node_labels.get(NODEPOOL_LABEL):
+        return NodeShape.KARPENTER
+    if node_labels.get(EKS_NODEGROUP_LABEL):
+        return NodeShape.EKS_NODEGROUP
+    return None
+
+
+def node_capacity_facts(node_labels: Mapping[str, str]) -> dict[str, Any]:
+    """``capacity_type``, ``reservation_id``, ``reservation_type``, ``node_shape`` from a Node's labels.
+
+    Karpenter's labels where the Node has them (a reserved node keeps Karpenter's ``reserved`` and
+    its reservation type: ``default`` is an On-Demand Capacity Reservation, not a block); else an
+    EKS managed node group's ``eks.amazonaws.com/capacityType``, as ``spot`` / ``on-demand`` /
+    ``capacity-block`` (no reservation id: node groups do not label it).
+    """
+    facts: dict[str, Any] = {}
+    shape = node_shape(node_labels)
+    if shape is not None:
+        facts["node_shape"] = shape.value
+    if node_labels.get(KARPENTER_CAPACITY_LABEL):
+        facts["capacity_type"] = node_labels[KARPENTER_CAPACITY_LABEL]
+        for key, label in (("reservation_id", RESERVATION_LABEL), ("reservation_type", RESERVATION_TYPE_LABEL)):
+            if node_labels.get(label):
+                facts[key] = node_labels[label]
+    elif node_labels.get(EKS_CAPACITY_LABEL) in EKS_CAPACITY:
+        facts["capacity_type"] = EKS_CAPACITY[node_labels[EKS_CAPACITY_LABEL]]
+    return facts
 
 
 def requeued_facts(run_objects: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
@@ -256,17 +335,17 @@ def capacity_facts(*, node: Mapping[str, Any], run_objects: Sequence[Mapping[str
                    worker_nodes: Sequence[str]) -> RunFacts:
     """``Target.facts`` for the capacity decision (see ``resilienced.capacity.request``).
 
-    From the Node's labels: instance type, zone, capacity type (Karpenter's ``spot`` /
-    ``reserved`` / ``on-demand``), reservation id; from the run's objects (RayJob first, then
-    RayCluster): when resilienced last moved it; ``instance_count``: the distinct Nodes the run's
-    worker pods are on (the gang).
+    From the Node's labels: instance type, zone, who manages it and its capacity
+    (:func:`node_capacity_facts`); from the run's objects (RayJob first, then RayCluster): when
+    resilienced last moved it; ``instance_count``: the distinct Nodes the run's worker pods are on
+    (the gang).
     """
     node_labels = labels(node)
     facts: dict[str, Any] = {}
-    for key, label in (("instance_type", INSTANCE_TYPE_LABEL), ("availability_zone", ZONE_LABEL),
-                       ("capacity_type", KARPENTER_CAPACITY_LABEL), ("reservation_id", RESERVATION_LABEL)):
+    for key, label in (("instance_type", INSTANCE_TYPE_LABEL), ("availability_zone", ZONE_LABEL)):
         if node_labels.get(label):
             facts[key] = node_labels[label]
+    facts.update(node_capacity_facts(node_labels))
     for obj in run_objects:
         moved = annotations(obj).get("resilienced.io/capacity-moved-at")
         if moved:
@@ -302,7 +381,7 @@ def elastic_facts(run_objects: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
             "\"true\" or \"false\"; the run is requeued as a gang")}
     if value == "false":
         return {"elastic": False}
-    queued = next((o for o in run_objects if labels(o).get(KUEUE_QUEUE_LABEL)), None)
+    queued = next((o for o in run_objects if kueue_manages(o)), None)
     if queued is None:
         return {"elastic": True}
     queued_at = f"{queued.get('kind') or 'object'} {namespace_of(queued)}/{name_of(queued)}"

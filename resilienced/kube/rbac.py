@@ -60,6 +60,9 @@ RBAC_RULES: tuple[Rule, ...] = (
     Rule(("karpenter.k8s.aws",), ("ec2nodeclasses",), ("list", "watch"), "cluster",
          "cache EC2NodeClasses (where served): status.capacityReservations, the Capacity Blocks "
          "Karpenter can launch into"),
+    Rule(("kueue.x-k8s.io",), ("localqueues", "clusterqueues", "resourceflavors"), ("list", "watch"), "cluster",
+         "cache Kueue's queues (where served): a Kueue-managed run's LocalQueue -> ClusterQueue quota and "
+         "usage, and the ResourceFlavors' nodeLabels, so a capacity without free quota is not chosen"),
     Rule(("",), ("events",), ("create", "get", "patch"), "cluster",
          "Events on Nodes (namespace default) and RayJobs/RayClusters; get + patch count repeats"),
     Rule(("coordination.k8s.io",), ("leases",), ("create", "get", "update", "delete", "list"), "lease-namespace",

@@ -15,9 +15,12 @@ The drill starts and wires, all on 127.0.0.1:
 Then it plays an interruption as AWS FIS does: a rebalance recommendation, then the Spot
 interruption notice for one worker's instance, then that instance's termination at the deadline
 (``--scenario spot``); or an instance that is simply gone, announced only by a state change
-(``--scenario abrupt``).  The run resumes and finishes; an uninterrupted reference run with the
-same seed (no Ray) gives the losses to compare with, bit for bit: at the same world size, or, for
-an elastic run, at the same world sizes at the same steps (and the fixed-size one as a figure).
+(``--scenario abrupt``); or the Spot story where the Capacity Block the daemon decides first
+accepts the launch but its node never joins (``--scenario stalled``): the daemon's follow-up
+sees the stall after its bound and moves the run to On-Demand, which the provider has here.  The
+run resumes and finishes; an uninterrupted reference run with the same seed (no Ray) gives the
+losses to compare with, bit for bit: at the same world size, or, for an elastic run, at the same
+world sizes at the same steps (and the fixed-size one as a figure).
 
 Time is compressed: EC2's notice is 120 s; the drill tells the daemon (``--notice-seconds`` of
 the intake) and the world that it is ``--notice-seconds`` (25 by default), so the whole story
@@ -49,7 +52,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, TextIO, TypeVar
 from urllib.parse import urlsplit
 
 from resilienced import log
@@ -64,7 +67,14 @@ BUCKET = "resilienced-drill"
 PREFIX = "runs/drill"
 INSTANCE_TYPE = "drill.cpu"
 BLOCK_ID = "cr-0d1e2a3b4c5d6e7f8"
-SCENARIOS = ("spot", "abrupt", "elastic")
+SCENARIOS = ("spot", "abrupt", "elastic", "stalled")
+#: Scenarios that play a Spot notice (rebalance, notice, termination at the deadline).
+NOTICE_SCENARIOS = ("spot", "elastic", "stalled")
+#: The daemon's follow-up bounds in the drill (time is compressed, as the notice is): a replacement
+#: joins within seconds here (``--node-boot-seconds`` more where set), and the run trains again
+#: once the lost node is gone (at the deadline) and Ray Train restarted it.
+JOINED_BOUND_S = 20.0
+TRAINING_BOUND_EXTRA_S = 90.0
 #: The relative difference from the fixed-size run above which an elastic run's loss counts as
 #: having drifted (``loss_diff_from_step``): the float32 rounding of another world size shows from
 #: there (docs/benchmarks.md).  A figure, not a check: the check is bit for bit against the
@@ -78,6 +88,14 @@ RESIZE_INTERVAL_S = 2.0
 #: Defaults of ``--scenario elastic`` where the flag is not given (3 workers, min 2; a replacement
 #: that joins after the lost node is gone; a run long enough to grow back before it ends).
 ELASTIC_DEFAULTS = {"workers": 3, "steps": 300, "node_boot_seconds": 60.0}
+
+
+T = TypeVar("T")
+#: In the environment of every process the drill starts (moto, Ray nodes, the trainer, the
+#: reference run): its work dir, so that what it left running can be found (the tests look).
+WORKDIR_MARKER = "RESILIENCED_DRILL_WORKDIR"
+#: Exit code after SIGTERM (128 + 15), as a shell reports a process ended by it; Ctrl-C: 130.
+EXIT_TERMINATED = 143
 
 
 class DrillError(ResilienceError):
@@ -148,7 +166,7 @@ class DrillOptions:
             raise ConfigError("--preemption-poll", f"must be between 0.05 and 60 s, got {self.preemption_poll}")
         if self.step_seconds < 0:
             raise ConfigError("--step-seconds", f"must be >= 0, got {self.step_seconds}")
-        if (self.scenario == "spot" and self.step_seconds > 0
+        if (self.scenario in ("spot", "stalled") and self.step_seconds > 0
                 and (self.steps - self.interrupt_at_step) * self.step_seconds <= self.notice_seconds):
             raise ConfigError("--steps", (
                 f"the run would finish before the deadline ({self.steps - self.interrupt_at_step} steps "
@@ -258,6 +276,7 @@ def report_from(
     reference: dict[int, float], notice: float | None, durable_at: float | None, capacity: str | None,
     trainer_exit: int | None, node_spans: Sequence[tuple[float, float | None]] = (),
     fixed_reference: dict[int, float] | None = None, replacement: dict[str, Any] | None = None,
+    follow_up: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The drill's report, from what the trainer, the daemon and the reference wrote.
 
@@ -265,8 +284,8 @@ def report_from(
     :func:`world_size_schedule`); ``fixed_reference``: the uninterrupted run at ``--workers``
     (None: the same run).  ``node_spans``: (joined, gone or None) of every worker node, for
     ``worker_seconds_idle`` and ``restarts``.  ``replacement``: what the daemon announced to an
-    elastic run (``resilienced.ray.replacement``), against when the replacement joined.
-    """
+    elastic run (``resilienced.ray.replacement``), against when the replacement joined;
+    ``follow_up``: the daemon's follow-up record (:func:`follow_up_facts`), None: not read."""
     starts = sorted((e for e in events if e.get("event") == "started"), key=lambda e: e["time"])
     resumed = next((e for e in starts if e.get("resumed_from_step") is not None and
                     notice is not None and e["time"] >= notice), None)
@@ -276,9 +295,8 @@ def report_from(
     checkpoint_step = resumed.get("resumed_from_step") if resumed else None
     after = ([m for m in metrics if m.get("attempt") == resumed.get("attempt")] if resumed else [])
     resumed_at = min((m["step"] for m in after), default=None)
-    # the checkpoint that holds the step the notice reached the trainer at (spot): the first one
-    # committed after the notice at or beyond that step (a periodic save of that very step counts;
-    # the trainer does not save twice); an abrupt loss has no notice, so none
+    # the checkpoint holding the step the notice reached the trainer at (spot): the first committed
+    # after the notice at or beyond that step (a periodic save of it counts); abrupt: none
     heard = next((e for e in sorted(events, key=lambda e: e["time"]) if e.get("event") == "preemption_notice"
                   and notice is not None and e["time"] >= notice), None)
     committed = [e for e in events if e.get("event") == "checkpoint_committed" and heard is not None
@@ -290,7 +308,6 @@ def report_from(
 
     def since(t: float | None) -> float | None:
         return None if t is None or notice is None else round(t - notice, 3)
-
     steps_lost = (interrupted_at - checkpoint_step
                   if interrupted_at is not None and checkpoint_step is not None else None)
     checks = {
@@ -303,9 +320,11 @@ def report_from(
         losses["losses_match_uninterrupted"]
     if options.scenario == "elastic":
         checks.update(elastic_checks(options, idle=idle, trained_twice=trained_twice, events=events))
-    if options.scenario in ("spot", "elastic") and options.daemon:
+    if options.scenario in NOTICE_SCENARIOS and options.daemon:
         checks["no step lost"] = steps_lost == 0
         checks["requeued on capacity that exists"] = capacity in ("spot", "capacity-block", "on-demand")
+    followed, follow_checks = follow_up_facts(options, follow_up)
+    checks.update(follow_checks)
     return {
         "ok": all(checks.values()),
         "scenario": options.scenario,
@@ -325,11 +344,37 @@ def report_from(
         "notice_to_durable_s": since(durable_at),
         "notice_to_resumed_s": since(min((m["time"] for m in after), default=None)),
         "capacity": capacity,
+        **followed,
         **{k: v for k, v in losses.items() if k not in ("every_step", "steps_trained_twice")},
         **restart_report(metrics=metrics, events=events, node_spans=node_spans, replacement=replacement),
         **idle,
         "checks": checks,
     }
+
+
+def follow_up_facts(options: DrillOptions, record: Mapping[str, Any] | None) -> tuple[dict[str, Any], dict[str, bool]]:
+    """What the daemon itself recorded of the run's way back (its follow-up), and the checks on it.
+
+    ``daemon_training_again_s``: notice -> the first step trained again, as the daemon recorded it
+    (the trainer's resume record); ``recovery_stages``: stage -> seconds from the notice;
+    ``fallbacks``: ``{from, to, reason}`` of each move the follow-up made (empty: none).
+    """
+    facts: dict[str, Any] = {"daemon_training_again_s": None, "recovery_stages": {}, "fallbacks": []}
+    if record is None:
+        return facts, {}
+    if record:
+        from resilienced.followup import FollowUp
+
+        follow_up = FollowUp.from_json(record)
+        stages = follow_up.stage_seconds()
+        facts.update(daemon_training_again_s=stages.get("training"), recovery_stages=stages,
+                     fallbacks=[{k: f.get(k) for k in ("from", "to", "reason")} for f in follow_up.fallbacks])
+    checks = {"the daemon saw the run train again": facts["daemon_training_again_s"] is not None}
+    if options.scenario == "stalled":
+        checks["the stalled Capacity Block was left for On-Demand"] = any(
+            str(f["from"]).startswith("capacity-block") and str(f["to"]).startswith("on-demand")
+            for f in facts["fallbacks"])
+    return facts, checks
 
 
 def loss_facts(options: DrillOptions, metrics: list[dict[str, Any]], reference: dict[int, float],
@@ -496,11 +541,18 @@ def table(report: dict[str, Any]) -> str:
     keys = ("ok", "scenario", "interrupted_at_step", "checkpoint_step", "resumed_at_step",
             "steps_lost", "steps_trained_twice", "notice_to_trainer_s", "notice_to_checkpoint_s",
             "notice_to_durable_s",
-            "notice_to_resumed_s", "capacity", "losses_match_uninterrupted", "loss_max_rel_diff",
-            "loss_diff_from_step", "world_size_schedule", "restarts", "restarts_measured", "elastic_decision",
-            "replacement", "resumed_world_size", "back_to_full_s", "worker_seconds_idle")
+            "notice_to_resumed_s", "capacity", "daemon_training_again_s", "recovery_stages", "fallbacks",
+            "losses_match_uninterrupted", "loss_max_rel_diff", "loss_diff_from_step", "world_size_schedule",
+            "restarts", "restarts_measured", "elastic_decision", "replacement", "resumed_world_size",
+            "back_to_full_s", "worker_seconds_idle")
     width = max(len(k) for k in keys)
-    lines = [f"  {k:<{width}}  {report.get(k)}" for k in keys]
+
+    def shown(key: str) -> Any:
+        if key == "fallbacks":
+            return "; ".join(f"{f.get('from')} -> {f.get('to')}" for f in report.get(key) or []) or "none"
+        return report.get(key)
+
+    lines = [f"  {k:<{width}}  {shown(k)}" for k in keys]
     lines += [f"  {'check':<{width}}  {'passed' if v else 'FAILED'}: {name}"
               for name, v in report["checks"].items()]
     return "\n".join(lines) + "\n"
@@ -568,6 +620,45 @@ class BootingProvider:
             await self._inner.release(started)
 
 
+class StallingProvider:
+    """The local node provider, except that launches of ``stalled`` capacity are accepted and never join.
+
+    A Capacity Block whose instance EC2 accepts and that never boots into the cluster (or a
+    NodeClaim that never registers): the launch answers at once with the node, :meth:`nodes`
+    lists it (so a second requeue finds it and launches nothing), and no Ray node ever comes.
+    Releasing it gives it back.  Every other capacity is the inner provider's.
+    """
+
+    def __init__(self, inner: Any, *, stalled: Sequence[str]) -> None:
+        self._inner = inner
+        self._stalled = set(stalled)
+        self._hanging: dict[str, Any] = {}
+
+    async def available(self, capacity: Any) -> int | None:
+        return await self._inner.available(capacity)
+
+    async def launch(self, *, capacity: Any, node_labels: Sequence[Mapping[str, str]],
+                     reservation_id: str | None = None) -> list[Any]:
+        from resilienced.ray.requeue import ProvidedNode
+
+        if getattr(capacity, "value", capacity) not in self._stalled:
+            return await self._inner.launch(capacity=capacity, node_labels=node_labels, reservation_id=reservation_id)
+        nodes = [ProvidedNode(f"i-stalled-{secrets.token_hex(4)}", capacity, dict(labels)) for labels in node_labels]
+        self._hanging.update((n.instance_id, n) for n in nodes)
+        log.get("resilienced.drill").info("launch accepted; the node will never join",
+                                          capacity=getattr(capacity, "value", capacity),
+                                          nodes=[n.instance_id for n in nodes])
+        return nodes
+
+    async def nodes(self) -> list[Any]:
+        return [*await self._inner.nodes(), *self._hanging.values()]
+
+    async def release(self, nodes: Sequence[Any]) -> None:
+        inner = [n for n in nodes if self._hanging.pop(n.instance_id, None) is None]
+        if inner:
+            await self._inner.release(inner)
+
+
 class Drill:
     """One run of the drill; :meth:`run` returns the report."""
 
@@ -588,6 +679,8 @@ class Drill:
         self._nodes: dict[str, Any] = {}
         self._cluster: Any = None
         self._spans: dict[str, list[float | None]] = {}  # worker node name -> [joined, gone]
+        self.terminated = False  # stopped by SIGTERM
+        self.follow_up: dict[str, Any] | None = None  # the daemon's follow-up of the run, as last read
 
     # ------------------------------------------------------------------ parts
     def _trainer_args(self, *, ray_address: str, checkpoint_dir: Path, metrics: Path,
@@ -733,11 +826,26 @@ class Drill:
 
     # ------------------------------------------------------------------ the story
     async def run(self) -> dict[str, Any]:
+        """The story (:meth:`_play`); SIGTERM stops it as Ctrl-C does: everything started is stopped."""
+        loop, me = asyncio.get_running_loop(), asyncio.current_task()
+        assert me is not None
+        loop.add_signal_handler(signal.SIGTERM, self._stop_requested, me)
+        try:
+            return await self._play()
+        finally:
+            loop.remove_signal_handler(signal.SIGTERM)
+
+    def _stop_requested(self, task: asyncio.Task[Any]) -> None:
+        self.terminated = True
+        task.cancel()
+
+    async def _play(self) -> dict[str, Any]:
         from resilienced.local.aws import FAKE_CREDENTIALS, MotoServer
 
         for key, value in FAKE_CREDENTIALS.items():  # the drill's AWS is a local moto
             os.environ[key] = value
         os.environ.setdefault("AWS_DEFAULT_REGION", REGION)
+        os.environ[WORKDIR_MARKER] = str(self.workdir)  # every process it starts inherits it
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.out.write(f"resilienced drill: scenario {self.o.scenario}, {self.o.workers} workers, "
                        f"{self.o.steps} steps, interrupt at step {self.o.interrupt_at_step}, "
@@ -745,8 +853,8 @@ class Drill:
                        f"daemon {'on' if self.o.daemon else 'off'}\n  work dir {self.workdir}\n")
         async with contextlib.AsyncExitStack() as stack:
             moto = MotoServer(log_path=self.workdir / "moto.log")
-            await asyncio.to_thread(moto.start)
             stack.callback(moto.stop)
+            await _in_thread(moto.start)
             queue_url = await self._provision_aws(moto.endpoint_url)
             self.timeline.add("aws", f"moto on {moto.endpoint_url}: EventBridge rules -> SQS (+DLQ), S3 bucket")
 
@@ -758,28 +866,35 @@ class Drill:
                 daemon_task = await self._start_daemon(stack, moto.endpoint_url, queue_url, cluster, stop)
             watcher = asyncio.create_task(self._watch_trainer(), name="drill.watch")
             stack.push_async_callback(_cancel, watcher)
+            if daemon_task is not None:
+                following = asyncio.create_task(self._watch_follow_up(cluster), name="drill.follow-up")
+                stack.push_async_callback(_cancel, following)
             await self._start_trainer(stack, cluster)
             await self._until(lambda: any(m["step"] >= self.o.interrupt_at_step for m in self.metrics.lines),
                               what=f"step {self.o.interrupt_at_step}", timeout=self.o.timeout)
             victim = self.instance_ids[0]
-            if self.o.scenario in ("spot", "elastic"):
+            if self.o.scenario in NOTICE_SCENARIOS:
                 await self._play_spot(moto.endpoint_url, cluster, victim)
             else:
                 await self._play_abrupt(moto.endpoint_url, cluster, victim)
             assert self._trainer is not None
             try:
-                code = await asyncio.wait_for(self._trainer.wait(), timeout=self.o.timeout)
+                async with asyncio.timeout(self.o.timeout):
+                    code = await self._trainer.wait()
             except asyncio.TimeoutError:
                 raise DrillError(f"the run did not finish within {self.o.timeout:.0f}s after the "
                                  f"interruption; see {self.workdir / 'trainer.log'}") from None
             self.events.read_new()
             self.metrics.read_new()
             self.timeline.add("trainer", f"exited with {code}")
+            follow_up = None
             if daemon_task is not None:
                 await self._settle(daemon_task)
+                follow_up = await self._followed(daemon_task)
                 stop.set()
                 with contextlib.suppress(Exception):
-                    await asyncio.wait_for(daemon_task, timeout=30)
+                    async with asyncio.timeout(30):
+                        await daemon_task
             schedule = world_size_schedule(self.metrics.lines) or [(self.o.workers, self.o.steps)]
             self.timeline.add("drill", "running the uninterrupted reference (same seed, no Ray), world "
                                        "sizes " + ", ".join(f"{ws} to step {stop}" for ws, stop in schedule))
@@ -790,9 +905,10 @@ class Drill:
                 fixed = await self._reference("fixed", [(self.o.workers, self.o.steps)])
         report = report_from(options=self.o, metrics=self.metrics.lines, events=self.events.lines,
                              reference=reference, fixed_reference=fixed, notice=self.timeline.notice,
-                             durable_at=self.durable_at, capacity=self.capacity, trainer_exit=code,
+                             durable_at=self.durable_at,
+                             capacity=(follow_up or {}).get("capacity") or self.capacity, trainer_exit=code,
                              node_spans=[(span[0], span[1]) for span in self._spans.values()],
-                             replacement=self.replacement)
+                             replacement=self.replacement, follow_up=follow_up)
         return report
 
     async def _start_ray(self, stack: contextlib.AsyncExitStack) -> Any:
@@ -801,11 +917,11 @@ class Drill:
         cluster = LocalRayCluster(workdir=self.workdir, env={
             "RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S": str(self.o.preemption_poll)})
         stack.callback(cluster.stop)
-        await asyncio.to_thread(cluster.start)
+        await _in_thread(cluster.start)
         self._cluster = cluster
         elastic = {ELASTIC_LABEL: "true"} if self.o.scenario == "elastic" else {}
         for instance_id in self.instance_ids:
-            node = await asyncio.to_thread(cluster.add_node, labels={
+            node = await _in_thread(cluster.add_node, labels={
                 INSTANCE_LABEL: instance_id, CAPACITY_LABEL: "spot", **elastic}, num_cpus=1)
             self._nodes[instance_id] = node
             self._spans[node.name] = [time.time(), None]
@@ -824,13 +940,28 @@ class Drill:
         self.timeline.add("fsx", f"{self.ckpt} auto-exports to s3://{BUCKET}/{PREFIX}")
         return exporter
 
+    def _provider(self, cluster: Any) -> Any:
+        """The daemon's node provider: the local cluster's nodes, booting ``--node-boot-seconds``
+        (stalled: the Capacity Block accepts the launch and its node never joins)."""
+        from resilienced.local.provider import LocalNodeProvider
+
+        stalled = self.o.scenario == "stalled"
+        provider: Any = LocalNodeProvider(cluster, capacity={
+            "spot": self.o.spot_capacity, "capacity-block": self.o.workers,
+            "on-demand": self.o.workers if stalled else 0})
+        if self.o.node_boot_seconds:
+            provider = BootingProvider(provider, boot_seconds=self.o.node_boot_seconds)
+        if stalled:
+            provider = StallingProvider(provider, stalled=("capacity-block",))
+        return provider
+
     async def _start_daemon(self, stack: contextlib.AsyncExitStack, endpoint: str, queue_url: str,
                             cluster: Any, stop: asyncio.Event) -> asyncio.Task[int]:
         from resilienced import daemon
         from resilienced.capacity.static import StaticCapacity
-        from resilienced.local.provider import LocalNodeProvider
         from resilienced.ports import CapacityReservation
         from resilienced.settings import (
+            FollowUpSettings,
             HttpSettings,
             IntakeSettings,
             ModeSettings,
@@ -853,16 +984,18 @@ class Drill:
                 (f"capacity-block={self.o.join_estimate}", f"on-demand={self.o.join_estimate}",
                  f"spot={self.o.join_estimate}") if self.o.join_estimate else ())),
             notify=NotifySettings(notify_webhook=self.o.notify_webhook),
+            follow_up=FollowUpSettings(
+                scheduled_bound_seconds=JOINED_BOUND_S + self.o.node_boot_seconds,
+                training_bound_seconds=self.o.notice_seconds + TRAINING_BOUND_EXTRA_S,
+                follow_up_interval_seconds=1.0, follow_up_claim_ttl_seconds=60),
         ).validate()
         now = datetime.now(timezone.utc)
         block = CapacityReservation(
             reservation_id=BLOCK_ID, instance_type=INSTANCE_TYPE, availability_zone=f"{REGION}a",
             reservation_type="capacity-block", state="active", available_instances=self.o.workers,
             total_instances=self.o.workers, start=now - timedelta(hours=1), end=now + timedelta(days=1))
-        provider: Any = LocalNodeProvider(cluster, capacity={
-            "spot": self.o.spot_capacity, "capacity-block": self.o.workers, "on-demand": 0})
-        if self.o.node_boot_seconds:
-            provider = BootingProvider(provider, boot_seconds=self.o.node_boot_seconds)
+        stalled = self.o.scenario == "stalled"
+        provider = self._provider(cluster)
         daemon_log = open(self.workdir / "daemon.log", "a")
         stack.callback(daemon_log.close)
         # unwound first: nothing logs into the closed file after the drill (structlog raises there)
@@ -876,7 +1009,8 @@ class Drill:
         async def shut() -> None:
             stop.set()
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(task, timeout=30)
+                async with asyncio.timeout(30):
+                    await task
             await _cancel(task)
         stack.push_async_callback(shut)
         waiter = asyncio.create_task(ready.wait())
@@ -889,6 +1023,8 @@ class Drill:
         self.timeline.add("daemon", f"running in ray mode on {queue_url.rsplit('/', 1)[-1]}; "
                                     f"provider: spot {self.o.spot_capacity}, capacity-block "
                                     f"{BLOCK_ID} {self.o.workers}"
+                                    + (" (its nodes never join), on-demand " + str(self.o.workers)
+                                       if stalled else "")
                                     + (f"; notifications to {urlsplit(self.o.notify_webhook).hostname}"
                                        if self.o.notify_webhook else ""))
         return task
@@ -898,9 +1034,10 @@ class Drill:
         env.update(cluster.env)
         env["RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S"] = str(self.o.preemption_poll)
         env["PYTHONUNBUFFERED"] = "1"
-        if self.o.node_boot_seconds:  # a fixed-size run waits for the replacement to place its workers
+        if self.o.node_boot_seconds or self.o.scenario == "stalled":
+            # a fixed-size run waits for the replacement to place its workers (stalled: the fallback's)
             env["RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"] = str(
-                max(60.0, self.o.notice_seconds + self.o.node_boot_seconds + 60))
+                max(60.0, self.o.notice_seconds + self.o.node_boot_seconds + JOINED_BOUND_S + 60))
         log_file = open(self.workdir / "trainer.log", "ab")
         stack.callback(log_file.close)
         self._trainer = await asyncio.create_subprocess_exec(
@@ -928,8 +1065,8 @@ class Drill:
     async def _terminate(self, endpoint: str, cluster: Any, victim: str) -> None:
         # at a Spot deadline EC2 terminates the instance with a graceful OS shutdown; an abrupt
         # loss is a power cut (Ray sees it only when its health checks fail, ~17 s here)
-        end = cluster.terminate_node if self.o.scenario in ("spot", "elastic") else cluster.kill_node
-        await asyncio.to_thread(end, self._nodes[victim])
+        end = cluster.terminate_node if self.o.scenario in NOTICE_SCENARIOS else cluster.kill_node
+        await _in_thread(end, self._nodes[victim])
         self._spans[self._nodes[victim].name][1] = time.time()
         self.timeline.add("aws", f"instance {victim} terminated (its Ray node is gone)")
         await self._put(endpoint, state_change(victim, "terminated", datetime.now(timezone.utc)),
@@ -937,7 +1074,7 @@ class Drill:
         if not self.o.daemon:  # nobody requeues: play the autoscaler that replaces the node
             replacement = made_up_ids(self.o.workers + 1, seed=self.o.seed)[-1]
             await asyncio.sleep(self.o.node_boot_seconds)
-            await asyncio.to_thread(cluster.add_node, labels={
+            await _in_thread(cluster.add_node, labels={
                 INSTANCE_LABEL: replacement, CAPACITY_LABEL: "on-demand"}, num_cpus=1)
             self.capacity = "on-demand"
             self.timeline.add("drill", f"(daemon off) an autoscaler replaced it with {replacement}")
@@ -949,6 +1086,41 @@ class Drill:
             if any(d["kind"] == "state_change" for d in self.decisions):
                 return
             await asyncio.sleep(0.2)
+
+    async def _watch_follow_up(self, cluster: Any) -> None:
+        """Print the daemon's follow-up of the run as it goes (read from the GCS KV, as
+        ``resilienced status`` reads it): opened, each stage reached, each fallback, the end."""
+        from resilienced.ray.followups import RayKvFollowUps
+        from resilienced.ray.gcs import RayGcs
+
+        store = RayKvFollowUps(kv=RayGcs(cluster.address, token=cluster.auth_token))
+        shown: tuple[Any, ...] = ()
+        while True:
+            try:
+                found = await store.all()
+            except ResilienceError:  # the GCS is busy: look again
+                found = []
+            record = max((r for r, _ in found), key=lambda r: r.get("opened_at") or "", default={})
+            now = (record.get("event_id"), record.get("state"), record.get("stage"), len(record.get("fallbacks") or []))
+            if record and now != shown:
+                if shown[:1] == now[:1] and now[3] > shown[3]:
+                    last = record["fallbacks"][-1]
+                    self.timeline.add("daemon", f"follow-up: {last.get('reason')}; moved {last.get('from')} -> {last.get('to')}")
+                shown = now
+                self.timeline.add("daemon", f"follow-up of event {str(now[0])[:8]}: {now[1]}, stage {now[2]} on "
+                                            f"{record.get('capacity')}")
+            self.follow_up = record
+            await asyncio.sleep(0.5)
+
+    async def _followed(self, daemon_task: asyncio.Task[int]) -> dict[str, Any]:
+        """The daemon's follow-up of the run once it ended (resumed or stuck); ``{}`` when it kept
+        none.  Waits (bounded) for the follower to see the run train again."""
+        end = time.monotonic() + 60
+        while time.monotonic() < end and not daemon_task.done():
+            if (self.follow_up or {}).get("state") in ("resumed", "stuck"):
+                break
+            await asyncio.sleep(0.5)
+        return dict(self.follow_up or {})
 
     async def _reference(self, name: str, schedule: Sequence[tuple[int, int]]) -> dict[int, float]:
         """The uninterrupted run's losses (no Ray), ``schedule``'s world sizes one after the other.
@@ -968,7 +1140,8 @@ class Drill:
                                         events=None, pad=False, workers=workers, steps=stop),
                     stdout=log_file, stderr=log_file, env=env, start_new_session=True)
                 try:
-                    code = await asyncio.wait_for(proc.wait(), timeout=self.o.timeout)
+                    async with asyncio.timeout(self.o.timeout):
+                        code = await proc.wait()
                 finally:
                     await _stop_process(proc)
             if code != 0:
@@ -984,6 +1157,22 @@ class Drill:
             shutil.rmtree(self.workdir, ignore_errors=True)
 
 
+async def _in_thread(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """``fn`` in a thread; a cancel (Ctrl-C) lets it finish first, then goes on.
+
+    A start cut off half-way (``ray start`` of a node, moto) would leave behind what it started
+    and the teardown does not know of yet; waiting for it makes the teardown stop it too.
+    """
+    future = asyncio.ensure_future(asyncio.to_thread(fn, *args, **kwargs))
+    try:
+        return await asyncio.shield(future)
+    except asyncio.CancelledError:
+        while not future.done():  # a second Ctrl-C does not cut it off either
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.wait({future})
+        raise
+
+
 async def _cancel(task: asyncio.Task[Any]) -> None:
     if not task.done():
         task.cancel()
@@ -997,7 +1186,8 @@ async def _stop_process(proc: asyncio.subprocess.Process) -> None:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGTERM)
         try:
-            await asyncio.wait_for(proc.wait(), timeout=10)
+            async with asyncio.timeout(10):
+                await proc.wait()
         except asyncio.TimeoutError:
             pass
     with contextlib.suppress(ProcessLookupError):
@@ -1024,7 +1214,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="spot: rebalance, notice, termination at the deadline; abrupt: the "
                              "instance is gone with no notice (a state change only); elastic: the "
                              "spot story for an elastic run (python -m trainer --min-workers): the "
-                             "survivors go on, the replacement joins, the run grows back")
+                             "survivors go on, the replacement joins, the run grows back; stalled: the "
+                             "spot story where the Capacity Block's node never joins and the daemon "
+                             "falls back to On-Demand")
     parser.add_argument("--join-estimate-seconds", type=float, default=None,
                         help="what the daemon is told a replacement takes to join (its --node-join-seconds; "
                              "default: --node-boot-seconds): another value plays a wrong estimate")
@@ -1084,6 +1276,13 @@ def main(args: argparse.Namespace) -> int:
             Path(options.json_report).write_text(json.dumps(
                 {"ok": False, "scenario": options.scenario, "error": message}, indent=2) + "\n")
         return 1
+    except (KeyboardInterrupt, asyncio.CancelledError) as e:
+        drill.cleanup()
+        stopped_by = "SIGTERM" if drill.terminated else "Ctrl-C"
+        print(f"resilienced drill: stopped by {stopped_by}; everything it started is stopped", file=sys.stderr)
+        if drill.terminated:
+            return EXIT_TERMINATED
+        raise KeyboardInterrupt from e  # the CLI's exit code for Ctrl-C: 130
     except BaseException:
         drill.cleanup()
         raise

@@ -8,7 +8,8 @@ S3 prefix, closely enough for the durable step to be exercised end to end:
   ``s3://bucket/prefix/<path relative to root>``, with the ``x-amz-meta-file-mtime`` /
   ``user-agent`` metadata FSx sets;
 * DELETED: objects of files that are gone (a pruned checkpoint) are deleted;
-* only committed checkpoints are exported: files under ``step-<N>/``.  A save in progress
+* only committed checkpoints and the trainer's resume records are exported: files under
+  ``step-<N>/`` and ``resume/`` (``trainer.resume``; FSx exports every file).  A save in progress
   (``step-<N>.partial/``) and the trainer's ``.trash-*`` directories are never exported (the
   trainer renames ``.partial`` to ``step-<N>`` once ``manifest.json`` is written; FSx would
   export the ``.partial`` files and delete them again on the rename, which changes nothing the
@@ -38,6 +39,7 @@ from aiobotocore.session import get_session
 
 from resilienced import tasks
 from resilienced.log import get as get_logger
+from trainer import resume
 
 log = get_logger(__name__)
 
@@ -118,7 +120,7 @@ class LocalExporter:
                                                       endpoint_url=self._endpoint_url)
         self._client = await self._client_cm.__aenter__()
         self._stopping = False
-        self._task = tasks.spawn(self._run(), name=f"fsxlocal {self.root}", forever=False)
+        self._task = tasks.spawn(self._run(), name=f"fsxlocal {self.root}")
         return self
 
     async def stop(self) -> None:
@@ -155,7 +157,8 @@ class LocalExporter:
                 self._idle.clear()
                 await self._idle.wait()
 
-        await asyncio.wait_for(idle_after_call(), timeout=timeout)
+        async with asyncio.timeout(timeout):
+            await idle_after_call()
 
     def exported_at(self, path: str) -> float | None:
         """When ``path`` (relative to the root) was last exported (unix seconds), or None."""
@@ -214,10 +217,13 @@ class LocalExporter:
         except FileNotFoundError:
             return out
         for child in children:
-            if not (child.is_dir(follow_symlinks=False) and _COMMITTED.match(child.name)):
+            if not (child.is_dir(follow_symlinks=False)
+                    and (_COMMITTED.match(child.name) or child.name == resume.FOLDER)):
                 continue
             for dirpath, _, filenames in os.walk(child.path):
                 for name in filenames:
+                    if child.name == resume.FOLDER and not resume.is_record_name(name):
+                        continue  # a record being written (temporary name)
                     full = os.path.join(dirpath, name)
                     try:
                         st = os.stat(full, follow_symlinks=False)

@@ -49,8 +49,9 @@ _PREFIX = "claims/"
 class RayKvClaims:
     """``ports.ClaimStore`` on a Ray cluster's GCS internal KV (namespace ``resilienced``).
 
-    Same rules as :class:`resilienced.claims.MemoryClaims`: a free or expired claim is taken, the
-    same holder renews, another live holder or a remembered ``done`` wins.  Records are JSON
+    The :class:`~resilienced.ports.ClaimStore` contract, as :class:`resilienced.claims.MemoryClaims`:
+    a free or expired claim is taken, the same holder renews, another live holder or a remembered
+    ``done`` wins.  Records are JSON
     ``{"holder", "state": "held"|"done"|"released", "expires": unix s, "details"}``.
 
     Args:
@@ -109,8 +110,9 @@ class RayKvClaims:
         gen, record = await self._current(key)
         done = {"holder": holder, "state": "done", "expires": self._clock() + self._done_ttl,
                 "details": dict(details)}
-        if record is not None and record["holder"] != holder and record["expires"] > self._clock():
-            return  # taken over after our TTL ran out: the new holder decides
+        live = record is not None and record["expires"] > self._clock()
+        if live and (record["state"] == "done" or record["holder"] != holder):
+            return  # done already, or taken over after our TTL ran out: the new holder decides
         if record is not None and record["holder"] == holder:
             await self._kv.kv_put(self._gen_key(key, gen), _dump(done))
             return

@@ -373,7 +373,8 @@ class RayGcs:
         threading.Thread(target=run, name=f"ray-gcs {self.address}", daemon=True).start()
         bound = 3 * self.timeout + 15.0
         try:
-            return await asyncio.wait_for(future, timeout=bound)
+            async with asyncio.timeout(bound):
+                return await future
         except TimeoutError:
             raise BackendUnavailable(
                 BACKEND, f"{self.address}: {what} did not finish within {bound:.0f}s"
@@ -381,9 +382,8 @@ class RayGcs:
 
     async def _check_reachable(self) -> None:
         try:
-            _, writer = await asyncio.wait_for(
-                asyncio.open_connection(self._host, self._port), timeout=self.timeout
-            )
+            async with asyncio.timeout(self.timeout):
+                _, writer = await asyncio.open_connection(self._host, self._port)
         except TimeoutError:
             raise BackendUnavailable(
                 BACKEND, f"{self.address}: no TCP connection within {self.timeout:.1f}s"

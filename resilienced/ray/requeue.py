@@ -32,7 +32,7 @@ from resilienced.capacity.request import CapacityRequest
 from resilienced.errors import TemporaryError
 from resilienced.model import Event, Target
 from resilienced.ports import NodeProvider, ProvidedNode
-from resilienced.ray.cluster import ELASTIC_LABEL
+from resilienced.ray.cluster import ELASTIC_LABEL, RESERVATION_LABEL
 from resilienced.requeue.result import RequeueResult, waiting
 
 REPLACES_LABEL = "resilienced.io/replaces"
@@ -135,6 +135,19 @@ class RayModeRequeuer:
             run_key=target.run_key, kind=self.kind, capacity=Capacity.WAIT, reason=reason, decision=current,
             retry_after=current.retry_after or (self.planner.policy.wait_retry if self.planner else None),
             changes=tuple(_launch_change(kept)), details=details)
+
+    async def withdraw(self, target: Target, *, capacity: Capacity, reservation_id: str | None) -> list[str]:
+        """Give back the replacement nodes asked of ``capacity`` for the run's lost instances
+        (``ports.Withdraws``): the follow-up does it when they never joined, before it moves the run
+        elsewhere, so that a second ``requeue`` launches on the new capacity."""
+        lost = set(target.facts.lost_instance_ids or (target.instance_id,))
+        stalled = [n for n in await self.provider.nodes()
+                   if n.labels.get(REPLACES_LABEL) in lost and n.capacity is Capacity(capacity)
+                   and (reservation_id is None or n.labels.get(RESERVATION_LABEL, reservation_id) == reservation_id)]
+        if stalled:
+            await self.provider.release(stalled)
+        return [f"released {n.capacity.value} node {n.instance_id} (replaced {n.labels.get(REPLACES_LABEL)})"
+                for n in stalled]
 
     def _launched(self, target: Target, current: CapacityDecision, nodes: list[ProvidedNode], tried: list[str],
                   *, elastic: bool) -> RequeueResult:

@@ -1,17 +1,13 @@
 """The durable step: wait until a checkpoint saved after the notice is in S3 (decision 2).
 
 S3 is the source of truth.  The trainer writes, per checkpoint, ``<root>/step-<N>/`` with
-``manifest.json`` last (``trainer/checkpoint.py``)::
-
-    {"format": "resilienced-checkpoint/1", "step": N, "world_size": W,
-     "time": "2026-11-30T00:00:00.123456Z", "saved_at_unix": 1796083200.123456,
-     "reason": "preemption" | "periodic" | "final",
-     "files": [{"path": "__0_0.distcp", "size": 123, "sha256": "<hex>"}, ...]}
+``manifest.json`` last.  The format has one definition, ``trainer/manifest.py`` (standard
+library only), which the trainer writes with and this module reads with.
 
 FSx exports the checkpoint root to the run's S3 prefix (``checkpoint_uri``), so the same layout
 appears under ``s3://bucket/prefix/step-<N>/``.  A checkpoint is **durable** when
 
-1. ``step-<N>/manifest.json`` is in S3 and parses as the format above, with ``step == N``;
+1. ``step-<N>/manifest.json`` is in S3 and parses (``Manifest.parse``), with ``step == N``;
 2. every file it lists is in S3 under ``step-<N>/`` with the listed size, and with the listed
    SHA-256 where S3 holds a (whole-object) SHA-256 checksum for it.
 
@@ -41,7 +37,6 @@ it costs at least (the newest step number seen in S3 minus the fallback's step).
 from __future__ import annotations
 
 import asyncio
-import json
 import re
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -54,35 +49,12 @@ from resilienced.aws.s3 import ObjectNotFound, parse_s3_uri
 from resilienced.errors import BackendUnavailable, PermanentError
 from resilienced.log import get as get_logger
 from resilienced.ports import ExportTask, ExportTasks, ObjectStore, StoredObject
+from trainer.manifest import MANIFEST, Manifest, ManifestError
 
 log = get_logger(__name__)
 
-FORMAT = "resilienced-checkpoint/1"
-MANIFEST = "manifest.json"
 _STEP_DIR = re.compile(r"^step-(0|[1-9][0-9]*)/(.+)$")
-_HEX64 = re.compile(r"^[0-9a-f]{64}$")
 _MAX_POLL_S = 60.0
-
-
-class MalformedManifest(ValueError):
-    """A manifest that is not the trainer's format; never trusted."""
-
-
-@dataclass(frozen=True)
-class ManifestFile:
-    path: str  # posix, relative to the step directory
-    size: int
-    sha256: str  # hex, lower case
-
-
-@dataclass(frozen=True)
-class Manifest:
-    step: int
-    world_size: int
-    time: datetime  # tz-aware UTC
-    saved_at_unix: float
-    reason: str
-    files: tuple[ManifestFile, ...]
 
 
 @dataclass(frozen=True)
@@ -111,68 +83,6 @@ class DurableResult:
     details: Mapping[str, Any] = field(default_factory=dict)
 
 
-# --------------------------------------------------------------------------- manifest
-def parse_manifest(raw: bytes, *, where: str = "manifest.json") -> Manifest:
-    """Parse and check a manifest; :class:`MalformedManifest` names what is wrong."""
-    try:
-        data = json.loads(raw.decode("utf-8"))
-    except UnicodeDecodeError as e:
-        raise MalformedManifest(f"{where}: not UTF-8 ({e.reason})") from e
-    except json.JSONDecodeError as e:
-        raise MalformedManifest(f"{where}: not valid JSON ({e.msg} at char {e.pos})") from e
-    if not isinstance(data, dict):
-        raise MalformedManifest(f"{where}: not a JSON object")
-    if data.get("format") != FORMAT:
-        raise MalformedManifest(f"{where}: format is {data.get('format')!r}, expected {FORMAT!r}")
-    for key, kind in (("step", int), ("world_size", int), ("time", str), ("reason", str),
-                      ("files", list)):
-        value = data.get(key)
-        if not isinstance(value, kind) or isinstance(value, bool):
-            raise MalformedManifest(f"{where}: field {key!r} is missing or not a {kind.__name__}")
-    saved = data.get("saved_at_unix")
-    if not isinstance(saved, (int, float)) or isinstance(saved, bool):
-        raise MalformedManifest(f"{where}: field 'saved_at_unix' is missing or not a number")
-    if data["step"] < 0 or data["world_size"] < 1:
-        raise MalformedManifest(f"{where}: step {data['step']} / world_size {data['world_size']} out of range")
-    when = _parse_time(data["time"])
-    if when is None:
-        raise MalformedManifest(f"{where}: time {data['time']!r} is not ISO-8601 UTC")
-    files = []
-    seen = set()
-    for i, entry in enumerate(data["files"]):
-        if not (isinstance(entry, dict) and isinstance(entry.get("path"), str)
-                and isinstance(entry.get("size"), int) and not isinstance(entry.get("size"), bool)
-                and isinstance(entry.get("sha256"), str)):
-            raise MalformedManifest(f"{where}: files[{i}] is not {{path, size, sha256}}")
-        path, size, digest = entry["path"], entry["size"], entry["sha256"].lower()
-        parts = path.split("/")
-        if (not path or path.startswith("/") or any(p in ("", ".", "..") for p in parts)
-                or path == MANIFEST or "\\" in path):
-            raise MalformedManifest(f"{where}: files[{i}] has a bad path {path!r}")
-        if size < 0:
-            raise MalformedManifest(f"{where}: files[{i}] ({path}) has a negative size")
-        if not _HEX64.match(digest):
-            raise MalformedManifest(f"{where}: files[{i}] ({path}) sha256 is not 64 hex digits")
-        if path in seen:
-            raise MalformedManifest(f"{where}: files[{i}] lists {path} twice")
-        seen.add(path)
-        files.append(ManifestFile(path, size, digest))
-    if not files:
-        raise MalformedManifest(f"{where}: lists no files")
-    return Manifest(step=data["step"], world_size=data["world_size"], time=when,
-                    saved_at_unix=float(saved), reason=data["reason"], files=tuple(files))
-
-
-def _parse_time(text: str) -> datetime | None:
-    try:
-        when = datetime.fromisoformat(text.replace("Z", "+00:00") if text.endswith("Z") else text)
-    except ValueError:
-        return None
-    if when.tzinfo is None:
-        return None
-    return when.astimezone(timezone.utc)
-
-
 # --------------------------------------------------------------------------- one look at S3
 @dataclass
 class _Checkpoint:
@@ -195,7 +105,7 @@ class _Looker:
         self.store = store
         self.bucket = bucket
         self.prefix = prefix
-        self._manifests: dict[tuple[str, int, Any], Manifest | MalformedManifest] = {}
+        self._manifests: dict[tuple[str, int, Any], Manifest | ManifestError] = {}
         self.newest_seen: int | None = None
         self.rejected: dict[int, str] = {}
 
@@ -225,17 +135,15 @@ class _Looker:
             except ObjectNotFound:
                 return _Verdict(ckpt.step, False, None, "manifest.json vanished after the listing")
             try:
-                parsed = parse_manifest(raw, where=f"s3://{self.bucket}/{manifest_obj.key}")
+                where = f"s3://{self.bucket}/{manifest_obj.key}"
+                parsed = Manifest.parse(raw, where=where)
                 if parsed.step != ckpt.step:
-                    raise MalformedManifest(
-                        f"s3://{self.bucket}/{manifest_obj.key}: says step {parsed.step}, "
-                        f"its directory says step {ckpt.step}"
-                    )
-            except MalformedManifest as e:
+                    raise ManifestError(where, f"says step {parsed.step}, its directory says step {ckpt.step}")
+            except ManifestError as e:
                 parsed = e
                 log.warning("checkpoint not trusted", step=ckpt.step, error=str(e))
             self._manifests[cache_key] = parsed
-        if isinstance(parsed, MalformedManifest):
+        if isinstance(parsed, ManifestError):
             return _Verdict(ckpt.step, False, None, f"malformed manifest: {parsed}")
         missing, wrong = [], []
         for f in parsed.files:

@@ -17,7 +17,9 @@
      else record the newest durable one from before the notice and the steps that costs;
    * REQUEUE: for an instance already gone (state change), find the newest durable checkpoint
      the run will resume from; decide the capacity (Spot / Capacity Block / On-Demand / wait) and
-     apply it to the whole gang;
+     apply it to the whole gang, under the run's move claim; then open the run's follow-up
+     (``recovery.followup.Follower``), which watches it until it trains again and falls back
+     when it stalls, long after this message is deleted;
 
 3. COMPLETE_LIFECYCLE: tell the Auto Scaling group it may go on terminating (also when no run
    was found: the instance is released either way).
@@ -31,15 +33,19 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta, timezone
+from functools import partial
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
+from handlers import capacity_block_expiry
 from resilienced import log
 from resilienced.aws.autoscaling import Lifecycle
+from resilienced.claims import held_claim
 from resilienced.recovery.durable import DurableResult, newest_durable, wait_durable
+from resilienced.recovery.followup import Follower
 from resilienced.recovery.targets import find_targets
 from resilienced.ray.replacement import ReplacementBoard, announcement
 from resilienced.errors import (
@@ -158,6 +164,7 @@ class Recovery:
         lifecycle: Auto Scaling, for terminate hooks.
         notifier: the webhook (``--notify-webhook``), told once per run handled (done or
             failed); it queues and returns at once, so it never delays the recovery.
+        follower: the follow-up after the requeue (None: a recovery ends with the requeue).
     """
 
     def __init__(
@@ -175,6 +182,7 @@ class Recovery:
         options: RecoveryOptions = RecoveryOptions(),
         metrics: RecoveryMetrics | None = None,
         notifier: Notifier | None = None,
+        follower: Follower | None = None,
         clock: Callable[[], datetime] = lambda: datetime.now(timezone.utc),
     ) -> None:
         self.cluster = cluster
@@ -189,6 +197,7 @@ class Recovery:
         self.options = options
         self.metrics = metrics
         self.notifier = notifier
+        self.follower = follower
         self.clock = clock
         self._log = log.get("resilienced.recovery")
 
@@ -244,78 +253,38 @@ class Recovery:
 
     # ------------------------------------------------------------------ one run
     async def _run(self, plan: Plan, target: Target, *, holder: str) -> RunReport:
+        """The run's steps under its run claim (``claims.held_claim``: renewed every third of its
+        TTL while the steps go on; a replica that lost it takes no further step and does not
+        complete it, docs/reliability.md, the fencing fix; a step under way when it is lost
+        finishes, every step is idempotent)."""
         event = plan.event
         report = RunReport(run=target.run_key, instances=list(target.facts.instance_ids))
         key = f"run/{event.event_id}/{target.run_key}"
         ttl = self.options.claim_ttl_seconds
-        claim = await self.claims.acquire(key, holder=holder, ttl_seconds=ttl)
-        if claim is None:
-            existing = await self.claims.get(key)
-            if existing is not None and existing.state == "done":
-                report.skipped = f"already done for this event by {existing.holder}"
-                return report
-            who = existing.holder if existing is not None else "another delivery"
-            # a live holder renews its claim; a dead one's lapses within ttl: look again then, not
-            # sooner (each look is a receive, and the redrive policy counts them)
-            raise TemporaryError(f"run {target.run_key} for event {event.event_id} is being "
-                                 f"handled by {who}", delay=ttl)
-        keep = _Keeper(key, ttl)
-        keeper = asyncio.create_task(self._keep_claim(key, holder=holder, keep=keep), name=f"claim-keeper:{key}")
-        try:
+        async with held_claim(self.claims, key, holder=holder, ttl_seconds=ttl, logger=self._log) as held:
+            if held is None:
+                existing = await self.claims.get(key)
+                if existing is not None and existing.state == "done":
+                    report.skipped = f"already done for this event by {existing.holder}"
+                    return report
+                who = existing.holder if existing is not None else "another delivery"
+                # a live holder renews its claim; a dead one's lapses within ttl: look again then, not
+                # sooner (each look is a receive, and the redrive policy counts them)
+                raise TemporaryError(f"run {target.run_key} for event {event.event_id} is being "
+                                     f"handled by {who}", delay=ttl)
             for step, act in ((Step.NOTIFY, self._notify), (Step.SIGNAL, self._signal),
-                              (Step.DURABLE, self._durable), (Step.REQUEUE, self._requeue)):
+                              (Step.DURABLE, self._durable), (Step.REQUEUE, partial(self._requeue, holder=holder))):
                 if step in plan.steps:
-                    keep.check()  # a replica that lost its claim does not take another step
+                    held.check()  # a replica that lost its claim does not take another step
                     await act(plan, target, report)
-            await _stop_keeper(keeper, keep)  # no renewal may land after the completion
-            keep.check()
-        except BaseException:
-            await _stop_keeper(keeper, keep)
-            try:
-                await asyncio.shield(self.claims.release(key, holder=holder))
-            except ResilienceError as e:
-                self._log.warning("claim release failed", key=key, error=str(e))
-            raise
-        report.record = runs_record(event, report.as_json(), outcome="done", at=self.clock())
-        await self.claims.complete(key, holder=holder, details=report.record)
+            report.record = runs_record(event, report.as_json(), outcome="done", at=self.clock())
+            await held.complete(report.record)  # after a renewal in flight; not when lost
         return report
 
     def _tell(self, record: dict[str, Any]) -> None:
         """Hand one run's record to the notifier (queued; never waits, never fails the recovery)."""
         if self.notifier is not None:
             self.notifier.submit(summary(record))
-
-    async def _keep_claim(self, key: str, *, holder: str, keep: "_Keeper") -> None:
-        """Renew the run claim every third of its TTL while the run's steps go on, until stopped
-        (checked between renewals: a renewal is never cut off mid-request, see :func:`_stop_keeper`).
-
-        Ends early when the claim is lost (:meth:`_Keeper.lose`): another holder has it (it took
-        over a claim this replica did not renew in time), or no renewal succeeded for a whole TTL,
-        after which another replica may take it over at any moment.
-        """
-        ttl = keep.ttl
-        renewed = asyncio.get_running_loop().time()
-        while True:
-            try:
-                await asyncio.wait_for(keep.stop.wait(), ttl / 3)
-                return
-            except TimeoutError:
-                pass
-            try:
-                claim = await self.claims.acquire(key, holder=holder, ttl_seconds=ttl)
-            except ResilienceError as e:
-                self._log.warning("claim renewal failed", key=key, error=str(e))
-                if asyncio.get_running_loop().time() - renewed >= ttl:
-                    keep.lose(f"not renewed for {ttl:g}s ({e})")
-                    self._log.warning("claim lost", key=key, reason=keep.lost)
-                    return
-                continue
-            if claim is None:
-                existing = await _quietly(self.claims.get(key))
-                keep.lose(f"taken over by {existing.holder}" if existing is not None else "no longer held")
-                self._log.warning("claim lost", key=key, reason=keep.lost)
-                return
-            renewed = asyncio.get_running_loop().time()
 
     async def _notify(self, plan: Plan, target: Target, report: RunReport) -> None:
         event = plan.event
@@ -325,9 +294,15 @@ class Recovery:
         await self._record(target, event, reason=reason, message=message, warning=False)
         report.steps["notify"] = reason
 
+    def _deadline(self, plan: Plan, target: Target) -> datetime:
+        """When the run's nodes go: the plan's deadline (for an expiring block on Karpenter's nodes
+        Karpenter's earlier drain), else the checkpoint-ahead time from now."""
+        deadline = capacity_block_expiry.run_deadline(plan, node_shape=target.facts.node_shape)
+        return deadline or (self.clock() + timedelta(seconds=self.options.checkpoint_ahead_seconds))
+
     async def _signal(self, plan: Plan, target: Target, report: RunReport) -> None:
         event = plan.event
-        deadline = plan.deadline or (self.clock() + timedelta(seconds=self.options.checkpoint_ahead_seconds))
+        deadline = self._deadline(plan, target)
         drained: dict[str, str] = {}
 
         async def drain_all() -> None:
@@ -375,7 +350,7 @@ class Recovery:
             report.steps["durable"] = {"verified": False, "reason": why}
             return
         notice = event.time or self.clock()
-        deadline = plan.deadline or (self.clock() + timedelta(seconds=self.options.checkpoint_ahead_seconds))
+        deadline = self._deadline(plan, target)
         export_paths = (self.options.export_paths(target.checkpoint_uri)
                         if self.export is not None and self.options.export_paths else ())
         result: DurableResult = await wait_durable(
@@ -398,6 +373,7 @@ class Recovery:
                 f"{target.checkpoint_uri} ({len(result.manifest.files)} files, "
                 f"{after:.1f}s after the notice)"))
             report.steps["durable"] = {"verified": True, "step": result.step,
+                                       "world_size": result.manifest.world_size,
                                        "notice_to_durable_s": round(after, 3),
                                        "export_tasks": list(result.export_tasks)}
             return
@@ -416,7 +392,7 @@ class Recovery:
                                    "steps_lost": result.steps_lost,
                                    "rejected": list(result.rejected)}
 
-    async def _requeue(self, plan: Plan, target: Target, report: RunReport) -> None:
+    async def _requeue(self, plan: Plan, target: Target, report: RunReport, *, holder: str) -> None:
         event = plan.event
         if Step.DURABLE not in plan.steps and target.checkpoint_uri and self.store is not None:
             # The instance is already gone (no notice): the run resumes from what is in S3.
@@ -438,6 +414,22 @@ class Recovery:
         if self.planner is None or self.requeue is None:
             report.steps["requeue"] = {"capacity": None, "reason": "no capacity planner or requeuer configured"}
             return
+        if self.follower is None:
+            await self._requeue_held(event, target, report)
+            return
+        async with self.follower.moving(target.run_key, holder=holder, ttl=self.options.claim_ttl_seconds) as held:
+            if not held:  # its follow-up (or another delivery) moves the run now: come back shortly
+                raise TemporaryError(f"run {target.run_key} is being moved by its follow-up now", delay=5.0)
+            await self._requeue_held(event, target, report)
+
+    async def _requeue_held(self, event: Event, target: Target, report: RunReport) -> None:
+        """Decide, apply, and open the follow-up (holding the run's move claim, when following)."""
+        assert self.planner is not None and self.requeue is not None
+        follower = self.follower
+        exclude = await follower.exclusions(target.run_key) if follower is not None else ()
+        if exclude:  # what stalled an earlier recovery of this run, in its cool-down
+            target = replace(target, facts=replace(target.facts, exclude=tuple(dict.fromkeys(
+                [*target.facts.exclude, *exclude]))))
         _request, decision = await self.planner.plan_for(target, event=event)
         result = await self.requeue.requeue(target, decision=decision, event=event)
         report.steps["requeue"] = result.as_json()
@@ -447,6 +439,12 @@ class Recovery:
         if result.capacity is Capacity.WAIT:
             delay = result.retry_after.total_seconds() if result.retry_after else None
             raise TemporaryError(f"run {target.run_key} waits for capacity: {result.reason}", delay=delay)
+        if follower is not None:
+            opened = await follower.open(target, event=event, result=result,
+                                         durable=report.steps.get("durable") or report.steps.get("resume"))
+            if opened is not None:
+                report.steps["follow_up"] = {"event_id": opened.event_id, "stage": opened.stage,
+                                             "stages": list(opened.stages), "capacity": opened.where}
 
     async def _announce_replacement(self, target: Target, result: Any) -> dict[str, Any] | None:
         """An elastic run: write when its replacement is expected, for the run to decide whether to
@@ -482,46 +480,3 @@ class Recovery:
         except ResilienceError as e:  # an Event is a courtesy; the step itself is done
             self._log.warning("recording an event failed", run=target.run_key, reason=reason,
                               error=str(e))
-
-
-class _Keeper:
-    """A run claim's keeper state: the stop signal, and whether the claim was lost.
-
-    A replica whose claim lapsed (it could not renew it in time: a stalled API server, a paused
-    process) may find another replica doing the same run: it stops before its next step and
-    before completing, and leaves the run to the holder (docs/reliability.md, the fencing fix).
-    A step already under way when the claim is lost finishes; every step is idempotent.
-    """
-
-    def __init__(self, key: str, ttl: float) -> None:
-        self.key = key
-        self.ttl = ttl
-        self.stop = asyncio.Event()
-        self.lost: str | None = None
-
-    def lose(self, why: str) -> None:
-        self.lost = why
-
-    def check(self) -> None:
-        if self.lost is not None:
-            raise TemporaryError(f"claim {self.key} lost: {self.lost}; its holder finishes the run",
-                                 delay=self.ttl)
-
-
-async def _quietly(read: Awaitable[Any]) -> Any:
-    """``await read``, None if the backend fails (only for a log line's detail)."""
-    try:
-        return await read
-    except ResilienceError:
-        return None
-
-
-async def _stop_keeper(keeper: asyncio.Task[None], keep: _Keeper) -> None:
-    """Stop a claim keeper and wait until it has ended, a renewal in flight included.
-
-    Cancelling it instead would leave that renewal's write to land after the claim is completed
-    or released: in ray mode (GCS KV: no compare-and-set, calls on threads a cancel does not
-    stop) it would turn the done claim back into a held one (issue #14, the keeper race).
-    """
-    keep.stop.set()
-    await asyncio.gather(keeper, return_exceptions=True)

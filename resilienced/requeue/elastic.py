@@ -18,9 +18,12 @@ KubeRay (ray-project/kuberay ray-operator, v1.4.0 to v1.7.0, ``controllers/ray/r
   ``minReplicas`` lowered when needed (else KubeRay clamps ``replicas`` back up), and the lost pod
   named in ``scaleStrategy.workersToDelete``: without the autoscaler KubeRay deletes *random* pods
   of a group over its replicas (``randomlyRemovedWorkers``), but deletes the pods named in
-  ``workersToDelete`` first ("Always remove the specified WorkersToDelete").  When the lost pod is
-  already gone and KubeRay made an unscheduled replacement in the old group, that replacement is
-  named instead; when the replacement already runs, the worker counts as replaced in place.
+  ``workersToDelete`` first ("Always remove the specified WorkersToDelete").  A lost pod that is
+  still terminating (Karpenter drains at the notice) is the lost worker's pod: KubeRay counts it
+  until it is gone.  When the lost pod is already gone and KubeRay made an unscheduled replacement
+  in the old group, that replacement is named instead; when the replacement already runs, the
+  worker counts as replaced in place.  ``workersToDelete`` keeps only names whose pod still exists
+  (KubeRay never clears the list and deletes every name in it on each reconcile).
 * One conditional merge patch writes the groups and the annotation
   ``resilienced.io/elastic-replaced`` (JSON ``{lost instance id: group}``): a second notice for the
   same lost instance changes nothing; another lost instance adds one more replica.
@@ -36,12 +39,12 @@ from __future__ import annotations
 
 import copy
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
 from resilienced.capacity.decision import Capacity, CapacityDecision
-from resilienced.capacity.request import ANNOTATION_ELASTIC_REPLACED, ANNOTATION_REQUEUED_FOR
+from resilienced.capacity.request import ANNOTATION_ELASTIC_REPLACED, ANNOTATION_REQUEUED_FOR, capacity_of
 from resilienced.kube.api import JsonObj
 from resilienced.kube.locate import instance_id_of
 from resilienced.log import get as get_logger
@@ -115,12 +118,18 @@ def _new_group(source: Mapping[str, Any], name: str, base: str, placement: Place
 
 
 def plan_groups(groups: Sequence[Mapping[str, Any]], lost: Sequence[LostWorker], placement: Placement,
-                decision: CapacityDecision) -> tuple[list[dict[str, Any]], dict[str, str], list[str]]:
+                decision: CapacityDecision, *, existing: Collection[str] | None = None,
+                ) -> tuple[list[dict[str, Any]], dict[str, str], list[str]]:
     """The worker groups after moving each of ``lost`` to a group of the decided capacity (pure).
 
+    ``existing``: the names of the cluster's worker pods that still exist (terminating ones
+    included); a ``workersToDelete`` name not among them is dropped (None: keep every name).
     Returns (new groups, ``{instance id: group now holding its replacement}``, changes in words).
     """
     new = [copy.deepcopy(dict(g)) for g in groups]
+    if existing is not None:
+        for group in new:
+            _prune_workers_to_delete(group, existing)
     by_name = {str(g.get("groupName")): g for g in new}
     replaced: dict[str, str] = {}
     changes: list[str] = []
@@ -157,6 +166,21 @@ def plan_groups(groups: Sequence[Mapping[str, Any]], lost: Sequence[LostWorker],
         changes.append(f"{worker.instance_id}: group {worker.group} -> {remaining} replicas (deleting "
                        f"{', '.join(worker.pods)}), group {target['groupName']} -> {target['replicas']}")
     return new, replaced, changes
+
+
+def _prune_workers_to_delete(group: dict[str, Any], existing: Collection[str]) -> None:
+    """Keep only the ``workersToDelete`` names whose pod still exists.
+
+    KubeRay (v1.7.0 ``reconcilePods``) never clears the stored list and deletes every name in it on
+    each reconcile (NotFound ignored): a name whose pod is gone does nothing but grow the list.
+    """
+    strategy = group.get("scaleStrategy")
+    names = (strategy or {}).get("workersToDelete")
+    if not names:
+        return
+    kept = [n for n in names if n in existing]
+    if kept != list(names):
+        strategy["workersToDelete"] = kept
 
 
 def not_elastic_on_kuberay(spec: Mapping[str, Any]) -> str | None:
@@ -206,12 +230,10 @@ def settled(target: Target, kind: str, cluster: JsonObj, decision: CapacityDecis
 
 
 def current_capacity(target: Target) -> Capacity:
-    """The capacity the run is on (Karpenter's ``reserved`` is a block; unknown: Spot)."""
-    value = str(target.facts.capacity_type or "spot")
-    if value == "reserved":
-        return Capacity.CAPACITY_BLOCK
+    """The capacity the run is on (Karpenter's ``reserved``: a block, or On-Demand for an On-Demand
+    Capacity Reservation, ``capacity_of``; unknown: Spot)."""
     try:
-        capacity = Capacity(value)
+        capacity = capacity_of(str(target.facts.capacity_type or "spot"), target.facts.reservation_type)
     except ValueError:
         return Capacity.SPOT
     return Capacity.SPOT if capacity is Capacity.WAIT else capacity
@@ -229,12 +251,20 @@ class ElasticKubeRay:
     def __init__(self, objects: Objects) -> None:
         self.objects = objects
 
-    async def lost_workers(self, cluster: JsonObj, lost: Sequence[str], *,
-                           groups_hint: Sequence[str] = ()) -> tuple[list[LostWorker], list[str]]:
-        """Each lost instance's worker group and the pods to delete; and the instances with no worker."""
+    async def lost_workers(self, cluster: JsonObj, lost: Sequence[str], *, groups_hint: Sequence[str] = (),
+                           ) -> tuple[list[LostWorker], list[str], frozenset[str]]:
+        """Each lost instance's worker group and the pods to delete; the instances with no worker; the
+        names of the cluster's worker pods (terminating ones included).
+
+        A terminating pod counts: KubeRay (ray-project/kuberay v1.7.0
+        ``ray-operator/controllers/ray/raycluster_controller.go`` ``reconcilePods``) lists a group's pods
+        with those being deleted and recreates a worker only once its pod is gone, and Karpenter starts
+        draining the node at the notice, so at requeue time the lost pod is usually still terminating.
+        Named in ``workersToDelete``, it leaves KubeRay's count at once and nothing is recreated in its group.
+        """
         namespace, name = cluster["metadata"]["namespace"], cluster["metadata"]["name"]
         pods = await self.objects.pods(namespace, label_selector=f"{CLUSTER_LABEL}={name},{NODE_TYPE_LABEL}=worker")
-        pods = [p for p in pods if not (p.get("metadata") or {}).get("deletionTimestamp")]
+        existing = frozenset(str((p.get("metadata") or {}).get("name")) for p in pods)
         on: dict[str, list[JsonObj]] = {}
         for node_name in sorted({(p.get("spec") or {}).get("nodeName") or "" for p in pods} - {""}):
             node = await self.objects.node(node_name)
@@ -250,26 +280,30 @@ class ElasticKubeRay:
             elif len(groups_hint) == 1:  # the pod is gone: KubeRay may have made an unscheduled replacement
                 pending = [p["metadata"]["name"] for p in pods
                            if ((p.get("metadata") or {}).get("labels") or {}).get(GROUP_LABEL) == groups_hint[0]
-                           and not (p.get("spec") or {}).get("nodeName")]
+                           and not (p.get("spec") or {}).get("nodeName")
+                           and not (p.get("metadata") or {}).get("deletionTimestamp")]
                 found.append(LostWorker(iid, groups_hint[0], tuple(pending[:1])))
             else:
                 none.append(iid)
-        return found, none
+        return found, none, existing
 
     async def begin(self, target: Target, cluster: JsonObj, decision: CapacityDecision, dry_run: bool, *,
-                    kind: str) -> tuple[RequeueResult | None, dict[str, Any], list[LostWorker], list[str]]:
-        """(the result when there is nothing to do, details, the lost workers to replace, instances with none)."""
+                    kind: str) -> tuple[RequeueResult | None, dict[str, Any], list[LostWorker], list[str],
+                                        frozenset[str]]:
+        """(the result when there is nothing to do, details, the lost workers to replace, instances with none,
+        the names of the cluster's worker pods)."""
         early, todo, details = settled(target, kind, cluster, decision, dry_run)
         if early is not None:
-            return early, details, [], []
-        workers, no_worker = await self.lost_workers(
+            return early, details, [], [], frozenset()
+        workers, no_worker, existing = await self.lost_workers(
             cluster, todo, groups_hint=list(target.facts.groups))
-        return None, details, workers, no_worker
+        return None, details, workers, no_worker, existing
 
     async def requeue(self, target: Target, cluster: JsonObj, *, decision: CapacityDecision, placement: Placement | None,
                       event: Event, dry_run: bool) -> RequeueResult:
         namespace, name = cluster["metadata"]["namespace"], cluster["metadata"]["name"]
-        early, details, workers, no_worker = await self.begin(target, cluster, decision, dry_run, kind=self.kind)
+        early, details, workers, no_worker, existing = await self.begin(
+            target, cluster, decision, dry_run, kind=self.kind)
         if early is not None:
             return early
         assert placement is not None  # the decision places (settled() answered a wait)
@@ -282,7 +316,8 @@ class ElasticKubeRay:
             if not pending:
                 return None
             groups, replaced, described = plan_groups(
-                (obj.get("spec") or {}).get("workerGroupSpecs") or [], pending, placement, decision)
+                (obj.get("spec") or {}).get("workerGroupSpecs") or [], pending, placement, decision,
+                existing=existing)
             merged = {**now_done, **replaced}
             merged = dict(list(merged.items())[-MAX_REPLACED:])
             changes.clear()
@@ -356,7 +391,8 @@ class ElasticKueue:
     async def requeue(self, target: Target, cluster: JsonObj, *, decision: CapacityDecision, placement: Placement | None,
                       event: Event, dry_run: bool) -> RequeueResult:
         namespace, name = cluster["metadata"]["namespace"], cluster["metadata"]["name"]
-        early, details, workers, _none = await self._kuberay.begin(target, cluster, decision, dry_run, kind=self.kind)
+        early, details, workers, _none, _pods = await self._kuberay.begin(
+            target, cluster, decision, dry_run, kind=self.kind)
         if early is not None:
             return early
         assert placement is not None  # the decision places (settled() answered a wait)

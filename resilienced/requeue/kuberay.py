@@ -17,8 +17,10 @@ Mechanism (KubeRay, ray-project/kuberay at feeaf72):
    tolerations but not nodeSelector), which would end the Ray cluster and its job.  So for a
    RayCluster with ``Recreate`` the requeuer changes nothing and returns a *refused* result
    (reason in it; ``Requeue`` records a Warning Event ``RequeueRefused``): such a run is moved
-   only through Kueue (a Kueue-managed RayJob goes to the Kueue requeuer, which changes the
-   templates only while the RayJob is suspended and its RayCluster deleted).  Otherwise the
+   only through Kueue (a Kueue-managed RayCluster goes to the Kueue requeuer, which changes the
+   templates only while the cluster is suspended and its pods deleted).  ``upgradeStrategy`` is
+   only ever on a RayCluster created directly: KubeRay v1.6+ refuses to reconcile one a RayJob or
+   RayService created with it (``utils/validation.go`` ``ValidateRayClusterUpgradeOptions``).  Otherwise the
    requeuer deletes the run's worker pods itself (labels ``ray.io/cluster=<name>``,
    ``ray.io/node-type=worker``), all of them together, and KubeRay recreates the missing
    replicas from the new template.  A worker pod is kept when it already asks for the decided
@@ -155,7 +157,8 @@ class KubeRayRequeuer(PlacingRequeuer):
             else:
                 fallback = not_elastic_on_kuberay(cluster.get("spec") or {})
             if fallback is None and cluster is not None:
-                placement = Placement.for_decision(decision, tolerations=self._tolerations) if decision.places else None
+                placement = (Placement.for_decision(decision, tolerations=self._tolerations,
+                                                    shape=target.facts.node_shape) if decision.places else None)
                 return await self._elastic.requeue(target, cluster, decision=decision, placement=placement,
                                                    event=event, dry_run=dry_run)
         return with_fallback(await self._gang(target, decision=decision, event=event, dry_run=dry_run), fallback)
@@ -178,7 +181,7 @@ class KubeRayRequeuer(PlacingRequeuer):
     ) -> RequeueResult:
         if not decision.places:
             return waiting(target, kind=self.kind, decision=decision, dry_run=dry_run)
-        placement = Placement.for_decision(decision, tolerations=self._tolerations)
+        placement = Placement.for_decision(decision, tolerations=self._tolerations, shape=target.facts.node_shape)
         now = self._clock()
         changes: list[str] = []
 

@@ -65,6 +65,7 @@ from resilienced.capacity.decision import Capacity, CapacityDecision
 from resilienced.errors import PermanentError, TemporaryError
 from resilienced.kube.api import JsonObj
 from resilienced.kube.discovery import served_version
+from resilienced.kube.locate import kueue_manages
 from resilienced.log import get as get_logger
 from resilienced.model import Event, Target
 from resilienced.requeue.elastic import ElasticKueue, kueue_not_elastic, with_fallback
@@ -75,7 +76,6 @@ from resilienced.requeue.objects import (
     Kind,
     Objects,
     annotations_of,
-    labels_of,
     modify,
     split_key,
     workload_kind,
@@ -110,7 +110,9 @@ async def discover_workload_version(api_client: k8s.ApiClient, *, request_timeou
 
 
 def is_kueue_managed(obj: Mapping[str, Any]) -> bool:
-    return bool(labels_of(obj).get(QUEUE_LABEL))
+    """The queue label, and not a RayJob with ``spec.clusterSelector`` (Kueue skips it:
+    ``resilienced.kube.locate.kueue_manages``)."""
+    return kueue_manages(obj)
 
 
 def is_active(workload: Mapping[str, Any]) -> bool:
@@ -125,6 +127,39 @@ def has_quota(workload: Mapping[str, Any]) -> bool:
         return True
     return any(c.get("type") == "QuotaReserved" and c.get("status") == "True"
                for c in status.get("conditions") or [])
+
+
+def _condition_true(workload: Mapping[str, Any], kind: str) -> bool:
+    return any(c.get("type") == kind and c.get("status") == "True"
+               for c in (workload.get("status") or {}).get("conditions") or [])
+
+
+def active_workload(workloads: Sequence[Mapping[str, Any]]) -> JsonObj | None:
+    """The job's Workload among those it owns, chosen as Kueue chooses it.
+
+    With workload slices a job owns several Workloads: replaced slices stay, ``Finished`` (reason
+    ``WorkloadSliceReplaced``), and a scale-up waits as a new slice without quota.  Kueue's active one
+    is the newest (creationTimestamp, then uid) that is not finished, not evicted and holds a quota
+    reservation (kubernetes-sigs/kueue v0.19.2 ``pkg/workloadslicing/workloadslicing.go``
+    ``FindNotFinishedWorkloads`` / ``FindLatestActiveWorkload``; ``pkg/workload/finish`` ``IsFinished``,
+    ``pkg/workload/evict`` ``IsEvicted``).  ``resourceVersion`` is opaque and says nothing about it.
+
+    In order: a Workload resilienced deactivated and has not reactivated yet (a requeue under way
+    resumes on it; Kueue marks it evicted); the newest not evicted holding quota; the newest not
+    evicted (pending, no quota yet); the newest not finished (evicted by someone else: an
+    operator's deactivation, a preemption).  Deleted and finished Workloads are never chosen.
+    """
+    live = [w for w in workloads
+            if not (w.get("metadata") or {}).get("deletionTimestamp") and not _condition_true(w, "Finished")]
+    live.sort(key=lambda w: (str((w.get("metadata") or {}).get("creationTimestamp") or ""),
+                             str((w.get("metadata") or {}).get("uid") or "")))
+    ours = [w for w in live if not is_active(w) and annotations_of(w).get(DEACTIVATED_FOR)]
+    admitted = [w for w in live if has_quota(w) and not _condition_true(w, "Evicted")]
+    pending = [w for w in live if not _condition_true(w, "Evicted")]
+    for chosen in (ours, admitted, pending, live):
+        if chosen:
+            return dict(chosen[-1])
+    return None
 
 
 def _worker_groups(job: Mapping[str, Any], path: tuple[str, ...]) -> list[dict[str, Any]]:
@@ -194,7 +229,8 @@ class KueueRequeuer:
         raise PermanentError(f"requeue: target {target.run_key} names no RayJob or RayCluster")
 
     async def find_workload(self, job: Mapping[str, Any], kind: Kind) -> JsonObj | None:
-        """The Workload Kueue made for ``job``: controller ownerReference to the job's uid.
+        """The job's Workload as Kueue chooses it (:func:`active_workload`) among those it owns
+        (controller ownerReference to the job's uid).
 
         Listed by Kueue's ``kueue.x-k8s.io/job-uid`` label first; Kueue omits the label when
         the uid is not a valid label value, so fall back to every Workload of the namespace.
@@ -210,10 +246,7 @@ class KueueRequeuer:
                                                          label_selector=f"{JOB_UID_LABEL}={uid}") if owned(w)]
         if not candidates:
             candidates = [w for w in await self.objects.list(self.workload, namespace) if owned(w)]
-        candidates = [w for w in candidates if not (w.get("metadata") or {}).get("deletionTimestamp")]
-        if not candidates:
-            return None
-        return max(candidates, key=lambda w: int(w["metadata"].get("resourceVersion") or 0))
+        return active_workload(candidates)
 
     async def _wait(self, read: Callable[[], Any], done: Callable[[Any], bool], *, what: str) -> Any:
         deadline = time.monotonic() + self._settle
@@ -241,7 +274,8 @@ class KueueRequeuer:
                 wl = await self.find_workload(cluster, kind) if cluster is not None and self._workload else None
                 fallback = kueue_not_elastic(wl, f"RayCluster {namespace}/{name}")
                 if fallback is None and cluster is not None:
-                    placement = (Placement.for_decision(decision, tolerations=self._tolerations)
+                    placement = (Placement.for_decision(decision, tolerations=self._tolerations,
+                                                        shape=target.facts.node_shape)
                                  if decision.places else None)
                     return await self._elastic.requeue(target, cluster, decision=decision, placement=placement,
                                                        event=event, dry_run=dry_run)
@@ -256,13 +290,14 @@ class KueueRequeuer:
         if job is None:
             raise PermanentError(f"requeue: {key} no longer exists")
         if not is_kueue_managed(job):
-            raise PermanentError(f"requeue: {key} has no {QUEUE_LABEL} label: Kueue does not manage it")
+            raise PermanentError(f"requeue: {key} has no {QUEUE_LABEL} label, or is a RayJob with "
+                                 "spec.clusterSelector (Kueue skips those): Kueue does not manage it")
         if not decision.places:
             return waiting(target, kind=self.kind, decision=decision, dry_run=dry_run)
         if self._workload is None:
             raise PermanentError(f"requeue: {key} is Kueue-managed but the API server serves no Kueue "
                                  f"Workload version ({', '.join(WORKLOAD_VERSIONS)}): is Kueue installed?")
-        placement = Placement.for_decision(decision, tolerations=self._tolerations)
+        placement = Placement.for_decision(decision, tolerations=self._tolerations, shape=target.facts.node_shape)
         wl = await self.find_workload(job, kind)
 
         def placed(j: Mapping[str, Any]) -> bool:

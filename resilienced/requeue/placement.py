@@ -3,8 +3,10 @@
 Pure functions on pod-spec JSON (``template.spec`` of a worker group, a Volcano task, a Kueue
 PodSet), shared by the Kueue, KubeRay and Volcano requeuers.
 
-Karpenter's well-known labels pick the capacity (aws/karpenter-provider-aws,
-``website/content/en/docs/concepts/scheduling.md``)::
+The labels depend on who manages the run's Nodes (``RunFacts.node_shape``, docs/requeue.md "Node
+shapes").  Karpenter's well-known labels (aws/karpenter-provider-aws,
+``website/content/en/docs/concepts/scheduling.md``), for Karpenter's nodes and nodes of neither
+shape::
 
     decision         nodeSelector
     spot             karpenter.sh/capacity-type: spot
@@ -13,8 +15,17 @@ Karpenter's well-known labels pick the capacity (aws/karpenter-provider-aws,
                      karpenter.k8s.aws/capacity-reservation-type: capacity-block
     on-demand        karpenter.sh/capacity-type: on-demand
 
+An EKS managed node group's label, for its nodes (the cluster autoscaler scales the group whose
+nodes fit a pending pod; a node group does not label the reservation id, so a block decision
+asks for any Capacity Block group)::
+
+    spot             eks.amazonaws.com/capacityType: SPOT
+    capacity-block   eks.amazonaws.com/capacityType: CAPACITY_BLOCK
+    on-demand        eks.amazonaws.com/capacityType: ON_DEMAND
+
 Applying a placement replaces whatever resilienced manages and leaves the rest alone: the
-managed keys (the three Karpenter keys, including ``capacity-reservation-type``) are removed
+managed keys (the three Karpenter keys, including ``capacity-reservation-type``, and EKS's
+``eks.amazonaws.com/capacityType``) are removed
 from the node selector, from required and preferred node-affinity terms (a term left empty is
 dropped: an empty term would match nothing), and managed tolerations are replaced.  So moving
 off a block removes its reservation-id selector, and a template's own ``In [spot, on-demand]``
@@ -34,11 +45,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from resilienced.capacity.decision import Capacity, CapacityDecision
+from resilienced.kube.locate import EKS_CAPACITY_LABEL, capacity_selector
 
 CAPACITY_TYPE_LABEL = "karpenter.sh/capacity-type"
 RESERVATION_ID_LABEL = "karpenter.k8s.aws/capacity-reservation-id"
 RESERVATION_TYPE_LABEL = "karpenter.k8s.aws/capacity-reservation-type"
-MANAGED_KEYS = frozenset({CAPACITY_TYPE_LABEL, RESERVATION_ID_LABEL, RESERVATION_TYPE_LABEL})
+MANAGED_KEYS = frozenset({CAPACITY_TYPE_LABEL, RESERVATION_ID_LABEL, RESERVATION_TYPE_LABEL, EKS_CAPACITY_LABEL})
 
 #: Karpenter's value of ``karpenter.sh/capacity-type`` for each placing decision.
 KARPENTER_CAPACITY = {
@@ -73,16 +85,15 @@ class Placement:
         decision: CapacityDecision,
         *,
         tolerations: Mapping[Capacity, Sequence[Mapping[str, str]]] = DEFAULT_TOLERATIONS,
+        shape: str | None = None,
     ) -> Placement:
-        """The placement of a decision that places the run (not ``wait``)."""
+        """The placement of a decision that places the run (not ``wait``), in the labels of the
+        run's node shape (``RunFacts.node_shape``: EKS managed node groups have their own)."""
         if not decision.places:
             raise ValueError("a wait decision has no placement")
         if decision.capacity is Capacity.CAPACITY_BLOCK and not decision.reservation_id:
             raise ValueError("a capacity-block placement needs the reservation id (buy the block first)")
-        selector = {CAPACITY_TYPE_LABEL: KARPENTER_CAPACITY[decision.capacity]}
-        if decision.capacity is Capacity.CAPACITY_BLOCK:
-            selector[RESERVATION_ID_LABEL] = decision.reservation_id  # type: ignore[assignment]
-            selector[RESERVATION_TYPE_LABEL] = "capacity-block"
+        selector = capacity_selector(decision.capacity.value, reservation_id=decision.reservation_id, shape=shape)
         managed = set(MANAGED_KEYS)
         for items in tolerations.values():
             managed.update(t.get("key", "") for t in items)

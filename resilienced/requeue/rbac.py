@@ -28,6 +28,12 @@ RBAC_RULES: tuple[Rule, ...] = (
          "webhook keeps them immutable) and the resilienced.io annotations"),
     Rule(("bus.volcano.sh",), ("commands",), ("create",), "cluster",
          "requeue (Volcano): a RestartJob Command targeting the Job restarts it as a whole"),
+    Rule(("kueue.x-k8s.io",), ("resourceflavors",), ("get",), "cluster",
+         "follow-up (requeue.progress, Kueue): the nodeLabels of the flavors a Workload was admitted on"),
+    Rule(("karpenter.sh",), ("nodeclaims",), ("list",), "cluster",
+         "follow-up (requeue.progress): NodeClaims that failed to launch, evidence of a stalled scheduling"),
+    Rule(("",), ("events",), ("list",), "cluster",
+         "follow-up (requeue.progress): Karpenter's InsufficientCapacityError Events on NodeClaims"),
 )
 
 

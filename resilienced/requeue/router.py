@@ -4,6 +4,7 @@
 
     facts.volcano_job set                               -> VolcanoRequeuer
     RayJob (else RayCluster) labelled kueue queue-name  -> KueueRequeuer
+      (a RayJob with spec.clusterSelector is never Kueue's: Kueue skips it; its RayCluster may be)
     RayCluster owned by a RayJob with that label        -> KueueRequeuer (through the RayJob)
     otherwise                                           -> KubeRayRequeuer
 
@@ -26,7 +27,7 @@ from resilienced.capacity.decision import Capacity, CapacityDecision
 from resilienced.errors import PermanentError, ResilienceError
 from resilienced.log import get as get_logger
 from resilienced.model import Event, Target
-from resilienced.ports import Cluster
+from resilienced.ports import Cluster, Withdraws
 from resilienced.requeue.elastic import with_fallback
 from resilienced.requeue.kuberay import KubeRayRequeuer
 from resilienced.requeue.kueue import KueueRequeuer, is_kueue_managed
@@ -87,7 +88,15 @@ class KubernetesRequeuer:
             job = await self.objects.find(RAYJOB, namespace, name)
             if job is None:
                 raise PermanentError(f"requeue: RayJob {target.ray_job} no longer exists")
-            return (self.kueue if is_kueue_managed(job) else self.kuberay), target
+            if is_kueue_managed(job):
+                return self.kueue, target
+            if (job.get("spec") or {}).get("clusterSelector") and target.ray_cluster:
+                # Kueue skips a RayJob on an existing cluster; the cluster may be Kueue's itself.
+                cns, cname = split_key(target.ray_cluster, what="target.ray_cluster")
+                cluster = await self.objects.find(RAYCLUSTER, cns, cname)
+                if cluster is not None and is_kueue_managed(cluster):
+                    return self.kueue, replace(target, ray_job=None)
+            return self.kuberay, target
         if target.ray_cluster:
             namespace, name = split_key(target.ray_cluster, what="target.ray_cluster")
             cluster = await self.objects.find(RAYCLUSTER, namespace, name)
@@ -134,6 +143,13 @@ class Requeue:
     def kind(self) -> str:
         """The applier's kind (``kubernetes`` or ``ray``)."""
         return self.requeuer.kind
+
+    async def withdraw(self, target: Target, *, capacity: Capacity, reservation_id: str | None) -> list[str]:
+        """The applier's ``withdraw`` (ray mode); Kubernetes appliers have nothing to give back: the
+        next requeue replaces the pods that wait on the stalled capacity."""
+        if isinstance(self.requeuer, Withdraws):
+            return await self.requeuer.withdraw(target, capacity=capacity, reservation_id=reservation_id)
+        return []
 
     async def requeue(
         self, target: Target, *, decision: CapacityDecision, event: Event, dry_run: bool = False

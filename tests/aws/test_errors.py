@@ -29,6 +29,8 @@ from resilienced.ray.cluster import INSTANCE_ID_LABEL, RayModeCluster
 
 from tests.support.checkpoints import BUCKET, REGION
 
+pytestmark = pytest.mark.integration
+
 RETRY, GIVE_UP = BackendUnavailable, PermanentError
 
 

@@ -12,6 +12,8 @@ from botocore.stub import Stubber
 from resilienced.aws.fsx import FsxExportTasks, parse_failures_csv
 from resilienced.errors import BackendUnavailable, PermanentError
 
+pytestmark = pytest.mark.unit
+
 FS = "fs-0123456789abcdef0"
 TASK = "task-0123456789abcdef0"
 OTHER = "task-0fedcba9876543210"

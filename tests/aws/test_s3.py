@@ -15,6 +15,8 @@ from resilienced.local.aws import free_port
 
 from tests.support.checkpoints import BUCKET, REGION
 
+pytestmark = pytest.mark.integration
+
 
 @pytest.mark.parametrize(
     ("uri", "expected"),

@@ -15,6 +15,8 @@ from resilienced.local.aws import free_port
 from tests.intake import payloads as p
 from tests.intake.queues import MAX_RECEIVE_COUNT, REGION, make_queues
 
+pytestmark = pytest.mark.integration
+
 
 def every_subclass(base: type) -> list[type]:
     found, todo = [], [base]

@@ -21,6 +21,8 @@ from resilienced.errors import ConfigError
 from resilienced.capacity.decision import Selectable
 from resilienced.ports import CapacityReservation
 
+pytestmark = pytest.mark.unit
+
 NOW = datetime(2026, 8, 20, 12, 0, tzinfo=timezone.utc)
 POOL = Pool("p5.48xlarge", "us-east-1a")
 H = timedelta(hours=1)
@@ -329,3 +331,38 @@ def test_a_malformed_purchase_tag_names_the_flag(tags: tuple[str, ...], message:
     with pytest.raises(ConfigError) as info:
         CapacityPolicy(purchase_tags=tags)
     assert info.value.setting == "--purchase-tags" and message in str(info.value)
+
+
+# --------------------------------------------------------------------------- Kueue quota, Karpenter's window
+QUOTA = "Kueue ClusterQueue cq has too little free quota"
+
+
+@pytest.mark.parametrize("closed, expect, reason_has", [
+    ({"capacity-block": QUOTA}, Capacity.ON_DEMAND, QUOTA),
+    ({"capacity-block": QUOTA, "on-demand": QUOTA}, Capacity.WAIT, QUOTA),
+    ({"spot": QUOTA}, Capacity.CAPACITY_BLOCK, QUOTA),
+], ids=["block-closed", "block-and-on-demand-closed", "spot-closed-even-when-healthy"])
+def test_a_capacity_closed_to_the_run_is_passed_over_with_its_reason(
+        closed: dict[str, str], expect: Capacity, reason_has: str) -> None:
+    interruptions = TWO_RECENT if "spot" not in closed else []
+    decision = decide(pool=POOL, instance_count=1, interruptions=interruptions, reservations=[block()], now=NOW,
+                      run_needs=None, current_capacity=None, last_move=None, policy=CapacityPolicy(), closed=closed)
+    assert decision.capacity is expect and reason_has in decision.reason, decision.reason
+
+
+def test_a_closed_block_flavor_is_not_bought_either() -> None:
+    policy = CapacityPolicy(purchase_blocks=True, price_cap=Decimal("5000"), allow_on_demand=False)
+    decision = decide(pool=POOL, instance_count=1, interruptions=TWO_RECENT, reservations=[], now=NOW,
+                      run_needs=None, current_capacity=None, last_move=None, policy=policy,
+                      offerings=[offering()], closed={"capacity-block": QUOTA})
+    assert decision.capacity is Capacity.WAIT and decision.offering is None, decision.reason
+
+
+@pytest.mark.parametrize("drain_lead, expect", [(None, Capacity.CAPACITY_BLOCK), (40 * M, Capacity.ON_DEMAND)],
+                         ids=["EC2's 30 min", "Karpenter's 40 min"])
+def test_the_margin_is_at_least_the_drain_lead(drain_lead: timedelta | None, expect: Capacity) -> None:
+    policy = CapacityPolicy(block_end_margin=30 * M, min_block_time=H)
+    decision = decide(pool=POOL, instance_count=1, interruptions=TWO_RECENT, reservations=[block(end=NOW + 95 * M)],
+                      now=NOW, run_needs=None, current_capacity=None, last_move=None, policy=policy,
+                      drain_lead=drain_lead)
+    assert decision.capacity is expect, decision.reason

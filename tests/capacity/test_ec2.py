@@ -14,6 +14,8 @@ from resilienced.capacity.ec2 import IAM_ACTIONS, PURCHASE_KEY_TAG, block_durati
 from resilienced.errors import BackendUnavailable, PermanentError
 from resilienced.ports import CapacitySource
 
+pytestmark = pytest.mark.unit
+
 NOW = datetime(2026, 8, 20, 12, 0, tzinfo=timezone.utc)
 ACTIVE = [{"Name": "state", "Values": ["active"]}]
 

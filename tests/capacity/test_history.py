@@ -9,6 +9,8 @@ import pytest
 from resilienced.capacity import Capacity, CapacityRequest, InterruptionHistory, Pool, UnavailableCache
 from resilienced.model import Event, Kind, RunFacts, Target
 
+pytestmark = pytest.mark.unit
+
 NOW = datetime(2026, 8, 20, 12, 0, tzinfo=timezone.utc)
 M = timedelta(minutes=1)
 A = Pool("p5.48xlarge", "us-east-1a")

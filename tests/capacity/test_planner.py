@@ -10,6 +10,9 @@ from resilienced.capacity import Capacity, CapacityPlanner, CapacityPolicy, Ec2C
 from resilienced.capacity.ec2 import PURCHASE_KEY_TAG
 from resilienced.capacity.static import StaticCapacity
 from resilienced.model import Event, Kind, RunFacts, Target
+import pytest
+
+pytestmark = pytest.mark.unit
 
 NOW = datetime(2026, 8, 20, 12, 0, tzinfo=timezone.utc)
 POOL = Pool("p5.48xlarge", "us-east-1a")

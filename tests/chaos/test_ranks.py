@@ -14,6 +14,8 @@ import pytest
 from tests.chaos import ckpt_ranks
 from tests.support import ranks
 
+pytestmark = pytest.mark.e2e
+
 
 def test_a_taken_rendezvous_port_starts_the_ranks_again_on_another(monkeypatch: pytest.MonkeyPatch,
                                                                    tmp_path) -> None:

@@ -12,6 +12,8 @@ import pytest
 
 from resilienced import cli
 
+pytestmark = pytest.mark.integration
+
 ROOT = Path(__file__).resolve().parents[2]
 
 

@@ -11,6 +11,9 @@ from resilienced.local import demo
 from resilienced.model import Kind
 from tests.intake import payloads as p
 from tests.intake.queues import REGION, make_queues
+import pytest
+
+pytestmark = pytest.mark.integration
 
 SAMPLES = dict(demo.samples())
 

@@ -13,6 +13,8 @@ import pytest
 import resilienced
 from resilienced import cli
 
+pytestmark = pytest.mark.integration
+
 ROOT = Path(__file__).resolve().parents[2]
 SAMPLES = Path(resilienced.__file__).parent / "samples"
 KINDS = {"spot_interruption", "capacity_reservation_interruption", "capacity_block_expiry",

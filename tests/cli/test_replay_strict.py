@@ -8,6 +8,9 @@ from resilienced import cli
 from resilienced.replay import EXIT_STRICT
 
 from .test_replay import SAMPLES, replay, write
+import pytest
+
+pytestmark = pytest.mark.unit
 
 SPOT = SAMPLES / "nth" / "nth-spot-itn.json"
 

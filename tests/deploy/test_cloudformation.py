@@ -31,6 +31,8 @@ from resilienced.settings import IntakeSettings, QueueSettings
 
 from .tools import STACK, TEMPLATES, dumps, load_template, run, tool
 
+pytestmark = pytest.mark.integration
+
 REGION = "us-east-1"
 PARAMETERS = {
     "CheckpointBucket": "ckpt-bucket",

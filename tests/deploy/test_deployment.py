@@ -23,6 +23,8 @@ from trainer.config import parse_args
 
 from .tools import FSX_STACK, REPO, build, load_template, one
 
+pytestmark = pytest.mark.integration
+
 #: Settings the manifests set before the daemon reads them (their issues are open).  This list
 #: may only shrink: the test fails once one of them becomes a real setting, to be removed here.
 

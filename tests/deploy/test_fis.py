@@ -4,6 +4,9 @@ it with the other templates, test_cloudformation.py and test_scan.py); here, wha
 from __future__ import annotations
 
 from .tools import FIS_STACK, load_template
+import pytest
+
+pytestmark = pytest.mark.unit
 
 
 def test_the_experiment_interrupts_running_spot_instances_of_the_nodepool_only() -> None:

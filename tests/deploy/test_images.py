@@ -12,6 +12,9 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
 from .tools import DEPLOY, DOCKERFILES, REPO, run, tool
+import pytest
+
+pytestmark = pytest.mark.integration
 
 DAEMON = REPO / "Dockerfile"
 TRAINER = DEPLOY / "images" / "trainer.Dockerfile"

@@ -12,6 +12,8 @@ import pytest
 from . import crd
 from .tools import BUILDS, REPO, build, dumps, run, tool
 
+pytestmark = pytest.mark.integration
+
 #: Kubernetes versions validated against: 1.33 (oldest EKS standard-support version the
 #: manifests claim) and 1.37 (the newest schemas kubernetes-validate 1.37 ships).
 K8S_VERSIONS = ("1.33.0", "1.37.0")

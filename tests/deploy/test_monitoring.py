@@ -28,6 +28,8 @@ from resilienced.wiring import metric_groups
 
 from .tools import KUBERNETES, REPO, run, tool
 
+pytestmark = pytest.mark.integration
+
 MONITORING = KUBERNETES / "components" / "monitoring"
 RULES = MONITORING / "prometheusrule.yaml"
 DASHBOARD = MONITORING / "resilienced-dashboard.json"

@@ -15,6 +15,8 @@ import pytest
 
 from .tools import DOCKERFILES, REPO, TEMPLATES, built_text, run, tool
 
+pytestmark = pytest.mark.integration
+
 #: (framework, check id) of every answered finding; docs/deploy.md explains each.
 ANSWERED = {
     ("kubernetes", "CKV_K8S_43"),  # image by digest: set per release in the overlay

@@ -8,6 +8,8 @@ from resilienced import ack
 from resilienced.ack import DeadLetterAction
 from resilienced.model import Outcome, Result, Verdict
 
+pytestmark = pytest.mark.unit
+
 VERDICTS = [
     (Result.DONE, Verdict.DELETE),
     (Result.DUPLICATE, Verdict.DELETE),

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from resilienced.claims import MemoryClaims
 from resilienced.ports import ClaimStore
+import pytest
+
+pytestmark = pytest.mark.unit
 
 
 class Clock:

@@ -18,6 +18,8 @@ from resilienced.settings import IntakeSettings
 from . import payloads as p
 from .conftest import MAX_RECEIVE_COUNT, REGION, Gate, Recorder, eventually, make_queues
 
+pytestmark = pytest.mark.integration
+
 
 async def run_until(consumer, count: int, *, passes: int = 20) -> list[Outcome]:
     """run_once until ``count`` outcomes (bounded number of passes)."""
@@ -133,38 +135,6 @@ class Failing:
         return Outcome(result=Result.DONE, event=plan.event, plan=plan)
 
 
-@pytest.mark.parametrize("error", [TemporaryError("kube API timed out", delay=0),
-                                   RuntimeError("a bug in the responder")],
-                         ids=["temporary-error", "unexpected-exception"])
-async def test_a_failing_handlers_message_comes_back_and_succeeds_later(queues, make_consumer, error):
-    responder = Failing(error)
-    consumer = make_consumer(responder, visibility_timeout=2)
-    queues.send(p.spot())
-    [failed] = await run_until(consumer, 1)
-    assert failed.result is Result.RETRY
-    assert queues.counts()[0] + queues.counts()[1] == 1  # kept on the queue
-    [retried] = await run_until(consumer, 1)
-    assert retried.result is Result.DONE
-    assert responder.calls == 2
-    assert queues.counts() == (0, 0)
-    assert queues.receive_all(queues.dlq_url) == []
-
-
-async def test_a_backend_failure_is_retried_with_a_backoff_that_grows_with_the_receive_count(
-        queues, make_consumer):
-    """A backend that stays down (ray mode: the GCS unreachable) must not use up the redrive count
-    at one receive per visibility timeout: each retry waits twice as long as the one before."""
-    down = [BackendUnavailable("ray-gcs", "127.0.0.1:6379: cannot connect") for _ in range(2)]
-    responder = Failing(*down)
-    consumer = make_consumer(responder, visibility_timeout=1)
-    queues.send(p.spot())
-    outcomes = await run_until(consumer, 3)
-    assert [o.result for o in outcomes] == [Result.RETRY, Result.RETRY, Result.DONE]
-    assert [o.retry_delay for o in outcomes[:2]] == [1.0, 2.0]
-    assert consumer.metrics.value("resilienced_backend_errors_total", backend="ray-gcs") == 2
-    assert queues.counts() == (0, 0)
-
-
 async def test_a_permanent_failure_is_recorded_and_acknowledged(queues, make_consumer):
     consumer = make_consumer(Failing(PermanentError("no Ray cluster owns this node")))
     queues.send(p.spot())
@@ -173,152 +143,6 @@ async def test_a_permanent_failure_is_recorded_and_acknowledged(queues, make_con
     assert queues.counts() == (0, 0)
     assert consumer.metrics.value("resilienced_events_decided_total", kind="spot_interruption",
                                   outcome="failed") == 1
-
-
-async def test_a_handler_slower_than_the_visibility_timeout_is_not_redelivered_meanwhile(
-        queues, make_consumer):
-    gate = Gate()
-    consumer = make_consumer(gate, visibility_timeout=2)
-    queues.send(p.spot())
-    handling = asyncio.create_task(consumer.run_once())
-    await gate.wait_entered(1)
-    competitor_receives = 0
-    # Watch the queue until the keeper has extended the message 4 times (> 2.6 s, beyond the
-    # 2 s visibility timeout): a competing consumer must not get it meanwhile.
-    while consumer.metrics.value("resilienced_visibility_extensions_total") < 4:
-        stolen = (await asyncio.to_thread(queues.sqs.receive_message, QueueUrl=queues.url,
-                                          WaitTimeSeconds=1, VisibilityTimeout=1)).get("Messages", [])
-        assert stolen == [], "redelivered while its handler was still running"
-        competitor_receives += 1
-    assert competitor_receives >= 1
-    assert queues.counts() == (0, 1)
-    gate.open(p.INSTANCE)
-    [outcome] = await handling
-    assert outcome.result is Result.DONE
-    assert queues.counts() == (0, 0)
-
-
-class HeldRenewal(MemoryClaims):
-    """The real in-memory claim store; a renewal of an event claim (its second acquire) is held
-    until the test lets it go, and every call is written down in order."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.calls: list[str] = []
-        self.renewing = asyncio.Event()
-        self.let_go = asyncio.Event()
-
-    async def acquire(self, key, *, holder, ttl_seconds):
-        renewal = any(c == f"acquire {key}" for c in self.calls)
-        self.calls.append(f"acquire {key}")
-        if renewal and not self.let_go.is_set():
-            self.renewing.set()
-            try:
-                await self.let_go.wait()
-            except asyncio.CancelledError:
-                self.calls.append("renewal abandoned")
-                raise
-            self.calls.append("renewed")
-        return await super().acquire(key, holder=holder, ttl_seconds=ttl_seconds)
-
-    async def complete(self, key, *, holder, details):
-        self.calls.append("complete")
-        await super().complete(key, holder=holder, details=details)
-
-
-async def test_a_renewal_in_flight_lands_before_the_event_claim_is_completed(queues, make_consumer):
-    """The message keeper renews the event claim; the completion waits for a renewal in flight
-    (in ray mode one landing after it would turn the done claim back into a held one)."""
-    gate, claims = Gate(), HeldRenewal()
-    consumer = make_consumer(gate, claims=claims, visibility_timeout=2)
-    queues.send(p.spot())
-    handling = asyncio.create_task(consumer.run_once())
-    await gate.wait_entered(1)
-    await asyncio.wait_for(claims.renewing.wait(), timeout=30)  # the keeper's renewal is held
-    gate.open(p.INSTANCE)
-    for _ in range(200):  # let the handler finish; without the lock it completes meanwhile
-        if "complete" in claims.calls:
-            break
-        await asyncio.sleep(0)
-    claims.let_go.set()
-    [outcome] = await handling
-
-    assert outcome.result is Result.DONE
-    assert "renewal abandoned" not in claims.calls
-    assert claims.calls[-2:] == ["renewed", "complete"], claims.calls
-    key = next(c.split(" ", 1)[1] for c in claims.calls if c.startswith("acquire "))
-    assert (await claims.get(key)).state == "done"
-
-
-class TakenOver(MemoryClaims):
-    """The real in-memory claim store on a clock the test moves; ``lost`` is set when a renewal
-    by the first holder of a key finds it held by another."""
-
-    def __init__(self) -> None:
-        self.now = 0.0
-        super().__init__(clock=lambda: self.now)
-        self.first: dict[str, str] = {}
-        self.lost = asyncio.Event()
-
-    async def acquire(self, key, *, holder, ttl_seconds):
-        claim = await super().acquire(key, holder=holder, ttl_seconds=ttl_seconds)
-        self.first.setdefault(key, holder)
-        if claim is None and holder == self.first[key]:
-            self.lost.set()
-        return claim
-
-
-async def test_a_delivery_whose_event_claim_was_taken_over_does_not_decide_the_event(queues, make_consumer):
-    """A replica that could not renew its event claim in time (a stalled store, a starved process)
-    finds it taken over by another delivery: the holder decides, so this one's outcome is a retry
-    (not a final decision: the event would be decided twice), and it leaves the claim alone."""
-    gate, claims = Gate(), TakenOver()
-    consumer = make_consumer(gate, claims=claims, visibility_timeout=2)
-    queues.send(p.spot())
-    handling = asyncio.create_task(consumer.run_once())
-    await gate.wait_entered(1)
-    [key] = claims.first
-    claims.now += 60  # past the claim's TTL: it lapsed
-    other = "replica-b/another-delivery"
-    assert await claims.acquire(key, holder=other, ttl_seconds=600) is not None
-    await asyncio.wait_for(claims.lost.wait(), timeout=30)  # the keeper's renewal found it taken
-    gate.open(p.INSTANCE)
-    [outcome] = await handling
-
-    assert outcome.result is Result.RETRY, outcome
-    assert f"event claim {key} lost while handling it (taken over by {other})" in outcome.reason
-    assert outcome.retry_delay == 2
-    claim = await claims.get(key)
-    assert (claim.holder, claim.state) == (other, "held")
-    assert sum(queues.counts()) == 1  # the message stays on the queue for the holder to settle
-
-
-async def test_a_hung_claim_renewal_does_not_stop_the_visibility_extensions(queues, make_consumer):
-    """A claim store that does not answer (ray mode: the GCS stopped, a call held up to 45 s)
-    must not hold up the message's visibility extensions: the message would become visible and
-    another replica would handle the event a second time (the campaign's gcs scenario, the GCS
-    stopped after the drain: two ``done`` decisions for one event)."""
-    gate, claims = Gate(), HeldRenewal()
-    consumer = make_consumer(gate, claims=claims, visibility_timeout=2)
-    queues.send(p.spot())
-    handling = asyncio.create_task(consumer.run_once())
-    await gate.wait_entered(1)
-    await asyncio.wait_for(claims.renewing.wait(), timeout=30)  # the event claim's renewal hangs
-    extended = consumer.metrics.value("resilienced_visibility_extensions_total")
-    # a competitor watches the queue for three more visibility timeouts (6 s): it must not get it
-    loop = asyncio.get_running_loop()
-    end = loop.time() + 6
-    while loop.time() < end:
-        stolen = (await asyncio.to_thread(queues.sqs.receive_message, QueueUrl=queues.url,
-                                          WaitTimeSeconds=1, VisibilityTimeout=1)).get("Messages", [])
-        assert stolen == [], "redelivered while its handler was running and its claim renewal hung"
-    assert consumer.metrics.value("resilienced_visibility_extensions_total") >= extended + 6
-    claims.let_go.set()
-    gate.open(p.INSTANCE)
-    [outcome] = await handling
-    assert outcome.result is Result.DONE
-    assert "renewal abandoned" not in claims.calls
-    assert queues.counts() == (0, 0)
 
 
 # --------------------------------------------------------------------------- poison
@@ -357,30 +181,6 @@ async def test_without_a_dlq_poison_is_deleted_after_the_configured_receives(aws
 
 
 # --------------------------------------------------------------------------- graceful stop
-async def test_stop_mid_batch_finishes_what_it_can_and_releases_the_rest(queues, make_consumer):
-    gate = Gate()
-    consumer = make_consumer(gate, shutdown_timeout=1.0)
-    ids = [f"i-0000000000000000{n}" for n in range(1, 5)]
-    for instance in ids:
-        queues.send(p.spot(instance))
-    loop = asyncio.create_task(consumer.run())
-    await gate.wait_entered(4)
-    consumer.stop()
-    late = queues.send(p.spot("i-0000000000000000f"))  # arrives after stop: must not be taken
-    gate.open(ids[0])
-    gate.open(ids[1])
-    await loop
-    assert sorted(gate.finished) == ids[:2]
-    assert sorted(gate.cancelled) == ids[2:]
-    assert consumer.metrics.value("resilienced_released_total") == 2
-    assert consumer.in_flight == 0
-    back = queues.receive_all(wait=1)  # released with visibility 0: visible at once
-    by_instance = {json.loads(m["Body"])["detail"]["instance-id"]: m for m in back}
-    assert sorted(by_instance) == sorted(ids[2:] + ["i-0000000000000000f"])
-    assert by_instance["i-0000000000000000f"]["MessageId"] == late
-    assert by_instance["i-0000000000000000f"]["Attributes"]["ApproximateReceiveCount"] == "1"
-
-
 async def test_the_loop_handles_messages_until_stopped(queues, make_consumer):
     recorder = Recorder()
     consumer = make_consumer(recorder, concurrency=3)

@@ -16,6 +16,8 @@ from . import payloads as p
 from .conftest import REGION, make_queues
 from .process import DaemonProcess
 
+pytestmark = pytest.mark.integration
+
 
 @pytest.fixture
 def processes() -> Iterator[list[DaemonProcess]]:

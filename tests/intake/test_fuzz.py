@@ -12,6 +12,9 @@ from resilienced.model import Kind
 from resilienced.settings import IntakeSettings
 
 from . import payloads as p
+import pytest
+
+pytestmark = pytest.mark.unit
 
 FUZZ = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 POLICIES = [IntakeSettings(), IntakeSettings(allowed_accounts=(p.ACCOUNT,), allowed_regions=("us-east-1",)),

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import aiohttp
 
 from resilienced.http import HttpServer, Readiness
@@ -9,6 +11,9 @@ from resilienced.metrics import Metrics
 
 from . import payloads as p
 from .conftest import Recorder
+import pytest
+
+pytestmark = pytest.mark.integration
 
 
 class Clock:
@@ -27,7 +32,7 @@ async def get(server: HttpServer, path: str) -> tuple[int, str]:
 async def test_readiness_follows_the_queue():
     clock = Clock()
     readiness = Readiness(stale_after=60, clock=clock)
-    server = HttpServer(host="127.0.0.1", port=0, metrics=Metrics(), readiness=readiness, alive=lambda: True)
+    server = HttpServer(host="127.0.0.1", port=0, metrics=Metrics(), readiness=readiness, dead=dict)
     await server.start()
     try:
         status, body = await get(server, "/readyz")
@@ -44,15 +49,20 @@ async def test_readiness_follows_the_queue():
         await server.stop()
 
 
-async def test_health_reports_a_dead_long_lived_task():
-    alive = {"value": True}
+async def test_health_names_each_dead_long_lived_task():
+    dead: dict[str, str] = {}
     server = HttpServer(host="127.0.0.1", port=0, metrics=Metrics(), readiness=Readiness(),
-                        alive=lambda: alive["value"])
+                        dead=lambda: dead)
     await server.start()
     try:
-        assert (await get(server, "/healthz"))[0] == 200
-        alive["value"] = False
-        assert (await get(server, "/healthz"))[0] == 503
+        assert await get(server, "/healthz") == (200, '{"status": "ok"}')
+        dead["resilienced.ping"] = "RuntimeError: boom"
+        dead["resilienced.kube.cache[pods]"] = "exited unexpectedly"
+        status, body = await get(server, "/healthz")
+        assert status == 503
+        assert json.loads(body) == {
+            "status": "long-lived task(s) died: resilienced.kube.cache[pods], resilienced.ping",
+            "dead": {"resilienced.ping": "RuntimeError: boom", "resilienced.kube.cache[pods]": "exited unexpectedly"}}
     finally:
         await server.stop()
 
@@ -64,7 +74,7 @@ async def test_metrics_show_what_the_consumer_decided(queues, make_consumer):
     while len(await consumer.run_once()) < 2:
         pass
     server = HttpServer(host="127.0.0.1", port=0, metrics=consumer.metrics, readiness=consumer.readiness,
-                        alive=lambda: True)
+                        dead=dict)
     await server.start()
     try:
         status, text = await get(server, "/metrics")

@@ -13,6 +13,8 @@ from resilienced.settings import IntakeSettings
 
 from . import payloads as p
 
+pytestmark = pytest.mark.unit
+
 T0 = datetime(2024, 1, 1, tzinfo=timezone.utc)
 INTERRUPTION = [Step.SIGNAL, Step.DURABLE, Step.REQUEUE]
 

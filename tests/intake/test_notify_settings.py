@@ -7,6 +7,8 @@ import pytest
 from resilienced.errors import ConfigError
 from resilienced.settings import NotifySettings
 
+pytestmark = pytest.mark.unit
+
 
 def test_the_webhook_file_is_read_and_checked_without_echoing_it(tmp_path):
     path = tmp_path / "webhook-url"

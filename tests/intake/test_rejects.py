@@ -12,6 +12,8 @@ from resilienced.settings import IntakeSettings
 
 from . import payloads as p
 
+pytestmark = pytest.mark.unit
+
 
 def read(body, settings: IntakeSettings | None = None):
     return intake.read(body, settings or IntakeSettings())

@@ -13,6 +13,8 @@ from resilienced.local import demo
 from resilienced.model import Kind
 from resilienced.settings import IntakeSettings
 
+pytestmark = pytest.mark.unit
+
 SHARED = Path(__file__).resolve().parents[3] / "shared" / "events"
 
 #: sample -> (kind, actionable, what the reason must say when not actionable)

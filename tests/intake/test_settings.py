@@ -9,6 +9,8 @@ import pytest
 from resilienced.errors import ConfigError
 from resilienced.settings import QueueSettings, Settings, documented_options
 
+pytestmark = pytest.mark.unit
+
 QUEUE = "https://sqs.eu-west-1.amazonaws.com/123456789012/interruptions"
 
 

@@ -59,6 +59,15 @@ KARPENTER_RESOURCES = (
     ResourceType("karpenter.k8s.aws", ("v1",), "ec2nodeclasses", "EC2NodeClass", namespaced=False),
 )
 
+#: Kueue's queue kinds as v0.19.2 serves them (config/components/crd/bases: ClusterQueue and
+#: ResourceFlavor cluster-scoped, LocalQueue namespaced; v1beta2 from v0.15, v1beta1 before):
+#: the Workloads are in the emulator's default resources, these only where a test registers them.
+KUEUE_QUEUE_RESOURCES = (
+    ResourceType("kueue.x-k8s.io", ("v1beta2", "v1beta1"), "clusterqueues", "ClusterQueue", namespaced=False),
+    ResourceType("kueue.x-k8s.io", ("v1beta2", "v1beta1"), "localqueues", "LocalQueue", namespaced=True),
+    ResourceType("kueue.x-k8s.io", ("v1beta2", "v1beta1"), "resourceflavors", "ResourceFlavor", namespaced=False),
+)
+
 
 @pytest.fixture
 async def kubeapi() -> AsyncIterator[KubeApiServer]:

@@ -13,6 +13,8 @@ from resilienced.kube.cache import Source
 from .conftest import FAST, GcsFactory, eventually, instance, node, ray_node, ray_pod, raycluster
 from tests.support.kubeapi import KubeApiServer
 
+pytestmark = pytest.mark.integration
+
 
 async def _settled(cluster: KubeCluster, kubeapi: KubeApiServer) -> None:
     await cluster.wait_ready()

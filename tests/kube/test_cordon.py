@@ -8,6 +8,9 @@ from resilienced.kube import DEADLINE_ANNOTATION, TAINT_KEY, KubeCluster
 from resilienced.model import Target
 from .conftest import eventually, instance, node
 from tests.support.kubeapi import KubeApiServer
+import pytest
+
+pytestmark = pytest.mark.integration
 
 OTHER = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
 

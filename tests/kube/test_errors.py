@@ -15,6 +15,8 @@ from resilienced.model import Target
 from .conftest import FAST, GcsFactory, node
 from tests.support.kubeapi import KubeApiServer
 
+pytestmark = pytest.mark.integration
+
 
 def _api(status: int, body: str = '{"kind":"Status","reason":"X","message":"m"}') -> ApiException:
     err = ApiException(status=status, reason="R")

@@ -9,6 +9,9 @@ from resilienced.kube.events import ObjectRef
 from resilienced.model import Target
 from .conftest import instance, node, raycluster, rayjob
 from tests.support.kubeapi import KubeApiServer
+import pytest
+
+pytestmark = pytest.mark.integration
 
 
 async def _world(cluster: KubeCluster, kubeapi: KubeApiServer) -> tuple[dict, dict, dict]:

@@ -10,6 +10,8 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from .conftest import node
 from tests.support.kubeapi import KubeApiServer
 
+pytestmark = pytest.mark.integration
+
 
 @pytest.mark.parametrize("status", [500, 503, 429], ids=["500", "503", "429"])
 async def test_injected_errors_answer_n_times_then_recover(api: k8s.ApiClient, kubeapi: KubeApiServer, status: int) -> None:

@@ -12,6 +12,8 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from .conftest import node, pod_template, raycluster
 from tests.support.kubeapi import KubeApiServer, RbacRule
 
+pytestmark = pytest.mark.integration
+
 PODSETS = [{"name": "main", "count": 1, "template": pod_template()}]
 EVICTED = {"type": "Evicted", "status": "True", "reason": "Deactivated", "message": "deactivated",
            "lastTransitionTime": "2026-08-20T12:00:00Z"}

@@ -11,6 +11,8 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from .conftest import node, raycluster, worker_group
 from tests.support.kubeapi import KubeApiServer
 
+pytestmark = pytest.mark.integration
+
 MERGE = {"_content_type": "application/merge-patch+json"}
 JSON = {"_content_type": "application/json-patch+json"}
 TAINT_A = {"key": "a", "value": "1", "effect": "NoSchedule"}

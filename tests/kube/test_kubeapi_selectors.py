@@ -11,6 +11,8 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from .conftest import node, ray_pod
 from tests.support.kubeapi import KubeApiServer
 
+pytestmark = pytest.mark.integration
+
 PODS = [
     ray_pod("head", cluster="a", node_name="n1", ip="10.0.0.1", node_type="head"),
     ray_pod("w1", cluster="a", node_name="n1", ip="10.0.0.2", group="gpu"),

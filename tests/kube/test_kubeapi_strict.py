@@ -17,6 +17,8 @@ from .conftest import pod_template, raycluster, worker_group
 from tests.support import crdschema
 from tests.support.kubeapi import RESOURCES, KubeApiServer
 
+pytestmark = pytest.mark.integration
+
 MERGE = {"_content_type": "application/merge-patch+json"}
 
 

@@ -14,6 +14,8 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from .conftest import eventually, node, ray_pod
 from tests.support.kubeapi import KubeApiServer
 
+pytestmark = pytest.mark.integration
+
 
 class Collector:
     """Runs one watch in a task and keeps (type, name, resourceVersion) of every event."""

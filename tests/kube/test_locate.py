@@ -21,6 +21,8 @@ from .conftest import (
 )
 from tests.support.kubeapi import KubeApiServer
 
+pytestmark = pytest.mark.integration
+
 TRAIN_GCS = "10.0.9.1:6379"
 ADHOC_GCS = "10.0.9.2:6379"
 

@@ -11,8 +11,10 @@ from resilienced.kube import RBAC_RULES, EventRecorder, KubeCluster, KubeLeaseCl
 from resilienced.kube.events import ObjectRef
 from resilienced.kube.rbac import AUTH_SECRETS
 from resilienced.model import Target
-from .conftest import FAST, KARPENTER_RESOURCES, GcsFactory, eventually, instance, node, ray_node, ray_pod, raycluster, rayjob
+from .conftest import FAST, KARPENTER_RESOURCES, KUEUE_QUEUE_RESOURCES, GcsFactory, eventually, instance, node, ray_node, ray_pod, raycluster, rayjob
 from tests.support.kubeapi import KubeApiServer, RbacRule
+
+pytestmark = pytest.mark.integration
 
 LEASES_NS = "resilienced"
 RAY_NS = "ml"
@@ -42,7 +44,7 @@ class Clock:
 
 async def test_every_call_of_kubernetes_mode_is_allowed_and_every_rule_is_used(gcs: GcsFactory) -> None:
     server = KubeApiServer(rbac=emulated_rules(secrets=("train-rc",)))
-    for rtype in KARPENTER_RESOURCES:
+    for rtype in (*KARPENTER_RESOURCES, *KUEUE_QUEUE_RESOURCES):
         server.register(rtype)
     await server.start()
     client = server.api_client()

@@ -12,6 +12,8 @@ from resilienced.kube import KubeCluster, KubeOptions, auth_mode, auth_secret_na
 from .conftest import FAST, GcsFactory, instance, node, ray_node, ray_pod, raycluster
 from tests.support.kubeapi import KubeApiServer
 
+pytestmark = pytest.mark.integration
+
 GCS = "10.0.9.1:6379"
 
 

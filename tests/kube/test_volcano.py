@@ -28,6 +28,8 @@ from tests.support.kubeapi import KubeApiServer
 
 from .conftest import FAST, GcsFactory, instance, node, ray_node
 
+pytestmark = pytest.mark.integration
+
 NS = "ml"
 P5_SPOT = {"node.kubernetes.io/instance-type": "p5.48xlarge", "topology.kubernetes.io/zone": "us-east-1a",
            "karpenter.sh/capacity-type": "spot"}

@@ -18,6 +18,8 @@ from resilienced.recovery.durable import wait_durable
 
 from tests.support.checkpoints import BUCKET, PREFIX, REGION, URI, make_ckpt, write_local
 
+pytestmark = pytest.mark.integration
+
 NOTICE = (datetime.now(timezone.utc) - timedelta(minutes=1)).replace(microsecond=0)
 
 

@@ -8,31 +8,15 @@ stopped here, also when a test fails; nothing runs ``ray stop``.
 
 from __future__ import annotations
 
-import contextlib
-import shutil
-import tempfile
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
 from resilienced.local.raycluster import LocalRayCluster, LocalRayNode
+from tests.support.ray import local_cluster
 
 INSTANCE_LABEL = "resilienced.io/instance-id"
 WORKER_INSTANCE = "i-0123456789abcdef0"
-
-
-@contextlib.contextmanager
-def local_cluster(prefix: str) -> Iterator[LocalRayCluster]:
-    """A started local cluster (a head with no CPUs), stopped and removed at the end."""
-    workdir = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))  # short: Ray's sockets live under it
-    cluster = LocalRayCluster(workdir=workdir)
-    try:
-        cluster.start()
-        yield cluster
-    finally:
-        cluster.stop()
-        shutil.rmtree(workdir, ignore_errors=True)
 
 
 @pytest.fixture(scope="package")

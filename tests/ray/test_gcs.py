@@ -244,3 +244,22 @@ def test_bad_addresses_and_tokens_are_refused(address: str, message: str) -> Non
 def test_a_blank_token_is_refused() -> None:
     with pytest.raises(ValueError, match="token"):
         RayGcs("127.0.0.1:6379", token="  ")
+
+
+async def test_a_cancel_that_lands_as_the_gcs_answers_is_not_lost(ray_cluster: LocalRayCluster) -> None:
+    """A task cancelled (Ctrl-C, a shutdown) in the loop iteration where the GCS's answer arrives
+    must end cancelled: ``asyncio.wait_for`` of Python 3.11 returned the answer instead and the
+    caller's loop went on, so the drill's teardown waited forever on it (a lost Ctrl-C)."""
+    gcs = RayGcs(ray_cluster.address, token=ray_cluster.auth_token)
+    loop = asyncio.get_running_loop()
+    caller: list[asyncio.Task] = []
+
+    def answer_as_the_cancel_comes(client: object) -> str:
+        loop.call_soon_threadsafe(caller[0].cancel)  # queued just before the answer is handed over
+        return "the answer"
+
+    task = asyncio.create_task(gcs._call("a call", answer_as_the_cancel_comes))
+    caller.append(task)
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert task.cancelled()

@@ -30,6 +30,8 @@ from resilienced.notify import Notifier, NotifyMetrics, load_template
 from .conftest import NS, instance
 from .test_recovery import World, body, plan_of, save_after_the_drain, world  # noqa: F401  (fixture)
 
+pytestmark = pytest.mark.integration
+
 
 @dataclass
 class Webhook:

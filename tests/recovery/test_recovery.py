@@ -38,6 +38,8 @@ from tests.support.kubeapi import KubeApiServer
 
 from .conftest import DAEMON_NS, NS, REGION, RecordingGcs, instance, put_checkpoint, ray_nodes, seed_world
 
+pytestmark = pytest.mark.integration
+
 BLOCK = "cr-0123456789abcdef0"
 FAST = KubeOptions(cache=CacheOptions(request_timeout_s=2.0, watch_timeout_s=30, backoff_initial_s=0.05,
                                       backoff_max_s=0.2),
@@ -269,6 +271,43 @@ async def test_a_capacity_block_expiry_moves_the_run_off_the_block(api: Any, kub
     job = kubeapi.get("rayjobs", "train", namespace=NS)
     assert all(BLOCK not in s.values() and s.get("karpenter.sh/capacity-type") != "reserved"
                for s in selectors(job, "job"))
+
+
+@pytest.mark.parametrize(("nodepool", "lead"), [(True, 40), (False, 30)],
+                         ids=["Karpenter's nodes: its 40 min", "nodes of no NodePool: EC2's 30 min"])
+async def test_a_block_expiry_drains_by_the_time_its_nodes_are_taken(api: Any, kubeapi: KubeApiServer, s3: Any,
+                                                                      nodepool: bool, lead: int) -> None:
+    # Karpenter (aws/karpenter-provider-aws v1.6+, capacityReservationExpirationPeriod in
+    # pkg/apis/v1/ec2nodeclass_status.go, v1.14.1) deletes the NodeClaims of a block 40 min before its
+    # end and drains the nodes then; EC2 terminates at 30 min.  The drain deadline the ranks get, and
+    # the taint, say when the run's own nodes go.
+    seed_world(kubeapi, gcs_port=6379)
+    for name in ("n1", "n2"):
+        labels = {"karpenter.sh/capacity-type": "reserved", "karpenter.k8s.aws/capacity-reservation-id": BLOCK,
+                  "karpenter.k8s.aws/capacity-reservation-type": "capacity-block"}
+        if nodepool:
+            labels["karpenter.sh/nodepool"] = "blocks"
+        kubeapi.patch("nodes", name, {"metadata": {"labels": labels}})
+    capacity = StaticCapacity([block(reservation="cr-0fedcba9876543210")],
+                              instances={BLOCK: [instance(1), instance(2)]})
+    world = World(api=api, kubeapi=kubeapi, s3=s3, capacity=capacity,
+                  policy=CapacityPolicy(interruption_threshold=1), grace=0)
+    await world.cluster.start()
+    try:
+        end = (datetime.now(timezone.utc) + timedelta(minutes=45)).replace(microsecond=0)
+        plan = plan_of(body("Capacity Block Reservation Expiration Warning",
+                            {"capacity-reservation-id": BLOCK, "end-date": end.strftime("%Y-%m-%dT%H:%M:%SZ")},
+                            when=datetime.now(timezone.utc)))
+        saver = asyncio.create_task(save_after_the_drain(world, step=3))
+        await world.recovery.act(plan, holder="replica-a/m1")
+        await saver
+    finally:
+        await world.cluster.stop()
+    assert {d[1] for d in world.gcs.drains} == {end - timedelta(minutes=lead)}
+    taint = next(t for t in kubeapi.get("nodes", "n1")["spec"]["taints"] if t["key"] == "resilienced.io/interruption")
+    assert taint["effect"] == "NoSchedule"
+    assert kubeapi.get("nodes", "n1")["metadata"]["annotations"]["resilienced.io/interruption-deadline"] == \
+        (end - timedelta(minutes=lead)).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 # --------------------------------------------------------------------------- ASG lifecycle hooks

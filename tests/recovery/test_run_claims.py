@@ -22,6 +22,9 @@ from resilienced.model import Result
 
 from .conftest import DAEMON_NS, NS, instance, put_checkpoint
 from .test_recovery import World, body, plan_of, world  # noqa: F401  (the fixture)
+import pytest
+
+pytestmark = pytest.mark.integration
 
 TTL = 2.0
 

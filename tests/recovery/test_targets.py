@@ -25,6 +25,8 @@ from resilienced.settings import IntakeSettings
 
 from tests.intake import payloads as p
 
+pytestmark = pytest.mark.integration
+
 
 @pytest.fixture
 async def ec2() -> AsyncIterator[tuple[Any, Stubber]]:

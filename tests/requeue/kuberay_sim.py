@@ -80,7 +80,9 @@ class KubeRaySim:
         ``ray-operator/controllers/ray/raycluster_controller.go``), per worker group (pods by the labels
         ``ray.io/cluster`` and ``ray.io/group``): delete the pods named in ``scaleStrategy.workersToDelete``
         ("Always remove the specified WorkersToDelete - regardless of the value of Replicas"; NotFound is
-        fine; the stored list is not cleared, only KubeRay's copy); then ``diff`` = desired
+        fine; the stored list is not cleared, only KubeRay's copy); a pod being deleted (a
+        ``deletionTimestamp``, held by a finalizer here) is listed and counts as present until it is
+        gone, unless named in ``workersToDelete`` (``runningPods`` leaves out only those); then ``diff`` = desired
         (``utils.GetWorkerGroupDesiredReplicas``: 0 when suspended, else replicas clamped to
         [minReplicas, maxReplicas], times numOfHosts) - the pods left; ``diff > 0``: create that many
         pods from the group's template (Pending, unscheduled here); ``diff < 0`` without the in-tree

@@ -3,14 +3,20 @@
 Kueue cannot run here, so this plays the parts of Kueue and KubeRay that a requeue relies on, for
 RayJobs labelled ``kueue.x-k8s.io/queue-name``, each rule as the cited code does it (sources:
 kubernetes-sigs/kueue at v0.19.2; the rules below read the same from v0.14.0 to v0.19.2), simplified
-to one ClusterQueue with one resource group and unlimited quota; PodSets are the worker groups
+to one ClusterQueue with one resource group (its quota: the ClusterQueue object where the test
+seeds one, else unlimited; no cohort, no preemption); PodSets are the worker groups
 (Kueue also makes ``head`` and ``submitter`` PodSets, which a requeue never changes):
 
 1. Workload controller: ``spec.active: false`` -> ``Evicted=True`` reason ``Deactivated``
    (``pkg/controller/core/workload_controller.go``).
+0. Which Workload is the job's: among those it owns, not finished (a replaced slice is ``Finished``,
+   reason ``WorkloadSliceReplaced``), the newest holding quota and not evicted, else the newest
+   (``pkg/workloadslicing/workloadslicing.go`` ``FindNotFinishedWorkloads`` /
+   ``FindLatestActiveWorkload``).
 2. Job reconciler, eviction (``pkg/controller/jobframework/reconciler.go`` step 6): suspend the job
-   and restore the worker templates' nodeSelector/tolerations from the Workload's PodSets
-   (``stopJob`` -> ``RestorePodSetsInfo`` -> ``pkg/podset/podset.go`` ``RestorePodSpec``);
+   and restore the worker templates' labels, annotations, nodeSelector, tolerations and scheduling
+   gates from the Workload's PodSets (``stopJob`` -> ``RestorePodSetsInfo`` -> ``pkg/podset/podset.go``
+   ``RestorePodSpec``, v0.19.2: each of the five replaced by the PodSet's, absent when it has none);
    KubeRay's part: ``jobDeploymentStatus: Suspended``; then clear the quota reservation with
    ``Requeued=False`` reason ``Deactivated``.
 3. Job reconciler, ``ensureOneWorkload``: the job "matches" its Workload when
@@ -24,8 +30,21 @@ to one ClusterQueue with one resource group and unlimited quota; PodSets are the
 5. Scheduler: an active Workload without quota gets, per PodSet, the first flavor whose
    nodeLabels do not contradict the PodSet's nodeSelector on the flavor's own keys
    (``pkg/scheduler/flavorassigner/flavorassigner.go`` ``checkFlavorForPodSets`` /
-   ``flavorSelector``; it reads the *Workload's* PodSets, not the job); none -> pending
-   (``NoMatchingFlavor``).
+   ``flavorSelector``; it reads the *Workload's* PodSets, not the job) **and that has the quota**:
+   where the server holds a ClusterQueue, a flavor fits when, for every resource it has a
+   ``nominalQuota`` for, the reserved total (``status.flavorsReservation``) plus the PodSet's
+   requests (count x the containers' requests, a limit standing for a missing request) stays within
+   it (``fitsResourceQuota``: ``Available``; no cohort, no preemption here), else the next matching
+   flavor is tried; none matching -> pending (``NoMatchingFlavor``); matching but none with quota
+   -> pending: ``QuotaReserved=False``, reason ``Pending``, message "couldn't assign flavors to pod
+   set ...: insufficient unused quota ..." (``pkg/scheduler/scheduler.go``).  ``quota_short``
+   names flavors whose quota another Workload has used up since (the assigner passes over them
+   the same way).  Admitting adds the Workload's requests to ``status.flavorsReservation``;
+   releasing the quota (2) takes them off.  Without a ClusterQueue in the server the quota is
+   unlimited.  A Workload deactivated while pending and reactivated keeps its stale
+   ``Evicted=True`` (the Workload controller sets ``Requeued`` only for one that held quota) and is
+   admitted all the same; admission resets ``Evicted`` to false (``pkg/workload/workload.go``
+   ``SetQuotaReservation``).
 6. Job reconciler, ``startJob``: unsuspend the job and merge each assigned flavor's nodeLabels
    into the job's worker templates (``RunWithPodSetsInfo`` -> ``pkg/podset/podset.go``
    ``FromAssignment`` + ``Merge``): a key the template already sets to another value is a
@@ -95,15 +114,49 @@ def _admit(wl: dict, flavor: str | dict[str, str]) -> None:
         for ps in wl["spec"]["podSets"]]}
     _set_cond(wl, "QuotaReserved", True, "QuotaReserved")
     _set_cond(wl, "Admitted", True, "Admitted")
+    if _cond(wl, "Evicted") is not None:  # SetQuotaReservation resets it
+        _set_cond(wl, "Evicted", False, "QuotaReserved")
 
 
-def _flavor_for(podset: dict) -> str | None:
-    """Rule 5 for one PodSet: the first flavor whose nodeLabels its nodeSelector does not contradict."""
+def _flavor_fits(flavor: str, podset: dict) -> bool:
+    """Rule 5's label check: the PodSet's nodeSelector does not contradict the flavor's nodeLabels."""
     selector = (podset["template"].get("spec") or {}).get("nodeSelector") or {}
-    for name, labels in FLAVORS:
-        if not any(k in selector and selector[k] != v for k, v in labels.items()):
-            return name
-    return None
+    return not any(k in selector and selector[k] != v for k, v in dict(FLAVORS)[flavor].items())
+
+
+def _podset_needs(ps: dict) -> dict[str, int]:
+    """count x the sum of the containers' requests (a limit standing for a missing request)."""
+    needs: dict[str, int] = {}
+    for container in (ps["template"].get("spec") or {}).get("containers") or []:
+        resources = container.get("resources") or {}
+        for name, value in {**(resources.get("limits") or {}), **(resources.get("requests") or {})}.items():
+            needs[name] = needs.get(name, 0) + int(value) * int(ps["count"])
+    return needs
+
+
+class _Quota:
+    """A ClusterQueue's nominal quota and reserved usage, per (flavor, resource)."""
+
+    def __init__(self, cq: dict) -> None:
+        self.cq = cq
+        self.nominal = {(f["name"], r["name"]): int(r["nominalQuota"]) for g in cq["spec"]["resourceGroups"]
+                        for f in g["flavors"] for r in f["resources"]}
+        self.reserved = {(f["name"], r["name"]): int(r.get("total", 0))
+                         for f in (cq.get("status") or {}).get("flavorsReservation") or [] for r in f["resources"]}
+
+    def fits(self, flavor: str, needs: dict[str, int]) -> bool:
+        return all(self.reserved.get((flavor, r), 0) + n <= self.nominal[(flavor, r)]
+                   for r, n in needs.items() if (flavor, r) in self.nominal)
+
+    def add(self, flavor: str, needs: dict[str, int], sign: int) -> None:
+        for r, n in needs.items():
+            if (flavor, r) in self.nominal:
+                self.reserved[(flavor, r)] = self.reserved.get((flavor, r), 0) + sign * n
+        by_flavor: dict[str, list] = {}
+        for (f, r), total in sorted(self.reserved.items()):
+            by_flavor.setdefault(f, []).append({"name": r, "total": str(total), "borrowed": "0"})
+        self.cq.setdefault("status", {})["flavorsReservation"] = [
+            {"name": f, "resources": rs} for f, rs in by_flavor.items()]
 
 
 def _containers_equal(a: list | None, b: list | None) -> bool:
@@ -141,9 +194,12 @@ class KueueSim:
         self.interval = interval
         self.admitted: list[str] = []  # flavors admitted on, in order ("a+b" when PodSets differ)
         self.no_matching_flavor = 0
+        self.no_quota: list[str] = []  # rule 5: why a Workload stayed pending for quota
         self.failed_to_start: list[str] = []  # rule 6 conflicts: the message Kueue finishes the Workload with
         self.workload_updates = 0  # rule 3 rebuilds of a Workload from its job
         self.foreign_suspend_writes = 0
+        self.quota_short: set[str] = set()  # rule 5: flavors whose quota is used up
+        self.no_fit = 0  # rule 5 passes that left a Workload pending for quota
         self._suspend_seen: dict[str, bool] = {}
         self._task: asyncio.Task | None = None
 
@@ -170,8 +226,21 @@ class KueueSim:
             self._check_suspend(job)
             wls = [w for w in self.server.list("workloads", namespace=self.namespace)
                    if any(r["uid"] == job["metadata"]["uid"] for r in w["metadata"].get("ownerReferences", []))]
-            if wls:
-                self._reconcile(job, wls[0])
+            wl = self._job_workload(wls)
+            if wl is not None:
+                self._reconcile(job, wl)
+
+    @staticmethod
+    def _job_workload(wls: list[dict]) -> dict | None:
+        """The Workload the job reconciler acts on: not finished (a replaced slice is Finished,
+        reason ``WorkloadSliceReplaced``), the newest holding quota and not evicted, else the newest
+        (``pkg/workloadslicing/workloadslicing.go`` ``FindNotFinishedWorkloads`` /
+        ``FindLatestActiveWorkload``, oldest-first by creationTimestamp then uid)."""
+        live = sorted((w for w in wls if (_cond(w, "Finished") or {}).get("status") != "True"),
+                      key=lambda w: (w["metadata"].get("creationTimestamp", ""), w["metadata"].get("uid", "")))
+        holding = [w for w in live if (_cond(w, "QuotaReserved") or {}).get("status") == "True"
+                   and (_cond(w, "Evicted") or {}).get("status") != "True"]
+        return (holding or live or [None])[-1]
 
     def _check_suspend(self, job: dict) -> None:
         name, suspend = job["metadata"]["name"], bool(job["spec"].get("suspend"))
@@ -198,6 +267,7 @@ class KueueSim:
             self._stop(job, wl)
             return
         if evicted and has_quota and job["status"].get("jobDeploymentStatus") == "Suspended":
+            self._account(wl, -1)
             wl["status"].pop("admission", None)
             _set_cond(wl, "QuotaReserved", False, "Pending")
             _set_cond(wl, "Admitted", False, "NoReservation")
@@ -216,29 +286,80 @@ class KueueSim:
             _set_cond(wl, "Evicted", False, "Reactivated")
             self.server.put(wl)
             return
-        if active and not evicted and not has_quota:  # 5
-            flavors = {ps["name"]: _flavor_for(ps) for ps in wl["spec"]["podSets"]}
-            if None in flavors.values():
-                self.no_matching_flavor += 1
-                return
-            _admit(wl, flavors)  # type: ignore[arg-type]
-            self.admitted.append("+".join(sorted(set(flavors.values()))))  # type: ignore[arg-type]
-            self.server.put(wl)
+        if active and not has_quota:  # 5 (a stale Evicted=True of a Workload deactivated while pending is ignored)
+            self._schedule(wl)
             return
         if suspended and has_quota and active and not evicted:  # 6
             self._start(job, wl)
 
+    def _clusterqueue(self) -> _Quota | None:
+        try:
+            queues = self.server.list("clusterqueues")
+        except KeyError:  # the server does not serve ClusterQueues: unlimited quota
+            return None
+        return _Quota(queues[0]) if queues else None
+
+    def _schedule(self, wl: dict) -> None:
+        """Rule 5: a flavor per PodSet whose labels match and whose quota fits, or pending."""
+        quota = self._clusterqueue()
+        flavors: dict[str, str] = {}
+        for ps in wl["spec"]["podSets"]:
+            matching = [name for name, _ in FLAVORS if _flavor_fits(name, ps)]
+            if not matching:
+                self.no_matching_flavor += 1
+                return
+            needs = _podset_needs(ps)
+            fitting = [f for f in matching
+                       if f not in self.quota_short and (quota is None or quota.fits(f, needs))]
+            if not fitting:
+                resource = next(iter(needs), "cpu")  # the message of flavorassigner.go (v0.19.2)
+                self._pending(wl, f"couldn't assign flavors to pod set {ps['name']}: " + ", ".join(
+                    f"insufficient unused quota for {resource} in flavor {f}" for f in matching))
+                return
+            flavors[ps["name"]] = fitting[0]
+            if quota is not None:
+                quota.add(fitting[0], needs, +1)  # the next PodSet sees this one's usage
+        _admit(wl, flavors)
+        self.admitted.append("+".join(sorted(set(flavors.values()))))
+        self.server.put(wl)
+        if quota is not None:
+            self.server.put(quota.cq)
+
+    def _account(self, wl: dict, sign: int) -> None:
+        """Add (+1) or take off (-1) an admitted Workload's requests in the ClusterQueue's status."""
+        quota = self._clusterqueue()
+        if quota is None or not wl["status"].get("admission"):
+            return
+        podsets = {ps["name"]: ps for ps in wl["spec"]["podSets"]}
+        for assignment in wl["status"]["admission"]["podSetAssignments"]:
+            quota.add(assignment["flavors"]["cpu"], _podset_needs(podsets[assignment["name"]]), sign)
+        self.server.put(quota.cq)
+
+    def _pending(self, wl: dict, message: str) -> None:
+        """Matching flavors but no quota: pending, written once per message (no write loop)."""
+        self.no_fit += 1
+        self.no_quota.append(message)
+        if (_cond(wl, "QuotaReserved") or {}).get("message") != message:
+            _set_cond(wl, "QuotaReserved", False, "Pending")
+            wl["status"]["conditions"][-1]["message"] = message
+            self.server.put(wl)
+
     def _stop(self, job: dict, wl: dict) -> None:
-        """``stopJob``: suspend, and restore nodeSelector/tolerations from the Workload (``RestorePodSpec``)."""
+        """``stopJob``: suspend, and restore the template's labels, annotations, nodeSelector,
+        tolerations and schedulingGates from the Workload's PodSet (``RestorePodSpec``)."""
         podsets = {ps["name"]: ps for ps in wl["spec"]["podSets"]}
         for group in _groups(job):
-            original = podsets[group["groupName"].lower()]["template"].get("spec") or {}
-            spec = group["template"]["spec"]
-            for key in ("nodeSelector", "tolerations"):
-                if key in original:
-                    spec[key] = copy.deepcopy(original[key])
-                else:
-                    spec.pop(key, None)
+            template = podsets[group["groupName"].lower()]["template"]
+            for holder, original, keys in (
+                    (group["template"].setdefault("metadata", {}), template.get("metadata") or {},
+                     ("labels", "annotations")),
+                    (group["template"]["spec"], template.get("spec") or {},
+                     ("nodeSelector", "tolerations", "schedulingGates"))):
+                for key in keys:
+                    if original.get(key):
+                        holder[key] = copy.deepcopy(original[key])
+                    else:
+                        holder.pop(key, None)
         job["spec"]["suspend"] = True
         job["status"]["jobDeploymentStatus"] = "Suspended"
         self._put_job(job)

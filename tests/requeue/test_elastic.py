@@ -22,6 +22,9 @@ from tests.requeue.kuberay_sim import KubeRaySim
 from tests.requeue.kueue_sim import workload_for
 from tests.requeue.objects import NS, node, ray_pod, raycluster, rayjob
 from tests.support.kubeapi import KubeApiServer
+import pytest
+
+pytestmark = pytest.mark.integration
 
 NOW = datetime(2026, 8, 20, 12, 0, tzinfo=timezone.utc)
 BLOCK = CapacityDecision(Capacity.CAPACITY_BLOCK, "spot interrupted twice", reservation_id="cr-0block")
@@ -111,6 +114,63 @@ async def test_a_lost_worker_moves_alone_to_a_block_group_and_the_survivors_stay
     assert sim.created == 1 and "train-gpu-b" in pods(kubeapi)
 
 
+def terminate(kubeapi: KubeApiServer, name: str) -> None:
+    """The pod as Karpenter's drain leaves it at the notice: deleted, still terminating (a finalizer
+    holds it here as the kubelet's graceful shutdown does on a real node)."""
+    pod = kubeapi.get("pods", name, namespace=NS)
+    pod["metadata"]["finalizers"] = ["test.resilienced.io/terminating"]
+    kubeapi.put(pod)
+    kubeapi.delete("pods", name, namespace=NS)
+    assert kubeapi.get("pods", name, namespace=NS)["metadata"]["deletionTimestamp"]
+
+
+def gone(kubeapi: KubeApiServer, name: str) -> None:
+    """The terminating pod finishes: its finalizer goes and the API server removes it."""
+    kubeapi.patch("pods", name, {"metadata": {"finalizers": None}}, namespace=NS)
+    assert kubeapi.get("pods", name, namespace=NS) is None
+
+
+async def test_a_lost_worker_still_terminating_is_named_in_workers_to_delete_and_moves(
+        api: k8s.ApiClient, kubeapi: KubeApiServer) -> None:
+    # Karpenter drains the node at the notice, so at requeue time the lost pod is usually still
+    # terminating.  KubeRay (v1.7.0 reconcilePods) counts it as present and recreates the worker in
+    # its own (Spot) group once it is gone: the requeue must scale that group down now.
+    seed(kubeapi, job=False)
+    lost = iid(kubeapi, "spot-1")
+    terminate(kubeapi, "train-gpu-a")
+    result = await KubeRayRequeuer(api, clock=lambda: NOW).requeue(
+        target(lost, job=False), decision=BLOCK, event=event("ev-1", lost))
+
+    assert result.details["replaced"] == {lost: "gpu-block-0block"}, result.reason
+    now = groups(kubeapi)
+    assert (now["gpu"]["replicas"], now["gpu-block-0block"]["replicas"]) == (1, 1)
+    assert now["gpu"]["scaleStrategy"]["workersToDelete"] == ["train-gpu-a"]
+
+    sim = KubeRaySim(kubeapi, namespace=NS)
+    sim.scale_workers("train")  # the terminating pod counts; the block worker is created
+    gone(kubeapi, "train-gpu-a")
+    sim.scale_workers("train")  # gone: nothing is recreated in the Spot group
+    assert pods(kubeapi) == {"train-head", "train-gpu-b", "train-cpu-a", "train-gpu-block-0block-worker-00001"}
+    assert sim.created == 1
+
+
+async def test_workers_to_delete_keeps_only_pods_that_still_exist(api: k8s.ApiClient, kubeapi: KubeApiServer) -> None:
+    # KubeRay never clears scaleStrategy.workersToDelete and deletes every listed name on each
+    # reconcile (v1.7.0 reconcilePods): a name whose pod is gone only grows the list.
+    seed(kubeapi, job=False)
+    first, second = iid(kubeapi, "spot-1"), iid(kubeapi, "spot-2")
+    requeuer = KubeRayRequeuer(api, clock=lambda: NOW)
+    cluster = kubeapi.get("rayclusters", "train", namespace=NS)
+    cluster["spec"]["workerGroupSpecs"][0]["scaleStrategy"] = {"workersToDelete": ["train-gpu-old"]}
+    kubeapi.put(cluster)  # a name left by an earlier move, its pod long gone
+    await requeuer.requeue(target(first, job=False), decision=BLOCK, event=event("ev-1", first))
+    assert groups(kubeapi)["gpu"]["scaleStrategy"]["workersToDelete"] == ["train-gpu-a"]
+    terminate(kubeapi, "train-gpu-b")  # still there (terminating) when the next notice comes
+    KubeRaySim(kubeapi, namespace=NS).scale_workers("train")  # train-gpu-a is deleted and gone
+    await requeuer.requeue(target(second, job=False), decision=BLOCK, event=event("ev-2", second))
+    assert groups(kubeapi)["gpu"]["scaleStrategy"]["workersToDelete"] == ["train-gpu-b"]
+
+
 async def test_without_workers_to_delete_kuberay_would_kill_a_survivor(kubeapi: KubeApiServer) -> None:
     # Why the lost pod is named: a group over its replicas loses pods in list order, healthy or not.
     seed(kubeapi, job=False)
@@ -140,7 +200,8 @@ async def test_a_second_notice_for_the_same_worker_adds_nothing_another_worker_a
     assert other.changed, other.reason
     now = groups(kubeapi)
     assert (now["gpu"]["replicas"], now["gpu-block-0block"]["replicas"], now["gpu-block-0block"]["maxReplicas"]) == (0, 2, 2)
-    assert now["gpu"]["scaleStrategy"]["workersToDelete"] == ["train-gpu-a", "train-gpu-b"]
+    # train-gpu-a is gone (KubeRay deleted it): only the pod that still exists stays listed
+    assert now["gpu"]["scaleStrategy"]["workersToDelete"] == ["train-gpu-b"]
     annotations = kubeapi.get("rayclusters", "train", namespace=NS)["metadata"]["annotations"]
     assert json.loads(annotations["resilienced.io/elastic-replaced"]) == {first: "gpu-block-0block",
                                                                          second: "gpu-block-0block"}

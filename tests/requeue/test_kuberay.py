@@ -16,6 +16,8 @@ from tests.requeue.kuberay_sim import KubeRaySim
 from tests.requeue.objects import NS, SPOT_AFFINITY, node, ray_pod, raycluster, rayjob
 from tests.support.kubeapi import KubeApiServer
 
+pytestmark = pytest.mark.integration
+
 NOW = datetime(2026, 8, 20, 12, 0, tzinfo=timezone.utc)
 BLOCK = CapacityDecision(Capacity.CAPACITY_BLOCK, "spot interrupted twice", reservation_id="cr-0block")
 SPOT = CapacityDecision(Capacity.SPOT, "back to spot")

@@ -24,6 +24,8 @@ from tests.requeue.kueue_sim import KueueSim, equivalent, workload_for
 from tests.requeue.objects import NS, SPOT_AFFINITY, rayjob
 from tests.support.kubeapi import KubeApiServer
 
+pytestmark = pytest.mark.integration
+
 BLOCK = CapacityDecision(Capacity.CAPACITY_BLOCK, "spot interrupted twice", reservation_id="cr-0block")
 SPOT = CapacityDecision(Capacity.SPOT, "spot healthy")
 EVENT = Event(kind=Kind.SPOT_INTERRUPTION, event_id="ev-7", instance_ids=("i-0aaa",))
@@ -263,6 +265,28 @@ async def test_the_simulator_fails_a_start_whose_flavor_contradicts_the_job(kube
     assert worker_selectors(kubeapi) == [{"karpenter.sh/capacity-type": "reserved"}] * 2
 
 
+async def test_the_simulator_restores_what_kueue_restores_at_eviction(kubeapi: KubeApiServer) -> None:
+    """stopJob -> RestorePodSpec (v0.19.2 pkg/podset/podset.go): labels, annotations, nodeSelector,
+    tolerations and scheduling gates all come back from the Workload's PodSet."""
+    seed_admitted_on_spot(kubeapi)
+    job = kubeapi.get("rayjobs", "job", namespace=NS)
+    for group in job["spec"]["rayClusterSpec"]["workerGroupSpecs"]:  # what admission merged in, and more
+        template = group["template"]
+        template["metadata"]["labels"]["kueue.x-k8s.io/podset"] = group["groupName"]
+        template["metadata"]["annotations"] = {"kueue.x-k8s.io/workload": "rayjob-job-1a2b3"}
+        template["spec"]["schedulingGates"] = [{"name": "kueue.x-k8s.io/elastic-job"}]
+    kubeapi.put(job)
+    wl = kubeapi.list("workloads", namespace=NS)[0]
+    kubeapi.patch("workloads", wl["metadata"]["name"], {"spec": {"active": False}}, namespace=NS)
+    async with KueueSim(kubeapi, namespace=NS):
+        await eventually(lambda: kubeapi.get("rayjobs", "job", namespace=NS)["spec"]["suspend"])
+    for group in kubeapi.get("rayjobs", "job", namespace=NS)["spec"]["rayClusterSpec"]["workerGroupSpecs"]:
+        template = group["template"]
+        assert template["metadata"].get("labels") == {"app": "train"}
+        assert "annotations" not in template["metadata"] and "schedulingGates" not in template["spec"]
+        assert "nodeSelector" not in template["spec"]  # the PodSet had none: the flavor's label goes too
+
+
 @pytest.mark.parametrize(("served", "setting", "used"), [
     (("v1beta1",), "auto", "v1beta1"), (("v1beta1", "v1beta2"), "auto", "v1beta2"),
     (("v1beta1", "v1beta2"), "v1beta1", "v1beta1")])
@@ -285,3 +309,47 @@ async def test_the_daemon_takes_the_served_workload_version_at_start_up(
                                        "--endpoint-url", "http://127.0.0.1:9", "--kueue-api-version", setting], {})
         async with open_runtime(settings, metrics=Metrics(), replica="r1") as runtime:
             assert runtime.responder.requeue.requeuer.kueue.workload.version == used
+
+
+def slice_of(job: dict, name: str, *, finished: bool) -> dict:
+    """Another Workload of the same job, as Kueue's workload slicing leaves them
+    (kubernetes-sigs/kueue v0.19.2 pkg/workloadslicing): a replaced slice is Finished with reason
+    WorkloadSliceReplaced; a new slice waits for quota, annotated with the slice it replaces."""
+    wl = workload_for(job, name=name)
+    if finished:
+        wl["status"]["conditions"] = [{"type": "Finished", "status": "True", "reason": "WorkloadSliceReplaced",
+                                       "message": "replaced", "lastTransitionTime": "2026-08-20T11:00:00Z"}]
+    else:
+        wl["metadata"]["annotations"] = {"kueue.x-k8s.io/workload-slice-replacement-for": f"{NS}/rayjob-job-1a2b3"}
+        wl["status"]["conditions"] = [{"type": "QuotaReserved", "status": "False", "reason": "Pending",
+                                       "message": "waiting", "lastTransitionTime": "2026-08-20T11:00:00Z"}]
+    return wl
+
+
+@pytest.mark.parametrize("finished", [True, False], ids=["a finished slice", "a pending slice"])
+async def test_the_requeue_acts_on_the_active_workload_not_the_newest_written(
+        api: k8s.ApiClient, kubeapi: KubeApiServer, finished: bool) -> None:
+    # resourceVersion is opaque and says nothing of which Workload is the job's: Kueue takes the
+    # newest not finished, not evicted one holding quota (v0.19.2 pkg/workloadslicing FindLatestActiveWorkload).
+    seed_admitted_on_spot(kubeapi)
+    job = kubeapi.get("rayjobs", "job", namespace=NS)
+    other = kubeapi.create(slice_of(job, "rayjob-job-zz999", finished=finished))
+    kubeapi.patch("workloads", other["metadata"]["name"], {"metadata": {"labels": {"touched": "1"}}}, namespace=NS)
+    impatient = KueueRequeuer(api, poll_interval_s=0.02, settle_timeout_s=0.3)
+    with pytest.raises(TemporaryError, match="waiting for Kueue to suspend"):
+        await impatient.requeue(TARGET, decision=BLOCK, event=EVENT)  # no Kueue running: stops after step 1
+    active = kubeapi.get("workloads", "rayjob-job-1a2b3", namespace=NS)
+    assert active["spec"]["active"] is False and active["metadata"]["annotations"][DEACTIVATED_FOR] == "ev-7"
+    assert kubeapi.get("workloads", "rayjob-job-zz999", namespace=NS)["spec"]["active"] is True
+
+
+async def test_with_a_finished_slice_the_run_still_lands_on_the_block_flavor(
+        api: k8s.ApiClient, kubeapi: KubeApiServer) -> None:
+    seed_admitted_on_spot(kubeapi)
+    job = kubeapi.get("rayjobs", "job", namespace=NS)
+    kubeapi.create(slice_of(job, "rayjob-job-0old", finished=True))  # written last: the highest resourceVersion
+    requeuer = KueueRequeuer(api, poll_interval_s=0.02, settle_timeout_s=10)
+    async with KueueSim(kubeapi, namespace=NS) as kueue:
+        await requeuer.requeue(TARGET, decision=BLOCK, event=EVENT)
+        await eventually(lambda: kueue.admitted == ["capacity-block"]
+                         and not kubeapi.get("rayjobs", "job", namespace=NS)["spec"]["suspend"])

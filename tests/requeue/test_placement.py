@@ -9,6 +9,8 @@ import pytest
 from resilienced.capacity import Capacity, CapacityDecision
 from resilienced.requeue.placement import Placement
 
+pytestmark = pytest.mark.unit
+
 BLOCK = CapacityDecision(Capacity.CAPACITY_BLOCK, "r", reservation_id="cr-0block")
 SPOT = CapacityDecision(Capacity.SPOT, "r")
 ON_DEMAND = CapacityDecision(Capacity.ON_DEMAND, "r")

@@ -17,6 +17,8 @@ from tests.requeue.conftest import rbac_of_requeue
 from tests.requeue.objects import NS, ray_pod, raycluster, rayjob
 from tests.support.kubeapi import KubeApiServer, RbacRule
 
+pytestmark = pytest.mark.integration
+
 BLOCK = CapacityDecision(Capacity.CAPACITY_BLOCK, "spot interrupted twice", reservation_id="cr-0block")
 EVENT = Event(kind=Kind.SPOT_INTERRUPTION, event_id="ev-3", instance_ids=("i-0aaa",))
 
@@ -141,4 +143,35 @@ async def test_a_recreate_rayjob_under_kueue_goes_through_kueue(api: k8s.ApiClie
     job["spec"]["rayClusterSpec"]["upgradeStrategy"] = {"type": "Recreate"}
     kubeapi.seed(job, raycluster())
     applier, _ = await KubernetesRequeuer(api).resolve(target())
-    assert applier.kind == "kueue"  # templates change only while Kueue holds the RayJob suspended
+    # templates change only while Kueue holds the RayJob suspended.  (KubeRay v1.6+ would refuse this
+    # spec, ValidateRayClusterUpgradeOptions: upgradeStrategy is not for a RayJob's cluster; the
+    # routing holds whatever the spec says.)
+    assert applier.kind == "kueue"
+
+
+def cluster_selector_job() -> dict:
+    """A RayJob that runs on an existing RayCluster (``spec.clusterSelector``), labelled for Kueue."""
+    job = rayjob(labels={"kueue.x-k8s.io/queue-name": "training"})
+    del job["spec"]["rayClusterSpec"]
+    job["spec"]["clusterSelector"] = {"ray.io/cluster": "train"}
+    return job
+
+
+async def test_a_rayjob_with_a_cluster_selector_is_not_kueues_and_its_cluster_moves(
+        api: k8s.ApiClient, kubeapi: KubeApiServer) -> None:
+    # Kueue skips such a RayJob (kubernetes-sigs/kueue v0.19.2 pkg/controller/jobs/rayjob/rayjob_controller.go
+    # Skip(): len(spec.clusterSelector) > 0; v0.14 refuses the label in its webhook): no Workload ever exists.
+    kubeapi.seed(cluster_selector_job(), raycluster(), ray_pod("train-gpu-a"))
+    result = await KubernetesRequeuer(api).requeue(target(), decision=BLOCK, event=EVENT)
+    assert result.kind == "kuberay" and result.changed, result.reason
+    cluster = kubeapi.get("rayclusters", "train", namespace=NS)
+    assert all(g["template"]["spec"]["nodeSelector"]["karpenter.k8s.aws/capacity-reservation-id"] == "cr-0block"
+               for g in cluster["spec"]["workerGroupSpecs"])
+    assert kubeapi.list("pods", namespace=NS) == []  # the worker replaced for KubeRay to recreate
+
+
+async def test_a_rayjob_with_a_cluster_selector_on_a_queued_cluster_goes_through_the_cluster(
+        api: k8s.ApiClient, kubeapi: KubeApiServer) -> None:
+    kubeapi.seed(cluster_selector_job(), raycluster(labels={"kueue.x-k8s.io/queue-name": "training"}))
+    applier, resolved = await KubernetesRequeuer(api).resolve(target())
+    assert applier.kind == "kueue" and resolved.ray_job is None and resolved.ray_cluster == f"{NS}/train"

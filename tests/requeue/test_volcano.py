@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+from datetime import datetime, timedelta, timezone
+
 import pytest
 from kubernetes_asyncio import client as k8s
 
@@ -12,7 +15,10 @@ from resilienced.requeue import VolcanoRequeuer
 from resilienced.requeue.rbac import requested_verbs
 from resilienced.requeue.volcano import command_name
 from tests.requeue.objects import NS, pod_template
+from tests.requeue.volcano_sim import VolcanoSim
 from tests.support.kubeapi import KubeApiServer
+
+pytestmark = pytest.mark.integration
 
 ON_DEMAND = CapacityDecision(Capacity.ON_DEMAND, "no block with room")
 EVENT = Event(kind=Kind.SPOT_INTERRUPTION, event_id="ev-9", instance_ids=("i-0aaa",))
@@ -122,3 +128,65 @@ async def test_requests_stay_within_the_declared_rbac(api: k8s.ApiClient, kubeap
     await VolcanoRequeuer(api).requeue(TARGET, decision=ON_DEMAND, event=EVENT)
     assert all(r.status < 400 for r in kubeapi.requests)
     assert kubeapi.verbs_seen() <= requested_verbs()
+
+
+# ---------------------------------------------------------------------- the Job's own restart
+SPOT = CapacityDecision(Capacity.SPOT, "spot healthy")
+REFUSAL = ('admission webhook "validatejob.volcano.sh" denied the request: job updates may not change fields '
+           "other than `minAvailable`, `tasks[*].replicas under spec` and `PriorityClassName`")
+
+
+def noticed_now() -> Event:
+    return replace(EVENT, time=datetime.now(timezone.utc) - timedelta(seconds=30))
+
+
+@pytest.mark.parametrize(("decision", "refused"), [(SPOT, False), (ON_DEMAND, True)],
+                         ids=["templates already on the decision", "steering refused by the webhook"])
+async def test_a_job_that_restarted_itself_after_the_notice_gets_no_second_restart(
+        api: k8s.ApiClient, kubeapi: KubeApiServer, decision: CapacityDecision, refused: bool) -> None:
+    job = volcano_job()
+    job["spec"]["maxRetry"] = 2
+    kubeapi.create(job)
+    volcano = VolcanoSim(kubeapi, namespace=NS)
+    event = noticed_now()
+    volcano.pod_evicted("vcjob", task="worker")  # Karpenter's drain evicts a pod: PodEvicted -> RestartJob
+    assert kubeapi.get("jobs", "vcjob", namespace=NS)["status"]["state"]["phase"] == "Running"  # already back
+    if refused:
+        kubeapi.fail(verb="patch", resource="jobs", status=400, times=1, message=REFUSAL)
+
+    result = await VolcanoRequeuer(api).requeue(TARGET, decision=decision, event=event)
+    volcano.step()
+
+    assert kubeapi.list("commands", namespace=NS) == [] and volcano.restarts == [("vcjob", "policy")], result.changes
+    after = kubeapi.get("jobs", "vcjob", namespace=NS)
+    assert (after["status"]["retryCount"], after["status"]["state"]["phase"]) == (1, "Running")
+    assert "restarted the job itself" in result.reason and result.details["own_restart"]
+
+
+async def test_a_second_restart_after_the_jobs_own_fails_it_at_max_retry(
+        api: k8s.ApiClient, kubeapi: KubeApiServer) -> None:
+    # What a second restart costs (here the notice has no time, so the Job's own restart, done and
+    # Running again, cannot be told apart): its own one plus resilienced's reach maxRetry 2.
+    job = volcano_job()
+    job["spec"]["maxRetry"] = 2
+    kubeapi.create(job)
+    volcano = VolcanoSim(kubeapi, namespace=NS)
+    volcano.pod_evicted("vcjob", task="worker")
+    await VolcanoRequeuer(api).requeue(TARGET, decision=ON_DEMAND, event=replace(EVENT, event_id="ev-10"))
+    volcano.step()
+    assert volcano.restarts == [("vcjob", "policy"), ("vcjob", "command")]
+    assert kubeapi.get("jobs", "vcjob", namespace=NS)["status"]["state"]["phase"] == "Failed"
+
+
+async def test_a_job_that_restarted_itself_is_still_moved_when_its_templates_could_be_steered(
+        api: k8s.ApiClient, kubeapi: KubeApiServer) -> None:
+    # Its own restart recreated the pods from the old (Spot) templates; only a restart puts the
+    # steered templates to use, at the cost of one retry (said in the reason).
+    kubeapi.create(volcano_job())
+    volcano = VolcanoSim(kubeapi, namespace=NS)
+    volcano.pod_evicted("vcjob", task="worker")
+    result = await VolcanoRequeuer(api).requeue(TARGET, decision=ON_DEMAND, event=noticed_now())
+    volcano.step()
+    assert volcano.restarts == [("vcjob", "policy"), ("vcjob", "command")]
+    assert result.details["steered"] is True and "one more of maxRetry" in result.reason
+    assert kubeapi.get("jobs", "vcjob", namespace=NS)["status"]["retryCount"] == 2

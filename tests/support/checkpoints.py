@@ -3,9 +3,11 @@
 Shared by tests/aws (the adapters), tests/recovery/durable (``wait_durable``) and tests/local (the
 FSx stand-in): their conftest.py files re-export the fixtures below.
 
-Checkpoints are written the way the trainer writes them (``step-<N>/`` files plus a
-``manifest.json`` listing each with its size and SHA-256), either straight into S3 or into a
-local root that :class:`resilienced.local.fsx.LocalExporter` exports.
+Checkpoints are laid out the way the trainer lays them out (``step-<N>/`` files plus a
+``manifest.json`` listing each with its size and SHA-256, built with the one definition of the
+format, ``trainer.manifest``), either straight into S3 or into a local root that
+:class:`resilienced.local.fsx.LocalExporter` exports.  The trainer's own writer against the
+daemon's reader: tests/recovery/durable/test_contract.py.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from botocore.stub import Stubber
 
 from resilienced.aws.s3 import S3Store
 from resilienced.local.aws import MotoServer
+from trainer.manifest import FileEntry, Manifest
 
 REGION = "us-east-1"
 BUCKET = "ckpt-bucket"
@@ -52,17 +55,11 @@ def make_ckpt(step: int, *, saved: datetime, world_size: int = 2, size: int = 64
     files = {f"__{r}_0.distcp": bytes([step % 251, r]) * (size // 2) for r in range(world_size)}
     files[".metadata"] = json.dumps({"step": step}).encode()
     files["rng-rank0.pt"] = b"rng" * 5
-    manifest = {
-        "format": "resilienced-checkpoint/1",
-        "step": step,
-        "world_size": world_size,
-        "time": saved.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
-        "saved_at_unix": saved.timestamp(),
-        "reason": reason,
-        "files": [{"path": p, "size": len(b), "sha256": hashlib.sha256(b).hexdigest()}
-                  for p, b in sorted(files.items())],
-    }
-    return Ckpt(step=step, files=files, saved=saved, manifest=json.dumps(manifest, indent=1).encode())
+    manifest = Manifest(
+        step=step, world_size=world_size, time=saved.astimezone(timezone.utc),
+        saved_at_unix=saved.timestamp(), reason=reason,
+        files=tuple(FileEntry(p, len(b), hashlib.sha256(b).hexdigest()) for p, b in sorted(files.items())))
+    return Ckpt(step=step, files=files, saved=saved, manifest=manifest.to_json().encode())
 
 
 def write_local(root: Path, ckpt: Ckpt) -> Path:

@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
+from tests.support import layers
+
 _CTX = mp.get_context("forkserver")
 _CTX.set_forkserver_preload(["torch", "torch.distributed.checkpoint", "torch.distributed.fsdp"])
 
@@ -74,6 +76,7 @@ def run_ranks(target: Callable[..., Any], world_size: int, *args: Any, timeout: 
     When another process took the rendezvous port before rank 0 listened on it (a free port is
     picked, closed, then bound again), every rank is started again on another port (3 tries).
     """
+    layers.started("e2e", f"{world_size} trainer rank(s) (tests/support/ranks.py)")
     for _ in range(3):
         results = _run_ranks_once(target, world_size, args, timeout=timeout)
         if not any((r.error or "").startswith(_PORT_TAKEN) for r in results):

@@ -1,4 +1,5 @@
-"""Test support for real local Ray clusters: keep a node busy so that a drain keeps it alive.
+"""Test support for real local Ray clusters: start one (:func:`local_cluster`), and keep a node
+busy so that a drain keeps it alive (:func:`busy`).
 
 An idle Ray node that is drained exits at once (seen here); a node running a task stays draining
 until the deadline, as a training worker's node does.
@@ -8,13 +9,29 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 from resilienced.local.raycluster import LocalRayCluster
+
+
+@contextlib.contextmanager
+def local_cluster(prefix: str) -> Iterator[LocalRayCluster]:
+    """A started local cluster (a head with no CPUs), stopped and removed at the end."""
+    workdir = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))  # short: Ray's sockets live under it
+    cluster = LocalRayCluster(workdir=workdir)
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
 
 BUSY_DRIVER = """
 import sys, time, ray

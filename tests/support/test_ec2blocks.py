@@ -22,6 +22,8 @@ from resilienced.local.aws import FAKE_CREDENTIALS
 from tests.support.ec2blocks import Ec2Blocks, Offering
 from tests.support.faultproxy import FaultProxy, aws_action
 
+pytestmark = pytest.mark.integration
+
 TYPE, AZ = "p5.48xlarge", "us-east-1a"
 
 

@@ -20,6 +20,8 @@ from resilienced.errors import BackendUnavailable
 from resilienced.local.aws import FAKE_CREDENTIALS
 from tests.support.faultproxy import FaultProxy, aws_action, path_contains
 
+pytestmark = pytest.mark.integration
+
 
 @pytest.fixture
 async def proxy(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[FaultProxy]:

@@ -9,6 +9,7 @@ the session.
 from __future__ import annotations
 
 import collections
+import itertools
 import json
 import os
 import shutil
@@ -24,7 +25,7 @@ from typing import Any
 
 import pytest
 
-from resilienced.local.raycluster import CAPACITY_TYPE_LABEL, INSTANCE_ID_LABEL, LocalRayCluster
+from resilienced.local.raycluster import CAPACITY_TYPE_LABEL, INSTANCE_ID_LABEL, LocalRayCluster, LocalRayNode
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -158,7 +159,7 @@ def trainer_runs(tmp_path: Path) -> Iterator[TrainerRuns]:
 
 
 #: Steps of every reference run; tests compare the steps they train.
-REFERENCE_STEPS = 60
+REFERENCE_STEPS = 84
 
 
 @pytest.fixture(scope="session")
@@ -203,7 +204,7 @@ def node_labels(n: int, capacity: str = "spot") -> dict[str, str]:
 
 
 @pytest.fixture(scope="session")
-def ray_cluster() -> Iterator[LocalRayCluster]:
+def ray_session_cluster() -> Iterator[LocalRayCluster]:
     """A head (no CPUs) and two 1-CPU spot nodes, shared by the Ray tests; always stopped."""
     workdir = Path(tempfile.mkdtemp(prefix="tr", dir="/tmp"))
     cluster = LocalRayCluster(
@@ -217,3 +218,50 @@ def ray_cluster() -> Iterator[LocalRayCluster]:
     finally:
         cluster.stop()
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+_replacements = itertools.count(1000)
+
+
+def alive_workers(cluster: LocalRayCluster) -> list[LocalRayNode]:
+    """Worker nodes this cluster started that run and that the GCS lists alive, not draining."""
+    alive = {n.node_id for n in cluster.nodes() if n.alive and not n.draining}
+    return [n for n in cluster.workers if n.running() and n.node_id in alive]
+
+
+def exactly_workers(cluster: LocalRayCluster, count: int, *, fresh: bool = False) -> None:
+    """The shared cluster with exactly ``count`` alive worker nodes, nothing draining or spare;
+    ``fresh``: every worker started anew (after a failed test, whatever it left on them goes)."""
+    if fresh:
+        for node in list(cluster.workers):
+            cluster.kill_node(node)
+    for node in [n for n in cluster.workers if n not in alive_workers(cluster)]:
+        cluster.kill_node(node)  # drained or dead: gone, as its instance is
+    while len(alive_workers(cluster)) < count:
+        cluster.add_node(labels=node_labels(next(_replacements)))
+    for extra in alive_workers(cluster)[count:]:
+        cluster.kill_node(extra)
+    cluster.wait_for(lambda nodes: sum(1 for n in nodes if n.alive and not n.is_head) == count,
+                     timeout_s=60, what=f"{count} alive worker nodes")
+
+
+@pytest.fixture
+def ray_cluster(ray_session_cluster: LocalRayCluster, request: pytest.FixtureRequest) -> Iterator[LocalRayCluster]:
+    """The shared cluster as every Ray test expects it: two alive 1-CPU worker nodes.
+
+    A test drains, kills and adds nodes; whatever it leaves is put back before the next one, and
+    after a failed test the workers are started anew, so that one failure cannot take the next
+    tests' resources (its actors, a drained node) and fail them too.
+    """
+    exactly_workers(ray_session_cluster, 2)
+    yield ray_session_cluster
+    failed = any(getattr(request.node, f"rep_{when}", None) is not None
+                 and getattr(request.node, f"rep_{when}").failed for when in ("setup", "call"))
+    exactly_workers(ray_session_cluster, 2, fresh=failed)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[Any]) -> Any:
+    """Each phase's report on the item (``rep_setup``, ``rep_call``), for ``ray_cluster``'s teardown."""
+    outcome = yield
+    setattr(item, f"rep_{call.when}", outcome.get_result())

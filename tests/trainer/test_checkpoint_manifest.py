@@ -3,22 +3,16 @@
 from __future__ import annotations
 
 import json
+from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
 
-from trainer.checkpoint import (
-    FORMAT,
-    MANIFEST,
-    FileEntry,
-    Manifest,
-    find_resume_point,
-    hash_file,
-    prune,
-    utc_iso,
-    verify,
-)
+from trainer.checkpoint import find_resume_point, hash_file, prune, verify
 from trainer.errors import CorruptCheckpoint
+from trainer.manifest import FORMAT, MANIFEST, FileEntry, Manifest, ManifestError
+
+pytestmark = pytest.mark.unit
 
 
 def make_checkpoint(root: Path, step: int, *, committed: bool = True, world_size: int = 2,
@@ -32,7 +26,7 @@ def make_checkpoint(root: Path, step: int, *, committed: bool = True, world_size
         size, digest = hash_file(path / name)
         entries.append(FileEntry(name, size, digest))
     if with_manifest:
-        manifest = Manifest(step=step, world_size=world_size, time=utc_iso(1.5), saved_at_unix=1.5,
+        manifest = Manifest(step=step, world_size=world_size, time=datetime.fromtimestamp(1.5, tz=timezone.utc), saved_at_unix=1.5,
                             reason="periodic", files=tuple(entries))
         (path / MANIFEST).write_text(manifest.to_json())
     return path
@@ -120,7 +114,7 @@ def test_prune_keeps_the_newest_k_committed_checkpoints(tmp_path: Path) -> None:
     ids=["no-files", "path-escapes", "size-not-int", "lists-itself"],
 )
 def test_a_manifest_with_bad_files_is_refused(files: list) -> None:
-    text = json.dumps({"format": FORMAT, "step": 1, "world_size": 1, "time": "t", "saved_at_unix": 0.0,
-                       "reason": "final", "files": files})
-    with pytest.raises(CorruptCheckpoint):
+    text = json.dumps({"format": FORMAT, "step": 1, "world_size": 1, "time": "2026-11-30T00:00:00Z",
+                       "saved_at_unix": 0.0, "reason": "final", "files": files})
+    with pytest.raises(ManifestError):
         Manifest.parse(text, where="x")

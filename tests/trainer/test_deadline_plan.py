@@ -6,6 +6,8 @@ import pytest
 
 from trainer.preemption import Agreement, DeadlinePlan
 
+pytestmark = pytest.mark.unit
+
 
 def plan(saves=(), steps=(), factor=1.5, margin=2.0) -> DeadlinePlan:
     p = DeadlinePlan(margin_factor=factor, margin_s=margin)

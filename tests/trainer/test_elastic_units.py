@@ -17,6 +17,8 @@ from trainer import resize
 from trainer.checkpoint import verify
 from trainer.data import batch_share, global_batch, loss_weight, rank_batch
 
+pytestmark = pytest.mark.e2e
+
 SHAPE = dict(batch_size=8, seq_len=16, vocab_size=64)
 
 

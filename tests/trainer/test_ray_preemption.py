@@ -1,9 +1,9 @@
-"""A preempted node of a real local multi-node Ray cluster, as the daemon (or Kubernetes) causes it.
+"""Preempted nodes of a real local multi-node Ray cluster, as the daemon (or Kubernetes) causes it.
 
-Two 1-CPU worker nodes each run one rank of ``python -m trainer --ray-address <cluster>``.  One
-node is preempted mid-run: drained through the GCS with reason PREEMPTION and a deadline (what
-the daemon does), or sent SIGTERM on its ``ray start --block`` (what Kubernetes does to a pod; Ray
-drains the node itself).  Every rank must save the same step, train nothing that would be lost,
+Two 1-CPU worker nodes each run one rank of ``python -m trainer --ray-address <cluster>``.  The
+run is preempted twice: one node drained through the GCS with reason PREEMPTION and a deadline
+(what the daemon does), later another sent SIGTERM on its ``ray start --block`` (what Kubernetes
+does to a pod; Ray drains the node itself).  Every rank must save the same step, train nothing that would be lost,
 and the run must resume on a replacement node and produce, bit for bit, the losses of an
 uninterrupted run with the same seed and world size computed without Ray.
 """
@@ -22,7 +22,7 @@ from resilienced.local.raycluster import LocalRayCluster, LocalRayNode
 
 pytestmark = pytest.mark.e2e
 
-STEPS = 50
+STEPS = 80  # two preemptions: the deadline plan trains up to ~30 steps of 0.2 s in each 8 s window
 ARGS = ["--steps", str(STEPS), "--min-step-seconds", "0.2"]
 _serial = itertools.count(100)
 
@@ -44,77 +44,78 @@ def start_training(cluster: LocalRayCluster, trainer_runs) -> TrainerRun:
     return run
 
 
-def wait_for_the_last_save(run: TrainerRun) -> dict:
-    """Wait until the ranks saved and wait for teardown; the manifest of that last save."""
-    run.wait_until(lambda r: r.events_named("waiting_for_teardown"), timeout=DRAIN_TIMEOUT_S + 30,
-                   what="the ranks to save and wait for teardown")
-    waiting, = run.events_named("waiting_for_teardown")
+def wait_for_the_last_save(run: TrainerRun, *, preemptions: int) -> dict:
+    """Wait until the ranks saved for the ``preemptions``-th notice and wait for teardown; the
+    manifest of that save."""
+    run.wait_until(lambda r: len(r.events_named("waiting_for_teardown")) == preemptions,
+                   timeout=DRAIN_TIMEOUT_S + 30, what="the ranks to save and wait for teardown")
+    waiting = run.events_named("waiting_for_teardown")[-1]
     saves = [e for e in run.events_named("checkpoint_committed") if e["reason"] == "preemption"]
     assert saves and saves[-1]["step"] == waiting["step"]
     return json.loads((Path(saves[-1]["path"]) / "manifest.json").read_text())
 
 
-def expect_saved_then_resumed_exactly(run: TrainerRun, reference, manifest: dict) -> dict:
-    """What both ways of preempting must lead to; returns the preemption notice."""
-    notice, = run.events_named("preemption_notice")
-    waiting, = run.events_named("waiting_for_teardown")
+def expect_saved_then_resumed_exactly(run: TrainerRun, reference, manifests: list[dict]) -> list[dict]:
+    """What each preemption must lead to; returns the preemption notices, in order."""
+    notices = run.events_named("preemption_notice")
+    waiting = run.events_named("waiting_for_teardown")
     started = run.events_named("started")
-
-    assert notice["source"] == "ray"
-    assert manifest["step"] == waiting["step"] and manifest["reason"] == "preemption"
-    # every rank saved that step: the manifest lists the files of both ranks
-    files = {f["path"] for f in manifest["files"]}
-    assert manifest["world_size"] == 2 and {"__0_0.distcp", "__1_0.distcp", "rng-rank0.pt", "rng-rank1.pt"} <= files
-    assert notice["deadline_ms"] is not None
-    assert manifest["saved_at_unix"] < notice["deadline_ms"] / 1000  # committed before the deadline
-    # nothing was trained after the last save, and the restart resumed right there
-    assert max(m["step"] for m in run.metrics if m["attempt"] == started[0]["attempt"]) == waiting["step"]
-    assert [(e["world_size"], e["resumed_from_step"]) for e in started] == [(2, None), (2, waiting["step"])]
+    assert len(notices) == len(waiting) == len(manifests)
+    for notice, held, manifest in zip(notices, waiting, manifests):
+        assert notice["source"] == "ray"
+        assert manifest["step"] == held["step"] and manifest["reason"] == "preemption"
+        # every rank saved that step: the manifest lists the files of both ranks
+        files = {f["path"] for f in manifest["files"]}
+        assert manifest["world_size"] == 2 and {"__0_0.distcp", "__1_0.distcp", "rng-rank0.pt", "rng-rank1.pt"} <= files
+        assert notice["deadline_ms"] is not None
+        assert manifest["saved_at_unix"] < notice["deadline_ms"] / 1000  # committed before the deadline
+    # nothing was trained after each save, and each restart resumed right there
+    for attempt, held in zip(started, waiting):
+        assert max(m["step"] for m in run.metrics if m["attempt"] == attempt["attempt"]) == held["step"]
+    assert [(e["world_size"], e["resumed_from_step"]) for e in started] == [
+        (2, None), *((2, held["step"]) for held in waiting)]
     assert run.step_counts() == {step: 1 for step in range(1, STEPS + 1)}  # no step trained twice
     # bit for bit the losses of an uninterrupted run, computed without Ray
     assert run.losses() == {step: loss for step, loss in reference([]).items() if step <= STEPS}
-    return notice
+    return notices
 
 
-def test_a_drained_node_saves_the_step_and_the_run_resumes_exactly_on_a_replacement(
+def test_a_run_drained_then_sigterm_ed_saves_each_time_and_resumes_exactly_and_a_new_driver_goes_on(
     ray_cluster: LocalRayCluster, trainer_runs, reference
 ) -> None:
+    """Both ways a node is preempted, one after the other in one run: drained through the GCS with
+    a deadline (the daemon), then SIGTERM to another node's ``ray start`` (a pod eviction: Ray
+    drains the node itself); each node replaced.  Then a new driver on the same run (a RayJob
+    retry) resumes where the run ended."""
     run = start_training(ray_cluster, trainer_runs)
     victim = a_running_worker(ray_cluster)
     deadline = time.time() + DRAIN_TIMEOUT_S
     assert ray_cluster.drain_node(victim, deadline_ms=int(deadline * 1000))
 
-    manifest = wait_for_the_last_save(run)
+    drained = wait_for_the_last_save(run, preemptions=1)
     while time.time() < deadline:  # the instance is reclaimed at the deadline, not before
         time.sleep(0.05)
     ray_cluster.kill_node(victim)
     assert ray_cluster.processes(victim) == []  # the instance is gone, with its Ray workers
     ray_cluster.add_node(labels=node_labels(next(_serial), "on-demand"))
 
-    assert run.wait(300) == 0, run.log
-    notice = expect_saved_then_resumed_exactly(run, reference, manifest)
-    assert notice["deadline_ms"] == int(deadline * 1000)  # Ray's PreemptionInfo carries the drain's deadline
-
-
-def test_sigterm_to_a_nodes_ray_start_is_a_preemption_too(
-    ray_cluster: LocalRayCluster, trainer_runs, reference
-) -> None:
-    run = start_training(ray_cluster, trainer_runs)
+    run.wait_until(lambda r: len(r.events_named("started")) == 2 and r.metrics[-1]["step"] >= drained["step"] + 3,
+                   timeout=240, what="3 steps trained after the first restart")
     victim = a_running_worker(ray_cluster)
     signalled = time.time()
     ray_cluster.sigterm_node(victim)  # Ray drains the node itself (RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S)
-
-    manifest = wait_for_the_last_save(run)
-    deadline = time.monotonic() + DRAIN_TIMEOUT_S + 60
+    evicted = wait_for_the_last_save(run, preemptions=2)
+    gone_by = time.monotonic() + DRAIN_TIMEOUT_S + 60
     while victim.running():  # the node goes by itself once its drain window is over
-        assert time.monotonic() < deadline, "the SIGTERMed node did not go away"
+        assert time.monotonic() < gone_by, "the SIGTERMed node did not go away"
         time.sleep(0.1)
     gone_at = time.time()
     ray_cluster.add_node(labels=node_labels(next(_serial), "on-demand"))
 
     assert run.wait(300) == 0, run.log
-    notice = expect_saved_then_resumed_exactly(run, reference, manifest)
-    assert signalled * 1000 < notice["deadline_ms"] <= (gone_at + 1) * 1000
+    first, second = expect_saved_then_resumed_exactly(run, reference, [drained, evicted])
+    assert first["deadline_ms"] == int(deadline * 1000)  # Ray's PreemptionInfo carries the drain's deadline
+    assert signalled * 1000 < second["deadline_ms"] <= (gone_at + 1) * 1000
 
     # A new driver on the same run (a RayJob retry) resumes where the run ended, although the
     # trainer pruned checkpoints that Ray Train had been told about.

@@ -23,6 +23,8 @@ from trainer.errors import CheckpointError, CorruptCheckpoint, StateError, Usage
 from trainer.preemption import SIGTERM
 from trainer.resilience import Checkpointer, verify, write_manifest
 
+pytestmark = pytest.mark.unit
+
 
 def read_losses(path: Path) -> tuple[list[dict], list[int]]:
     """(step lines, restored steps) of the example's --losses-out file."""

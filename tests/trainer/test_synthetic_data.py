@@ -5,6 +5,9 @@ from __future__ import annotations
 import torch
 
 from trainer.data import global_batch, rank_batch
+import pytest
+
+pytestmark = pytest.mark.unit
 
 SHAPE = dict(batch_size=8, seq_len=16, vocab_size=64)
 

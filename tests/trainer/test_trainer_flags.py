@@ -11,6 +11,8 @@ import pytest
 from trainer.config import TrainConfig, parse_args
 from trainer.errors import ConfigError
 
+pytestmark = pytest.mark.unit
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -60,6 +62,7 @@ def test_an_elastic_run_takes_a_batch_that_splits_unevenly(tmp_path: Path) -> No
     assert not parse_args(["--checkpoint-dir", str(tmp_path)]).elastic
 
 
+@pytest.mark.e2e  # it starts `python -m trainer`
 def test_the_cli_exits_2_and_names_the_flag(tmp_path: Path) -> None:
     result = subprocess.run(
         [sys.executable, "-m", "trainer", "--checkpoint-dir", str(tmp_path), "--num-workers", "3"],

@@ -1,7 +1,7 @@
 """docs/your-trainer.md's example script, run as it is on a real local multi-node Ray cluster.
 
 ``python examples/resilient_train.py --ray-address <cluster>`` (a residual MLP classifier with
-AdamW and a ``LambdaLR``, not trainer/'s model; FSDP2, then DDP) trains on two 1-CPU nodes; the node of one rank
+AdamW and a ``LambdaLR``, not trainer/'s model; FSDP2) trains on two 1-CPU nodes; the node of one rank
 is drained through the GCS with reason PREEMPTION and a deadline, as the daemon does, then
 killed at the deadline and replaced.  The run must save before the deadline, train nothing that
 would be lost, resume at the saved step + 1 on the replacement, and give, bit for bit, the losses
@@ -64,7 +64,7 @@ def preemption_saves(root: Path) -> dict[int, dict]:
     return out
 
 
-@pytest.mark.parametrize("wrap", ["fsdp2", "ddp"])  # a plain module: test_resilience_api.py (local ranks)
+@pytest.mark.parametrize("wrap", ["fsdp2"])  # DDP and a plain module: test_resilience_api.py (local ranks)
 def test_the_example_script_drained_on_ray_resumes_exactly_on_a_replacement(
     ray_cluster: LocalRayCluster, tmp_path: Path, wrap: str
 ) -> None:

@@ -35,8 +35,8 @@ def moto_port(output: str) -> int:
     return int(found.group(1))
 
 
-SMALL = ["--workers", "2", "--steps", "50", "--interrupt-at-step", "10", "--checkpoint-every", "5",
-         "--notice-seconds", "10", "--step-seconds", "0.4", "--timeout", "240"]
+SMALL = ["--workers", "2", "--steps", "30", "--interrupt-at-step", "6", "--checkpoint-every", "3",
+         "--notice-seconds", "6", "--step-seconds", "0.3", "--timeout", "240"]
 
 
 def drill(tmp_path: Path, *args: str) -> dict:
@@ -111,46 +111,120 @@ def test_a_spot_notice_costs_no_step_and_the_run_lands_on_the_capacity_block(tmp
     assert report["notice_to_checkpoint_s"] >= 0 and report["notice_to_durable_s"] >= 0
 
 
+def test_a_capacity_block_that_never_joins_is_left_for_on_demand_and_the_run_trains_again(tmp_path: Path) -> None:
+    """The stalled story: the block accepts the launch, its node never joins; after the joined
+    bound the daemon's follow-up moves the run to On-Demand (the provider has it here), and the run
+    resumes from the step saved at the notice."""
+    with Webhook() as hook:
+        report = drill(tmp_path, "--scenario", "stalled", "--notify-webhook", hook.url)
+    assert report["ok"], json.dumps(report, indent=2)
+    assert [(f["from"].split()[0], f["to"]) for f in report["fallbacks"]] == [("capacity-block", "on-demand")]
+    assert "joined not reached" in report["fallbacks"][0]["reason"]
+    assert report["capacity"] == "on-demand" and report["steps_lost"] == 0 and report["steps_trained_twice"] == 0
+    stages = report["recovery_stages"]
+    assert set(stages) == {"joined", "training"} and stages["joined"] < stages["training"]
+    assert stages["training"] == report["daemon_training_again_s"] > 0
+    texts = [p["text"] for p in hook.posts]
+    assert any("fell back" in t for t in texts) and any("trains again" in t and "on-demand" in t for t in texts), texts
+
+
 def test_an_abrupt_loss_resumes_from_the_last_periodic_checkpoint_and_says_what_it_cost(tmp_path: Path) -> None:
     report = drill(tmp_path, "--scenario", "abrupt")
     assert report["ok"], json.dumps(report, indent=2)
-    # no notice: the run resumes from the newest periodic checkpoint (every 5 steps)
-    assert report["checkpoint_step"] % 5 == 0 and report["checkpoint_step"] <= report["interrupted_at_step"]
+    # no notice: the run resumes from the newest periodic checkpoint (every 3 steps)
+    assert report["checkpoint_step"] % 3 == 0 and report["checkpoint_step"] <= report["interrupted_at_step"]
     assert report["steps_lost"] == report["interrupted_at_step"] - report["checkpoint_step"]
     assert report["steps_lost"] == report["steps_trained_twice"]
     assert report["notice_to_checkpoint_s"] is None
     assert report["losses_match_uninterrupted"] is True
 
 
-def test_ctrl_c_stops_everything_the_drill_started(tmp_path: Path) -> None:
+#: A short story, so that every phase is reached soon.
+FAST = ["--workers", "2", "--steps", "40", "--interrupt-at-step", "4", "--checkpoint-every", "4",
+        "--notice-seconds", "5", "--step-seconds", "0.2", "--timeout", "240"]
+
+#: Each phase of the drill, and the line printed just before it begins.
+PHASES = {
+    "moto starts": "resilienced drill: scenario",
+    "the Ray cluster starts": "moto on http://",
+    "the daemon starts": "auto-exports to s3://",
+    "the trainer starts": "running in ray mode on",
+    "the notice": "Spot interruption notice for",
+    "the reference run": "running the uninterrupted reference",
+}
+
+
+def marked_processes(workdir: Path) -> list[str]:
+    """Live processes carrying the drill's work-dir marker in their environment (any session)."""
+    needle = f"RESILIENCED_DRILL_WORKDIR={workdir}".encode()
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            environ = (proc / "environ").read_bytes()
+            command = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:  # gone meanwhile, or not ours to read
+            continue
+        if needle in environ.split(b"\0"):
+            found.append(f"{proc.name} {command[:160]}")
+    return found
+
+
+def group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+@pytest.mark.parametrize(("phase", "signal_name", "code"),
+                         [*((phase, "SIGINT", 130) for phase in PHASES), ("the Ray cluster starts", "SIGTERM", 143)],
+                         ids=[*(f"ctrl-c while {p}" for p in PHASES), "sigterm while the Ray cluster starts"])
+def test_a_stop_signal_in_any_phase_stops_everything_the_drill_started(phase: str, signal_name: str,
+                                                                        code: int) -> None:
+    """Ctrl-C (or SIGTERM) in any phase: exit 130 (143), nothing the drill started left running,
+    in its own process group or in the sessions of its children (moto, Ray nodes, the trainer),
+    and no work dir.  The drill is started as a terminal starts it: SIGINT at its default (a
+    process started by a background job of a non-interactive shell would inherit it ignored)."""
     import signal
     import time
 
     short = Path(tempfile.mkdtemp(prefix="dc-", dir="/tmp"))
     workdir = short / "w"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "resilienced", "drill", *SMALL, "--workdir", str(workdir)],
+        [sys.executable, "-c", "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
+         "os.execv(sys.executable, [sys.executable, '-m', 'resilienced', 'drill', *sys.argv[1:]])",
+         *FAST, "--workdir", str(workdir)],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         env={**os.environ, "PYTHONUNBUFFERED": "1"}, start_new_session=True)
     try:
         seen = []
         assert proc.stdout is not None
-        for line in proc.stdout:  # the cluster, moto and the trainer are all up by this line
+        for line in proc.stdout:
             seen.append(line)
-            if "python -m trainer" in line:
+            if PHASES[phase] in line:
                 break
-        assert any("python -m trainer" in s for s in seen), "".join(seen)
-        assert subprocess.run(["pgrep", "-f", str(workdir)], capture_output=True).stdout  # something to stop
-        proc.send_signal(signal.SIGINT)
-        rest, _ = proc.communicate(timeout=120)
-        assert proc.returncode == 130, "".join(seen) + rest
-        end = time.monotonic() + 30  # processes of the drill are reaped by now; allow for exit races
-        while time.monotonic() < end and subprocess.run(["pgrep", "-f", str(workdir)],
-                                                        capture_output=True).stdout:
-            time.sleep(0.5)
-        assert not subprocess.run(["pgrep", "-af", str(workdir)], capture_output=True, text=True).stdout
-        assert port_closed(moto_port("".join(seen)))
-        assert not workdir.exists()
+        assert any(PHASES[phase] in s for s in seen), "".join(seen)
+        proc.send_signal(getattr(signal, signal_name))
+        try:
+            rest, _ = proc.communicate(timeout=180)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            rest, _ = proc.communicate()
+            pytest.fail(f"the drill did not stop within 180 s of {signal_name}:\n{''.join(seen)}{rest}")
+        output = "".join(seen) + rest
+        assert proc.returncode == code, output
+        assert f"stopped by {'SIGTERM' if signal_name == 'SIGTERM' else 'Ctrl-C'}" in rest, output
+        end = time.monotonic() + 30  # the drill reaped its children; allow the kernel to finish
+        while time.monotonic() < end and (marked_processes(workdir) or group_alive(proc.pid)):
+            time.sleep(0.2)
+        assert not marked_processes(workdir), output
+        assert not group_alive(proc.pid), output
+        assert not workdir.exists(), output
+        if "moto on http://" in output:
+            assert port_closed(moto_port(output))
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)

@@ -9,6 +9,8 @@ import pytest
 
 from resilienced.local.drill import SAME_LOSSES, DrillOptions, report_from, restart_facts, world_size_schedule
 
+pytestmark = pytest.mark.unit
+
 NOTICE = 1000.0
 
 

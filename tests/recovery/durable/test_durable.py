@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
@@ -17,9 +16,11 @@ import pytest
 
 from resilienced.aws.s3 import S3Store
 from resilienced.errors import BackendUnavailable, PermanentError
-from resilienced.recovery.durable import MalformedManifest, parse_manifest, wait_durable
+from resilienced.recovery.durable import wait_durable
 
 from tests.support.checkpoints import BUCKET, PREFIX, URI, make_ckpt, put_ckpt
+
+pytestmark = pytest.mark.integration
 
 #: The notice, an hour ago (so that a deadline in between has passed by the real clock).
 NOTICE = (datetime.now(timezone.utc) - timedelta(hours=1)).replace(microsecond=0)
@@ -229,44 +230,6 @@ async def test_partial_and_trash_directories_are_ignored(s3: Any, store: S3Store
 
     assert not result.durable
     assert result.steps_lost is None  # no committed step-<N>/ was seen at all
-
-
-@pytest.mark.parametrize(
-    ("mutate", "message"),
-    [
-        (lambda m: m.update(format="other/1"), "format is 'other/1'"),
-        (lambda m: m.pop("step"), "'step' is missing"),
-        (lambda m: m.update(step=True), "'step' is missing or not a int"),
-        (lambda m: m.update(time="yesterday"), "not ISO-8601 UTC"),
-        (lambda m: m.update(time="2026-11-30T12:00:00"), "not ISO-8601 UTC"),
-        (lambda m: m.update(saved_at_unix="1"), "saved_at_unix"),
-        (lambda m: m.update(files=[]), "lists no files"),
-        (lambda m: m["files"].append(dict(m["files"][0])), "twice"),
-        (lambda m: m["files"][0].update(path="../escape"), "bad path"),
-        (lambda m: m["files"][0].update(path="/abs"), "bad path"),
-        (lambda m: m["files"][0].update(path="manifest.json"), "bad path"),
-        (lambda m: m["files"][0].update(size=-1), "negative size"),
-        (lambda m: m["files"][0].update(sha256="xyz"), "64 hex digits"),
-        (lambda m: m["files"][0].pop("size"), "is not {path, size, sha256}"),
-        (lambda m: m.update(world_size=0), "out of range"),
-    ],
-    ids=["format", "no-step", "bool-step", "bad-time", "naive-time", "saved-at", "no-files",
-         "duplicate", "dotdot", "absolute", "manifest-listed", "negative", "bad-hash", "no-size",
-         "world-size"],
-)
-def test_parse_manifest_rejects_each_broken_field(mutate: Any, message: str) -> None:
-    data = json.loads(make_ckpt(3, saved=NOTICE).manifest)
-    mutate(data)
-    with pytest.raises(MalformedManifest, match=message.replace("(", r"\(").replace("{", r"\{")):
-        parse_manifest(json.dumps(data).encode())
-
-
-def test_parse_manifest_reads_the_trainer_format() -> None:
-    ckpt = make_ckpt(3, saved=NOTICE)
-    manifest = parse_manifest(ckpt.manifest)
-    assert manifest.step == 3 and manifest.world_size == 2
-    assert manifest.time == NOTICE
-    assert {f.path for f in manifest.files} == set(ckpt.files)
 
 
 @pytest.mark.parametrize(

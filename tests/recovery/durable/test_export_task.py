@@ -17,6 +17,9 @@ from resilienced.recovery.durable import wait_durable
 
 from tests.support.checkpoints import BUCKET, URI, make_ckpt, put_ckpt
 from tests.aws.test_fsx import FS, OTHER, REPORT, TASK, create_request, running_request, task
+import pytest
+
+pytestmark = pytest.mark.integration
 
 NOTICE = (datetime.now(timezone.utc) - timedelta(minutes=5)).replace(microsecond=0)
 TASK2 = "task-0aaaaaaaaaaaaaaaa1"

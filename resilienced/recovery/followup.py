@@ -1,0 +1,475 @@
+"""After the requeue: follow each run until it trains again, fall back when it stalls.
+
+The :class:`Follower` is a long-lived task of the daemon (a reconciler, as Karpenter's are).
+``Recovery`` opens a follow-up (:meth:`Follower.open`) once a requeue placed a run, in the same
+move claim as the requeue, and then completes the notice: the SQS message is not held for the
+minutes a run takes to train again (docs/requeue.md, "Following the run after the requeue").
+Every ``interval`` the follower lists the follow-ups (``ports.FollowUpStore``: a Lease per run
+in kubernetes mode, the GCS KV in ray mode) and, for each open one, under the run's move claim
+``move/<run>`` (TTL ``claim_ttl``, renewed while held; never two moves of one run at once, and a
+replica that dies mid-move leaves the claim to expire before another goes on):
+
+1. finishes a move another replica recorded as decided and did not record as made (the
+   record's ``moving``: applied again, which changes nothing if it was applied: the run is
+   moved once);
+2. looks at the current stage (``ports.Progress``; the training stage from the trainer's resume
+   records in S3, ``trainer.resume``) and asks :func:`resilienced.followup.judge`;
+3. goes on to the next stage, ends the follow-up (``TrainingResumed``), falls back to the next
+   capacity of the decision's ranking (the stalled one unusable for the run for ``cooldown``;
+   ``RecoveryStalled``), or gives up after ``max_fallbacks`` moves (``RecoveryStuck``: the run
+   is still watched for training, never moved again).
+
+Each end and each fallback is an Event on the run, a webhook notification and metrics.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import dataclass, replace
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from resilienced import log
+from resilienced.aws.s3 import ObjectNotFound, parse_s3_uri
+from resilienced.claims import HeldClaim, held_claim
+from resilienced.errors import PermanentError, ResilienceError, TemporaryError
+from resilienced.followup import (
+    Bounds,
+    FollowUp,
+    Judgement,
+    Stage,
+    State,
+    judge,
+    opens_new,
+    overdue,
+    stages_for,
+    stalled_key,
+    target_from,
+    target_json,
+    unusable_now,
+)
+from resilienced.model import Capacity, CapacityDecision, Event, Kind, RequeueResult, StageSeen, Target
+from resilienced.notify import Notifier
+from resilienced.ports import ClaimStore, Cluster, FollowUpStore, ObjectStore, Planner, Progress, Requeuer, Withdraws
+from trainer import resume
+
+REASON_TRAINING_RESUMED = "TrainingResumed"
+REASON_RECOVERY_STALLED = "RecoveryStalled"
+REASON_RECOVERY_STUCK = "RecoveryStuck"
+
+#: notice -> training again: a gang restart takes minutes on EKS; the drill's tens of seconds.
+TRAINING_BUCKETS = (5, 10, 20, 30, 45, 60, 90, 120, 180, 300, 600, 900, 1800, 3600, 7200)
+#: The stages of the ``resilienced_runs_recovering`` gauge (``stuck`` besides the stages).
+GAUGE_STAGES = (*(s.value for s in Stage), State.STUCK.value)
+
+
+@dataclass(frozen=True)
+class FollowUpOptions:
+    """How the follower behaves (from ``FollowUpSettings``); see docs/requeue.md for the defaults."""
+
+    bounds: Bounds = Bounds()
+    max_fallbacks: int = 2
+    cooldown: timedelta = timedelta(minutes=30)
+    interval_s: float = 15.0
+    claim_ttl_s: float = 60.0
+    keep: timedelta = timedelta(hours=24)
+    mode: str = "kubernetes"
+
+
+class FollowUpMetrics:
+    """The follow-up's metrics, on the daemon's registry."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.training_again = Histogram(
+            "resilienced_notice_to_training_seconds", "Seconds from the interruption notice to the "
+            "first step the requeued run trained again (the trainer's resume record).",
+            buckets=TRAINING_BUCKETS, registry=registry)
+        self.fallbacks = Counter(
+            "resilienced_recovery_fallbacks", "Runs moved to the next capacity because their recovery "
+            "stalled, by capacity moved from and to and the stage that stalled (reason).",
+            ["from", "to", "reason"], registry=registry)
+        self.recovering = Gauge(
+            "resilienced_runs_recovering", "Runs followed after a requeue and not training again yet, "
+            "by stage (stuck: no move left).", ["stage"], registry=registry)
+        self.overdue = Gauge(
+            "resilienced_runs_overdue", "Runs not training again within their bound: their stage "
+            "passed its bound, or they are stuck.", registry=registry)
+        self.ends = Counter(
+            "resilienced_recoveries", "Follow-ups that ended or gave up, by outcome (resumed, stuck, "
+            "superseded).", ["outcome"], registry=registry)
+        for stage in GAUGE_STAGES:
+            self.recovering.labels(stage=stage)
+        for outcome in ("resumed", "stuck", "superseded"):
+            self.ends.labels(outcome=outcome)
+
+
+class Follower:
+    """Follows requeued runs until they train again (see the module docstring).
+
+    Args:
+        store: the follow-up records.  claims: the move claims (the run claims' store).
+        cluster: where Events go.  progress: the looks at a run's stages.
+        planner / requeue: the fallback's decision and its application.
+        objects: S3, where the trainer's resume records are (None: training cannot be seen).
+        replica: this daemon replica's name (the claims' holder).
+    """
+
+    def __init__(self, *, store: FollowUpStore, claims: ClaimStore, cluster: Cluster, progress: Progress,
+                 planner: Planner, requeue: Requeuer, objects: ObjectStore | None,
+                 options: FollowUpOptions = FollowUpOptions(), metrics: FollowUpMetrics | None = None,
+                 notifier: Notifier | None = None, replica: str = "resilienced",
+                 clock: Callable[[], datetime] = lambda: datetime.now(timezone.utc)) -> None:
+        self.store, self.claims, self.cluster, self.progress = store, claims, cluster, progress
+        self.planner, self.requeue, self.objects = planner, requeue, objects
+        self.options, self.metrics, self.notifier = options, metrics, notifier
+        self.replica, self.clock = replica, clock
+        self._log = log.get("resilienced.followup")
+
+    # ------------------------------------------------------------------ for Recovery
+    @staticmethod
+    def move_key(run: str) -> str:
+        return f"move/{run}"
+
+    @contextlib.asynccontextmanager
+    async def moving(self, run: str, *, holder: str, ttl: float | None = None) -> AsyncIterator[HeldClaim | None]:
+        """Hold the run's move claim for the block (yields None when another replica holds it).
+
+        ``claims.held_claim``: renewed every third of ``ttl`` while held (default ``claim_ttl_s``);
+        released at the end, also after a failure, but not when the holder is cancelled (a replica
+        stopped mid-move: nobody moves the run until the TTL ran out, while that move may still be
+        in flight).
+        """
+        async with held_claim(self.claims, self.move_key(run), holder=holder, logger=self._log,
+                              ttl_seconds=ttl or self.options.claim_ttl_s, what="move claim",
+                              release_on_cancel=False) as held:
+            yield held
+
+    async def read(self, run: str) -> FollowUp | None:
+        found = await self.store.get(run)
+        if found is None:
+            return None
+        try:
+            return FollowUp.from_json(found[0], version=found[1])
+        except ValueError as e:  # a corrupt record must not block the run: it is replaced
+            self._log.warning("follow-up record unreadable", run=run, error=str(e))
+            return None
+
+    async def exclusions(self, run: str) -> tuple[str, ...]:
+        """The capacity that stalled a recovery of ``run`` and is still in its cool-down."""
+        return unusable_now(await self.read(run), now=self.clock())
+
+    async def open(self, target: Target, *, event: Event, result: RequeueResult,
+                   durable: Mapping[str, Any] | None = None) -> FollowUp | None:
+        """Open the follow-up of the run ``result`` placed (call it holding the move claim).
+
+        Returns the follow-up the run has afterwards: the new one, or the one kept
+        (:func:`resilienced.followup.opens_new`); None when nothing was placed.
+        """
+        if result.refused or result.dry_run or result.capacity is Capacity.WAIT or not event.event_id:
+            return None
+        now = self.clock()
+        existing = await self.read(target.run_key)
+        if not opens_new(existing, event_id=event.event_id, event_time=event.time, changed=result.changed):
+            return existing
+        if existing is not None and not existing.ended:  # one record per run: the new one replaces it
+            self._count_end("superseded")
+            self._log.info("follow-up superseded", run=existing.run, event_id=existing.event_id,
+                           by=event.event_id, stage=existing.stage)
+        if event.kind is Kind.CAPACITY_BLOCK_EXPIRY and event.capacity_reservation_id:
+            target = replace(target, facts=replace(target.facts, exclude=tuple(dict.fromkeys(
+                [*target.facts.exclude, event.capacity_reservation_id]))))
+        elastic = bool(result.details.get("elastic"))
+        stages = (Stage.TRAINING,) if elastic else stages_for(mode=self.options.mode, applier=result.kind)
+        durable = durable or {}
+        record = FollowUp(
+            run=target.run_key, event_id=event.event_id, kind=event.kind.value, notice_at=event.time or now,
+            opened_at=now, target=target_json(target), capacity=result.capacity.value,
+            reservation_id=result.reservation_id, stages=tuple(s.value for s in stages), stage=stages[0].value,
+            stage_since=now, unusable={k: v for k, v in (existing.unusable if existing else {}).items()
+                                       if k in unusable_now(existing, now=now)},
+            durable_step=durable.get("step") if durable.get("verified") else durable.get("resume_step"),
+            durable_world_size=durable.get("world_size") if durable.get("verified") else None,
+            elastic=elastic, version=existing.version if existing is not None else None)
+        record = await self._save(record)
+        self._log.info("follow-up opened", run=record.run, event_id=record.event_id, capacity=record.where,
+                       stages=list(record.stages))
+        return record
+
+    # ------------------------------------------------------------------ the loop
+    async def run(self) -> None:
+        """Follow until cancelled: one pass every ``interval_s`` (a failed pass is logged and retried)."""
+        while True:
+            try:
+                await self.pass_once()
+            except ResilienceError as e:
+                self._log.warning("follow-up pass failed", error=str(e))
+            await asyncio.sleep(self.options.interval_s)
+
+    async def pass_once(self) -> list[FollowUp]:
+        """One look at every open follow-up; returns the records as they are after it."""
+        now = self.clock()
+        records = []
+        for data, version in await self.store.all():
+            try:
+                records.append(FollowUp.from_json(data, version=version))
+            except ValueError as e:
+                self._log.warning("follow-up record unreadable", error=str(e))
+        after = []
+        for record in records:
+            if record.ended:
+                if record.ended_at is not None and now - record.ended_at > self.options.keep:
+                    await self.store.delete(record.run, version=record.version or "")
+                else:
+                    after.append(record)
+                continue
+            after.append(await self._follow(record))
+        self._gauge(after)
+        return after
+
+    def _gauge(self, records: list[FollowUp]) -> None:
+        if self.metrics is None:
+            return
+        now = self.clock()
+        counts = dict.fromkeys(GAUGE_STAGES, 0)
+        for r in records:
+            if not r.ended:
+                counts[State.STUCK.value if r.state == State.STUCK.value else r.stage] += 1
+        for stage, n in counts.items():
+            self.metrics.recovering.labels(stage=stage).set(n)
+        self.metrics.overdue.set(sum(overdue(r, now=now, bounds=self.options.bounds) for r in records))
+
+    async def _follow(self, record: FollowUp) -> FollowUp:
+        """One run, under its move claim; the record as it is afterwards."""
+        async with self.moving(record.run, holder=f"{self.replica}/follow-up") as held:
+            if not held:
+                return record  # another replica follows or moves it now
+            try:
+                fresh = await self.read(record.run)
+                if fresh is None or fresh.ended or fresh.event_id != record.event_id:
+                    return fresh or record
+                try:
+                    return await self._step(fresh)
+                except (PermanentError, ValueError, KeyError) as e:  # the run is gone, cannot be moved or
+                    # decided for (a fact missing): nothing more to try; said on the run and notified
+                    return await self._stuck(fresh, f"the follow-up cannot go on: {type(e).__name__}: {e}")
+            except ResilienceError as e:
+                self._log.warning("follow-up step failed", run=record.run, error=str(e))
+                return record
+
+    async def _step(self, record: FollowUp) -> FollowUp:
+        if record.moving is not None:
+            record = await self._move(record)
+            if record.ended or record.state == State.STUCK.value:
+                return record
+        if record.state == State.STUCK.value:  # watched for training, never moved again
+            seen = await self._training(record)
+            return await self._act(record, seen, Judgement("resumed" if seen.reached else "wait", seen.detail))
+        while True:
+            seen = await self._look(record)
+            verdict = judge(record, seen, now=self.clock(), bounds=self.options.bounds,
+                            max_fallbacks=self.options.max_fallbacks)
+            if verdict.action == "advance":
+                record = await self._advance(record, seen)
+                continue
+            return await self._act(record, seen, verdict)
+
+    async def _act(self, record: FollowUp, seen: StageSeen, verdict: Judgement) -> FollowUp:
+        if verdict.action == "resumed":
+            return await self._resumed(record, seen)
+        if verdict.action == "fall_back":
+            return await self._fall_back(record, verdict.reason)
+        if verdict.action == "stuck":
+            return await self._stuck(record, verdict.reason)
+        if record.evidence != seen.detail:  # wait; keep the evidence for status (no write when unchanged)
+            record = await self._save(replace(record, evidence=seen.detail))
+        return record
+
+    async def _advance(self, record: FollowUp, seen: StageSeen) -> FollowUp:
+        now = self.clock()
+        stages = list(record.stages)
+        following = stages[stages.index(record.stage) + 1]
+        self._log.info("follow-up stage reached", run=record.run, stage=record.stage, detail=seen.detail)
+        return await self._save(replace(record, stage=following, stage_since=now, evidence=None,
+                                        reached={**record.reached, record.stage: (seen.at or now).isoformat()}))
+
+    # ------------------------------------------------------------------ looks
+    async def _look(self, record: FollowUp) -> StageSeen:
+        stage = Stage(record.stage)
+        if stage is Stage.TRAINING:
+            return await self._training(record)
+        target = target_from(record.target)
+        capacity = Capacity(record.capacity)
+        if stage is Stage.ADMITTED:
+            return await self.progress.admitted(target, capacity=capacity, reservation_id=record.reservation_id)
+        return await self.progress.placed(target, capacity=capacity, reservation_id=record.reservation_id,
+                                          since=record.stage_since)
+
+    async def _training(self, record: FollowUp) -> StageSeen:
+        """The first attempt that trained a step after the notice, from the trainer's resume records."""
+        uri = record.target.get("checkpoint_uri")
+        if not uri or self.objects is None:
+            return StageSeen(False, "training cannot be seen: " + ("the run names no checkpoint URI (annotation "
+                             "resilienced.io/checkpoint-uri)" if not uri else "no object store configured"))
+        bucket, prefix = parse_s3_uri(uri)
+        folder = f"{prefix}{resume.FOLDER}/"
+        after_ms = int(record.notice_at.timestamp() * 1000)
+        names = sorted(o.key for o in await self.objects.list(bucket=bucket, prefix=folder)
+                       if resume.is_record_name(o.key[len(folder):]) and int(o.key[len(folder):][:13]) >= after_ms)
+        short = []
+        for key in names:
+            try:
+                found = resume.parse(await self.objects.get(bucket=bucket, key=key), where=f"s3://{bucket}/{key}")
+            except ObjectNotFound:
+                continue  # pruned since the listing
+            except ValueError as e:
+                short.append(str(e))
+                continue
+            why = self._short_of(record, found)
+            if why is None:
+                return _trains(record, found)
+            short.append(why)
+        detail = "no attempt has trained a step since the notice" if not names else "; ".join(short[-3:])
+        return StageSeen(False, detail, facts={"attempts_after_notice": len(names)})
+
+    def _short_of(self, record: FollowUp, found: resume.ResumeRecord) -> str | None:
+        """Why an attempt does not count as the run training again (None: it counts)."""
+        if found.world_size < found.min_world_size:
+            return f"attempt {found.attempt_id[:8]} trained at world size {found.world_size}, below its minimum {found.min_world_size}"
+        elastic = bool((record.target.get("facts") or {}).get("elastic"))
+        if not elastic and record.durable_world_size and found.world_size < record.durable_world_size:
+            return (f"attempt {found.attempt_id[:8]} trained at world size {found.world_size}, smaller than the "
+                    f"{record.durable_world_size} the run saved at")
+        return None
+
+    # ------------------------------------------------------------------ ends and moves
+    async def _resumed(self, record: FollowUp, seen: StageSeen) -> FollowUp:
+        now = self.clock()
+        at = seen.at or now
+        record = await self._save(replace(
+            record, state=State.RESUMED.value, ended_at=now, reason=seen.detail, evidence=None,
+            reached={**record.reached, Stage.TRAINING.value: at.isoformat()},
+            resumed={**seen.facts, "at": at.isoformat()}))
+        seconds = record.seconds_from_notice(at)
+        self._count_end("resumed")
+        if self.metrics is not None:
+            self.metrics.training_again.observe(max(0.0, seconds))
+        message = f"run {record.run} trains again on {record.where}, {seconds:.0f}s after the notice: {seen.detail}"
+        await self._event(record, REASON_TRAINING_RESUMED, message, warning=False, key="resumed")
+        self._notify(record, outcome="resumed", reason=seen.detail, seconds=seconds)
+        self._log.info("follow-up ended: training again", run=record.run, seconds_from_notice=seconds,
+                       stages=record.stage_seconds(), fallbacks=len(record.fallbacks))
+        return record
+
+    async def _stuck(self, record: FollowUp, reason: str) -> FollowUp:
+        record = await self._save(replace(record, state=State.STUCK.value, reason=reason, moving=None))
+        self._count_end("stuck")
+        message = (f"run {record.run} is stuck at stage {record.stage} on {record.where}: {reason}; it is no "
+                   "longer moved (still watched for training)")
+        await self._event(record, REASON_RECOVERY_STUCK, message, warning=True, key="stuck")
+        self._notify(record, outcome="stuck", reason=reason)
+        self._log.warning("follow-up stuck", run=record.run, stage=record.stage, reason=reason)
+        return record
+
+    async def _fall_back(self, record: FollowUp, reason: str) -> FollowUp:
+        """Mark the stalled capacity unusable for the run, decide again, record the move, make it."""
+        now = self.clock()
+        key = stalled_key(record.capacity, record.reservation_id)
+        record = replace(record, unusable={**record.unusable, key: (now + self.options.cooldown).isoformat()})
+        n = len(record.fallbacks) + 1
+        target = target_from(record.target, exclude=unusable_now(record, now=now))
+        decision = await self.planner.fallback(target, event=self._fallback_event(record, n))
+        if not decision.places:
+            return await self._stuck(record, f"{reason}; nothing to fall back to: {decision.reason}")
+        record = await self._save(replace(record, moving={
+            "to": decision.as_json(), "event_id": self._fallback_event(record, n).event_id, "from": record.where,
+            "from_capacity": record.capacity, "stage": record.stage, "reason": reason}))
+        return await self._move(record)
+
+    async def _move(self, record: FollowUp) -> FollowUp:
+        """Apply the move ``record.moving`` names (again, if a replica died after applying it)."""
+        moving = dict(record.moving or {})
+        decision = _decision(moving["to"])
+        target = target_from(record.target, exclude=unusable_now(record, now=self.clock()))
+        if isinstance(self.requeue, Withdraws):
+            await self.requeue.withdraw(target, capacity=Capacity(record.capacity),
+                                        reservation_id=record.reservation_id)
+        event = Event(kind=Kind(record.kind), event_id=moving["event_id"], time=record.notice_at)
+        result = await self.requeue.requeue(target, decision=decision, event=event)
+        if result.refused or result.capacity is Capacity.WAIT:
+            return await self._stuck(record, f"{moving['reason']}; the move to {decision.capacity.value} "
+                                             f"did not place the run: {result.reason}")
+        now = self.clock()
+        to = result.capacity.value + (f" {result.reservation_id}" if result.reservation_id else "")
+        fallback = {"from": moving["from"], "to": to, "reason": moving["reason"], "stage": moving["stage"],
+                    "at": now.isoformat()}
+        record = await self._save(replace(
+            record, capacity=result.capacity.value, reservation_id=result.reservation_id, moving=None,
+            fallbacks=(*record.fallbacks, fallback), stage=record.stages[0], stage_since=now, reached={},
+            evidence=None))
+        if self.metrics is not None:
+            self.metrics.fallbacks.labels(**{"from": moving.get("from_capacity", moving["from"].split()[0]),
+                                             "to": result.capacity.value, "reason": moving["stage"]}).inc()
+        message = (f"run {record.run}: {moving['reason']}; moved from {moving['from']} to {to} "
+                   f"(fallback {len(record.fallbacks)} of at most {self.options.max_fallbacks})")
+        await self._event(record, REASON_RECOVERY_STALLED, message, warning=True,
+                          key=f"fallback-{len(record.fallbacks)}")
+        self._notify(record, outcome="fell back", reason=message)
+        self._log.warning("follow-up fell back", run=record.run, **fallback)
+        return record
+
+    # ------------------------------------------------------------------ helpers
+    def _fallback_event(self, record: FollowUp, n: int) -> Event:
+        return Event(kind=Kind(record.kind), event_id=f"{record.event_id}/fallback-{n}", time=record.notice_at)
+
+    async def _save(self, record: FollowUp) -> FollowUp:
+        version = await self.store.put(record.run, record.as_json(), version=record.version)
+        if version is None:
+            raise TemporaryError(f"the follow-up of {record.run} was changed by another replica; looked at again "
+                                 "next pass", delay=self.options.interval_s)
+        return replace(record, version=version)
+
+    def _count_end(self, outcome: str) -> None:
+        if self.metrics is not None:
+            self.metrics.ends.labels(outcome=outcome).inc()
+
+    async def _event(self, record: FollowUp, reason: str, message: str, *, warning: bool, key: str) -> None:
+        try:
+            await self.cluster.record(target_from(record.target), reason=reason, message=message, warning=warning,
+                                      once=f"{record.event_id}/{record.run}/{key}")
+        except ResilienceError as e:  # an Event is a courtesy: the follow-up itself is recorded
+            self._log.warning("recording an event failed", run=record.run, reason=reason, error=str(e))
+
+    def _notify(self, record: FollowUp, *, outcome: str, reason: str, seconds: float | None = None) -> None:
+        if self.notifier is None:
+            return
+        facts = record.target.get("facts") or {}
+        resumed = record.resumed or {}
+        self.notifier.submit({
+            "event_id": record.event_id, "kind": record.kind, "time": self.clock().isoformat(),
+            "instances": list(facts.get("instance_ids") or [record.target.get("instance_id")]),
+            "run": record.run, "drained": None,
+            "checkpoint_step": resumed.get("resumed_from_step", record.durable_step), "durable": None,
+            "steps_lost": None, "capacity": record.where, "capacity_reason": reason, "outcome": outcome,
+            "reason": reason, "stage": record.stage,
+            "seconds_from_notice": round(seconds) if seconds is not None else None})
+
+
+def _trains(record: FollowUp, found: resume.ResumeRecord) -> StageSeen:
+    at = datetime.fromtimestamp(found.started_at_unix, tz=timezone.utc)
+    step = ("from scratch" if found.resumed_from_step is None else f"from step {found.resumed_from_step}")
+    behind = ""
+    if record.durable_step is not None and (found.resumed_from_step or 0) < record.durable_step:
+        behind = f", older than the durable step {record.durable_step}"
+    return StageSeen(True, f"attempt {found.attempt_id[:8]} trained step {found.first_step} at world size "
+                           f"{found.world_size}, resumed {step}{behind}", at=at,
+                     facts={"resumed_from_step": found.resumed_from_step, "world_size": found.world_size,
+                            "attempt_id": found.attempt_id})
+
+
+def _decision(data: Mapping[str, Any]) -> CapacityDecision:
+    return CapacityDecision(capacity=Capacity(data["capacity"]), reason=str(data.get("reason") or ""),
+                            reservation_id=data.get("reservation_id"))

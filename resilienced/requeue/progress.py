@@ -1,0 +1,248 @@
+"""Kubernetes mode: how far a requeued run got on its way back (``ports.Progress``).
+
+Read, never written, for the follow-up (``resilienced.recovery.followup``); each look returns a
+``model.StageSeen`` whose ``detail`` is the evidence of a stall when the stage is not reached:
+
+* **admitted** (Kueue-managed runs): the run's active Workload (found as the requeuer finds it,
+  ``KueueRequeuer.find_workload``) has ``QuotaReserved`` and ``Admitted`` true, and every worker
+  PodSet was assigned flavors whose ``spec.nodeLabels`` match the decided capacity (a label the
+  flavor sets on one of the placement's keys must equal it, and it sets at least one: Kueue
+  merges those labels into the pods, ``pkg/podset/podset.go`` ``FromAssignment``, v0.19.2).  A
+  pending Workload's ``QuotaReserved`` condition message says why (``couldn't assign flavors to
+  pod set ...: insufficient quota ...``, ``pkg/scheduler/scheduler.go``).
+* **scheduled**: every worker pod of the gang (``ray.io/cluster=<the run's RayCluster>,
+  ray.io/node-type=worker``, not terminating; as many as the RayCluster's worker groups ask for,
+  ``replicas x numOfHosts``) is bound (``spec.nodeName``) to a Node carrying the decided
+  capacity's labels (``requeue.placement.Placement.node_matches``).  The evidence: pods whose
+  ``PodScheduled`` condition is ``False/Unschedulable`` (the scheduler's message), pods bound
+  elsewhere, and Karpenter's launch failures: NodeClaims whose ``Launched`` condition is false
+  (``LaunchFailed``), and ``InsufficientCapacityError`` Events on NodeClaims, which Karpenter
+  records before it deletes a NodeClaim EC2 had no capacity for
+  (kubernetes-sigs/karpenter ``pkg/controllers/nodeclaim/lifecycle/launch.go`` and ``events.go``,
+  v1.x).
+
+RBAC (``resilienced.permissions``): ``kueue.x-k8s.io resourceflavors get``, ``karpenter.sh
+nodeclaims list``, ``events list`` besides what the requeuers have.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from typing import Any
+
+from kubernetes_asyncio import client as k8s
+
+from resilienced.kube.api import JsonObj, KubeStatusError, call
+from resilienced.model import Capacity, CapacityDecision, StageSeen, Target
+from resilienced.requeue.kueue import KueueRequeuer, is_active
+from resilienced.requeue.objects import RAYCLUSTER, RAYJOB, Kind, Objects, split_key
+from resilienced.requeue.placement import Placement
+
+#: Karpenter's NodeClaim (cluster-scoped); only read where the cluster serves it.
+NODECLAIMS = ("karpenter.sh", "v1", "nodeclaims")
+#: The Event reason Karpenter records on a NodeClaim EC2 had no capacity for.
+ICE_REASON = "InsufficientCapacityError"
+#: How many pieces of evidence a detail names (the rest are counted).
+EVIDENCE = 3
+
+
+def _condition(obj: Mapping[str, Any], kind: str) -> Mapping[str, Any]:
+    return next((c for c in (obj.get("status") or {}).get("conditions") or [] if c.get("type") == kind), {})
+
+
+def _true(obj: Mapping[str, Any], kind: str) -> bool:
+    return _condition(obj, kind).get("status") == "True"
+
+
+def flavor_matches(node_labels: Mapping[str, str], placement: Placement) -> bool:
+    """Whether a flavor with ``node_labels`` puts pods on ``placement``'s capacity."""
+    shared = [k for k in placement.node_selector if k in node_labels]
+    return bool(shared) and all(node_labels[k] == placement.node_selector[k] for k in shared)
+
+
+def _listed(items: Sequence[str], what: str) -> str:
+    if not items:
+        return ""
+    more = f" and {len(items) - EVIDENCE} more" if len(items) > EVIDENCE else ""
+    return f"; {what}: " + "; ".join(items[:EVIDENCE]) + more
+
+
+class KubeProgress:
+    """``ports.Progress`` on the Kubernetes API (the requeuers' client).
+
+    Args:
+        api_client: the daemon's client.
+        kueue: the Kueue requeuer, whose Workload lookup and served version are used.
+    """
+
+    def __init__(self, api_client: k8s.ApiClient, *, kueue: KueueRequeuer, request_timeout_s: float = 10.0) -> None:
+        self.objects = Objects(api_client, request_timeout_s=request_timeout_s)
+        self.kueue = kueue
+        self._custom = k8s.CustomObjectsApi(api_client)
+        self._core = k8s.CoreV1Api(api_client)
+        self._timeout = request_timeout_s
+
+    def _opts(self) -> dict[str, Any]:
+        return {"_preload_content": False, "_request_timeout": self._timeout}
+
+    # ------------------------------------------------------------------ admitted
+    async def admitted(self, target: Target, *, capacity: Capacity, reservation_id: str | None) -> StageSeen:
+        placement = _placement(capacity, reservation_id)
+        kind, namespace, name = _job_of(target)
+        job = await self.objects.find(kind, namespace, name)
+        if job is None:
+            return StageSeen(False, f"{kind.kind} {namespace}/{name} is gone")
+        wl = await self.kueue.find_workload(job, kind)
+        if wl is None:
+            return StageSeen(False, f"Kueue has no Workload for {kind.kind} {namespace}/{name}")
+        wl_name = f"Workload {namespace}/{wl['metadata']['name']}"
+        if not is_active(wl):
+            return StageSeen(False, f"{wl_name} is deactivated")
+        if not (_true(wl, "QuotaReserved") and _true(wl, "Admitted")):
+            why = _condition(wl, "QuotaReserved")
+            return StageSeen(False, f"{wl_name} is pending: QuotaReserved={why.get('status', 'unset')}"
+                                    f" ({why.get('reason') or '-'}: {why.get('message') or 'no message'})")
+        workers = {str(g.get("groupName", "")).lower() for g in _worker_groups(job, kind)}
+        flavors: dict[str, Mapping[str, str] | None] = {}
+        for assignment in ((wl.get("status") or {}).get("admission") or {}).get("podSetAssignments") or []:
+            if str(assignment.get("name", "")).lower() in workers:
+                for flavor in (assignment.get("flavors") or {}).values():
+                    if flavor not in flavors:
+                        flavors[flavor] = await self._flavor_labels(flavor)
+        wrong = [f"{f} ({', '.join(f'{k}={v}' for k, v in sorted((labels or {}).items())) or 'not found'})"
+                 for f, labels in flavors.items() if labels is None or not flavor_matches(labels, placement)]
+        if wrong or not flavors:
+            return StageSeen(False, f"{wl_name} is admitted on flavor(s) {', '.join(wrong) or 'none named'}, "
+                                    f"not on {placement.describe()}")
+        return StageSeen(True, f"{wl_name} is admitted on flavor(s) {', '.join(sorted(flavors))}",
+                         facts={"flavors": sorted(flavors)})
+
+    async def _flavor_labels(self, name: str) -> Mapping[str, str] | None:
+        version = self.kueue.workload.version
+        try:
+            flavor = await call("get", "resourceflavors.kueue.x-k8s.io", self._custom.get_cluster_custom_object(
+                "kueue.x-k8s.io", version, "resourceflavors", name, **self._opts()))
+        except KubeStatusError as e:
+            if e.status == 404:
+                return None
+            raise
+        return dict((flavor.get("spec") or {}).get("nodeLabels") or {})
+
+    # ------------------------------------------------------------------ scheduled
+    async def placed(self, target: Target, *, capacity: Capacity, reservation_id: str | None,
+                     since: datetime | None = None) -> StageSeen:
+        placement = _placement(capacity, reservation_id)
+        namespace, cluster_name, raycluster = await self._cluster_of(target)
+        pods = [p for p in await self.objects.pods(
+            namespace, label_selector=f"ray.io/cluster={cluster_name},ray.io/node-type=worker")
+            if not (p.get("metadata") or {}).get("deletionTimestamp")]
+        need = _expected_workers(raycluster) if raycluster is not None else max(len(pods), 1)
+        bound, elsewhere, pending = [], [], []
+        labels_of: dict[str, dict[str, str] | None] = {}
+        for pod in pods:
+            pod_name, node = pod["metadata"]["name"], (pod.get("spec") or {}).get("nodeName")
+            if not node:
+                why = _condition(pod, "PodScheduled")
+                pending.append(f"{pod_name} {why.get('reason') or 'Pending'}: {why.get('message') or 'not scheduled yet'}")
+                continue
+            if node not in labels_of:
+                labels_of[node] = await self.objects.node_labels(node)
+            if placement.node_matches(labels_of[node]):
+                bound.append(pod_name)
+            else:
+                elsewhere.append(f"{pod_name} on Node {node} ({_capacity_of(labels_of[node])})")
+        if len(bound) >= need and not elsewhere:
+            return StageSeen(True, f"{len(bound)} worker pod(s) of RayCluster {namespace}/{cluster_name} are "
+                                   f"bound to Nodes with {placement.describe()}", facts={"pods": len(bound)})
+        detail = (f"{len(bound)} of {need} worker pod(s) of RayCluster {namespace}/{cluster_name} bound to "
+                  f"Nodes with {placement.describe()}" + _listed(pending, "unscheduled")
+                  + _listed(elsewhere, "elsewhere")
+                  + _listed(await self._launch_failures(placement, since=since), "Karpenter"))
+        return StageSeen(False, detail, facts={"pods": len(bound), "need": need})
+
+    async def _cluster_of(self, target: Target) -> tuple[str, str, JsonObj | None]:
+        """(namespace, RayCluster name, the RayCluster or None): a RayJob's current cluster (Kueue
+        deletes and recreates it), else the target's; a Volcano run has none (its pods carry the name)."""
+        if target.ray_job and not target.facts.volcano_job:
+            namespace, name = split_key(target.ray_job, what="target.ray_job")
+            job = await self.objects.find(RAYJOB, namespace, name)
+            current = ((job or {}).get("status") or {}).get("rayClusterName")
+            if current:
+                return namespace, current, await self.objects.find(RAYCLUSTER, namespace, current)
+        namespace, name = split_key(target.ray_cluster or "", what="target.ray_cluster")
+        if target.facts.volcano_job:
+            return namespace, name, None
+        return namespace, name, await self.objects.find(RAYCLUSTER, namespace, name)
+
+    async def _launch_failures(self, placement: Placement, *, since: datetime | None) -> list[str]:
+        """NodeClaims of the placement's capacity that did not launch, and Karpenter's ICE Events."""
+        found = []
+        group, version, plural = NODECLAIMS
+        try:
+            claims = await call("list", f"{plural}.{group}", self._custom.list_cluster_custom_object(
+                group, version, plural, **self._opts()))
+        except KubeStatusError as e:
+            if e.status not in (403, 404):  # not served (no Karpenter), or not granted
+                raise
+            claims = {}
+        for claim in claims.get("items") or []:
+            launched = _condition(claim, "Launched")
+            if launched.get("status") == "False" and _claims_capacity(claim, placement):
+                found.append(f"NodeClaim {claim['metadata']['name']} {launched.get('reason')}: {launched.get('message')}")
+        events = await call("list", "events", self._core.list_event_for_all_namespaces(
+            field_selector=f"involvedObject.kind=NodeClaim,reason={ICE_REASON}", **self._opts()))
+        for event in events.get("items") or []:
+            when = event.get("lastTimestamp") or event.get("eventTime") or event.get("firstTimestamp")
+            if since is None or (when and _after(when, since)):
+                found.append(f"{ICE_REASON}: {event.get('message')}")
+        return found
+
+
+def _placement(capacity: Capacity, reservation_id: str | None) -> Placement:
+    return Placement.for_decision(CapacityDecision(capacity, "follow-up", reservation_id=reservation_id))
+
+
+def _job_of(target: Target) -> tuple[Kind, str, str]:
+    if target.ray_job:
+        return (RAYJOB, *split_key(target.ray_job, what="target.ray_job"))
+    return (RAYCLUSTER, *split_key(target.ray_cluster or "", what="target.ray_cluster"))
+
+
+def _worker_groups(obj: Mapping[str, Any], kind: Kind) -> list[Mapping[str, Any]]:
+    spec = obj.get("spec") or {}
+    if kind is RAYJOB:
+        spec = spec.get("rayClusterSpec") or {}
+    return list(spec.get("workerGroupSpecs") or [])
+
+
+def _expected_workers(raycluster: Mapping[str, Any]) -> int:
+    """Worker pods KubeRay keeps: ``replicas x numOfHosts`` per group that is not suspended."""
+    total = 0
+    for group in _worker_groups(raycluster, RAYCLUSTER):
+        if group.get("suspend"):
+            continue
+        total += int(group.get("replicas") or 0) * int(group.get("numOfHosts") or 1)
+    return max(total, 1)
+
+
+def _capacity_of(labels: Mapping[str, str] | None) -> str:
+    if labels is None:
+        return "gone"
+    return ", ".join(f"{k}={v}" for k, v in sorted(labels.items()) if "capacity" in k) or "no capacity labels"
+
+
+def _claims_capacity(claim: Mapping[str, Any], placement: Placement) -> bool:
+    """Whether a NodeClaim's requirements ask for the placement's capacity type."""
+    for req in (claim.get("spec") or {}).get("requirements") or []:
+        key = req.get("key")
+        if key in placement.node_selector and req.get("operator") == "In":
+            return placement.node_selector[key] in (req.get("values") or [])
+    return False
+
+
+def _after(when: str, since: datetime) -> bool:
+    try:
+        return datetime.fromisoformat(when.replace("Z", "+00:00")) >= since
+    except ValueError:
+        return True
