@@ -125,6 +125,7 @@ class RayNode:
     alive: bool
     is_head: bool = False
     draining_deadline_ms: int | None = None
+    started_ms: int | None = None  # when the node registered with the GCS (unix ms; None: unknown)
 
 
 @dataclass(frozen=True)

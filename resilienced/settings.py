@@ -372,6 +372,13 @@ class RecoverySettings(Group):
         600.0, parse=seconds, metavar="S",
         help="Drain deadline given when an event has none (rebalance with checkpoint-ahead), in "
              "seconds (10-86400).")
+    node_join_seconds: tuple[str, ...] = option(
+        (), parse=lambda v: _join_priors(v), metavar="S|KIND=S,...",
+        help="Elastic runs: how long a replacement node takes to join the Ray cluster (launch, "
+             "boot, image pull, ray start), in seconds (1-3600), for all capacity kinds (240) or "
+             "per kind (spot=240,on-demand=180,capacity-block=120). Used until the daemon has "
+             "measured joins of that kind in the cluster; unset: no estimate before one is "
+             "measured (the run then shrinks at once). docs/requeue.md, \"Elastic runs\".")
 
     def validate(self) -> None:
         if self.export_mode == "task":
@@ -383,6 +390,13 @@ class RecoverySettings(Group):
         _require_range("--durable-grace-seconds", self.durable_grace_seconds, 0, 3600, "s")
         _require_range("--durable-poll-seconds", self.durable_poll_seconds, 0.05, 60, "s")
         _require_range("--checkpoint-ahead-seconds", self.checkpoint_ahead_seconds, 10, 86400, "s")
+        for kind, value in self.node_join_priors.items():
+            _require_range(f"--node-join-seconds ({kind})", value, 1, 3600, "s")
+
+    @property
+    def node_join_priors(self) -> dict[str, float]:
+        """``--node-join-seconds`` as {capacity kind: seconds}."""
+        return {kind: float(value) for kind, value in (item.split("=", 1) for item in self.node_join_seconds)}
 
     def export_paths(self, checkpoint_uri: str) -> list[str]:
         """The FSx path(s) an export task exports for a run whose checkpoints are at ``checkpoint_uri``."""
@@ -521,6 +535,25 @@ class FollowUpSettings(Group):
 
 
 # --------------------------------------------------------------------------- all groups
+_JOIN_KINDS = ("spot", "capacity-block", "on-demand")
+
+
+def _join_priors(value: str) -> tuple[str, ...]:
+    """``240`` or ``spot=240,on-demand=180`` -> ("capacity-block=240", ...): one per kind given."""
+    items = [v.strip() for v in value.split(",") if v.strip()]
+    if len(items) == 1 and "=" not in items[0]:
+        return tuple(f"{kind}={seconds(items[0])}" for kind in _JOIN_KINDS)
+    out = {}
+    for item in items:
+        kind, sep, number = item.partition("=")
+        kind = kind.strip().lower()
+        if not sep or kind not in _JOIN_KINDS:
+            raise ValueError(f"expected seconds or KIND=seconds with KIND one of {', '.join(_JOIN_KINDS)}, "
+                             f"got {item!r}")
+        out[kind] = seconds(number)
+    return tuple(f"{kind}={out[kind]}" for kind in sorted(out))
+
+
 @dataclass(frozen=True)
 class Settings:
     """Every group the daemon reads.  Build with :meth:`from_args`, then :meth:`validate` once."""

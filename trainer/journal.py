@@ -11,7 +11,10 @@ counts steps trained twice).
 ``preemption_notice``      ``step``, ``deadline_ms`` (unix ms or null), ``source`` ("ray"|"sigterm")
 ``checkpoint_committed``   ``step``, ``reason``, ``path``, ``save_seconds``
 ``checkpoint_rejected``    ``path``, ``why``
-``waiting_for_teardown``   ``step``
+``resize_requested``       ``step`` (Ray Train is about to grow an elastic run: the ranks save it)
+``waiting_for_teardown``   ``step`` (recorded once the last save is committed, before it is reported)
+``restarted``              ``seconds``, ``kind``, ``world_size``, ``phases``, ``decision`` (an elastic
+                           run's new group trained its first step: ``trainer.restarts``)
 ``finished``               ``step``
 =========================  ====================================================================
 
@@ -35,6 +38,7 @@ EVENTS = (
     "checkpoint_rejected",
     "resize_requested",
     "waiting_for_teardown",
+    "restarted",
     "finished",
 )
 

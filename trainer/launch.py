@@ -39,7 +39,10 @@ RAY_TRAIN_DIR = ".ray-train"
 
 #: Set for the Ray Train controller (and propagated by it) unless already set: Ray's default
 #: poll of the GCS drain state is every 5 s; 0.5 s gets the notice to the ranks ~1 s after a drain.
-RAY_ENV_DEFAULTS = {"RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S": "0.5"}
+#: The controller polls its workers every ``RAY_TRAIN_HEALTH_CHECK_INTERVAL_S`` (Ray's default 2 s),
+#: and that poll is when it sees a preemption deadline pass or considers a resize: 0.5 s starts a
+#: restart ~0.75 s sooner on average (docs/benchmarks.md, issue #24).
+RAY_ENV_DEFAULTS = {"RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S": "0.5", "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.5"}
 
 
 # ---------------------------------------------------------------------- Ray
@@ -80,12 +83,16 @@ def run_with_ray(cfg: TrainConfig) -> int:
     root = cfg.checkpoint_dir
     root.mkdir(parents=True, exist_ok=True)
     resources = {"CPU": 1, **({"GPU": 1} if cfg.use_gpu else {})}
-    callbacks = []
+    from trainer.warmup import WarmupCallback
+
+    # every new worker imports FSDP2 and DCP while Ray Train still sets the group up (trainer.warmup)
+    callbacks: list[Any] = [WarmupCallback(("trainer.loop", "torch.distributed.fsdp", "torch._dynamo"))]
     if cfg.elastic:
         from trainer.elastic import ElasticCallback
 
         callbacks.append(ElasticCallback(root, max_workers=cfg.num_workers,
-                                         save_timeout_s=cfg.resize_save_timeout_s))
+                                         save_timeout_s=cfg.resize_save_timeout_s,
+                                         resize_interval_s=cfg.resize_interval_s))
     trainer_ = TorchTrainer(
         ray_train_fn,
         train_loop_config=cfg.as_dict(),

@@ -45,7 +45,7 @@ from trainer.checkpoint import (
     verify,
     write_manifest,
 )
-from trainer import resize, resume
+from trainer import resize, restarts, resume
 from trainer.config import PreemptionConfig
 from trainer.data import batch_share, loss_weight
 from trainer.errors import CheckpointError, CorruptCheckpoint, UsageError
@@ -95,7 +95,9 @@ class Checkpointer:
             notice they agree after every step.
         on_event: called as ``on_event(name, **fields)`` on every rank for ``checkpoint_committed``
             (step, reason, path, save_seconds), ``checkpoint_rejected`` (path, why),
-            ``preemption_notice`` (step, deadline_ms, source) and ``waiting_for_teardown`` (step).
+            ``preemption_notice`` (step, deadline_ms, source), ``resize_requested`` (step),
+            ``waiting_for_teardown`` (step) and, on rank 0 of an elastic run's new worker group,
+            ``restarted`` (seconds, kind, world_size, phases, decision: ``trainer.restarts``).
         min_world_size: the smallest world size the run trains at (an elastic run's minimum;
             None: this attempt's world size, a fixed-size run).  Written in the resume record
             (``trainer.resume``) rank 0 leaves under ``root`` when the attempt trains its first
@@ -129,6 +131,7 @@ class Checkpointer:
         on_event: EventHook | None = None,
         min_world_size: int | None = None,
     ) -> None:
+        self._marks = {"checkpointer_init": time.time()}  # this (re)start's milestones (trainer.restarts)
         if min_world_size is not None and (not isinstance(min_world_size, int) or isinstance(min_world_size, bool)
                                            or min_world_size < 1):
             raise UsageError(f"min_world_size must be a positive int or None, got {min_world_size!r}")
@@ -177,6 +180,7 @@ class Checkpointer:
         self._entries_key: tuple[tuple[str, int], ...] = ()
         self._entries: dict[str, Any] = {}
         self._left = time.perf_counter()  # when the last call returned: a step starts there
+        self._marks["checkpointer_ready"] = time.time()
         self._min_world_size = min_world_size
         self._resume_written = False
 
@@ -190,6 +194,7 @@ class Checkpointer:
         if self.step is not None:
             raise UsageError("restore() was called already; call it once, before the first after_step()")
         entries = self._entries_of(state)
+        self._marks["restore_start"] = time.time()
         point, rejected = self._store.broadcast_resume()
         for r in rejected:
             if self.rank == 0:
@@ -208,6 +213,7 @@ class Checkpointer:
             log.info(f"restored step={step} path={point.path} world_size={point.manifest.world_size}")
         self.step = step
         self._last_saved = step if point is not None else None
+        self._marks["restore_end"] = time.time()
         self._left = time.perf_counter()
         return step
 
@@ -219,6 +225,8 @@ class Checkpointer:
         return (it waits to be torn down).
         """
         self._check_step(step)
+        if "first_step" not in self._marks:
+            self._measure_restart()
         entries = self._entries_of(state)
         previous, self.step = self.step, step
         if not self._resume_written:
@@ -251,6 +259,22 @@ class Checkpointer:
         entries = self._entries_of(state)
         self._save_now("final", entries)
         self._finished = True
+
+    def _measure_restart(self) -> None:
+        """Rank 0, at the first step of this group: what its (re)start cost, when Ray Train's
+        controller started a clock for it (``trainer.elastic.ElasticCallback``; ``trainer.restarts``)."""
+        self._marks["first_step"] = time.time()
+        if self.rank != 0:
+            return
+        try:
+            cost = restarts.measure(self.root, marks=self._marks, world_size=self.world_size)
+        except OSError as e:  # a figure, never a reason to stop training
+            log.warning(f"restart not measured error={e!r}")
+            return
+        if cost is not None:
+            self._event("restarted", seconds=cost["seconds"], kind=cost["kind"], world_size=self.world_size,
+                        phases=cost["phases"], decision=cost["decision"])
+            log.info(f"restart measured seconds={cost['seconds']} kind={cost['kind']} phases={cost['phases']}")
 
     def _write_resume_record(self, step: int, *, restored: int | None) -> None:
         """Rank 0, at the attempt's first step: the resume record (``trainer.resume``).  A failed
@@ -353,8 +377,7 @@ class Checkpointer:
 
     def _hold(self, entries: dict[str, Any]) -> NoReturn:
         """Save the step if it is not saved, then train nothing more: wait to be torn down."""
-        self._save_now("preemption", entries)
-        self._event("waiting_for_teardown", step=self.step)
+        self._save_now("preemption", entries, saved=self._held)
         log.warning(f"saved; training no further step before the deadline step={self.step}")
         # A Ray drain ends in Ray's teardown; a bare SIGTERM asked this process to go.
         self._runtime.wait_for_teardown(
@@ -369,10 +392,15 @@ class Checkpointer:
         # waits for the answer and consumes no report meanwhile, so a report could block (its
         # queue holds one) and the answer would never come
         self._save_now("resize", entries, saved=self._answer_resize)
-        self._event("waiting_for_teardown", step=self.step)
         self._runtime.wait_for_teardown(deadline_ms=None, timeout_s=self._grace["teardown"])
 
+    def _held(self) -> None:
+        """The last save is committed: say so before anything else (reporting it, answering a
+        resize), because from then on the teardown may come at any moment and end this process."""
+        self._event("waiting_for_teardown", step=self.step)
+
     def _answer_resize(self) -> None:
+        self._held()  # recorded before the answer: the controller tears the group down once answered
         if self._resize_id is not None:  # rank 0
             resize.answer(self.root, request_id=self._resize_id, step=self.step or 0)
 

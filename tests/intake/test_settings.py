@@ -105,3 +105,15 @@ def test_kueue_api_version_is_discovered_by_default_or_forced():
     assert settings(["--kueue-api-version", "V1BETA2"]).mode.kueue_api_version == "v1beta2"
     with pytest.raises(ConfigError, match="--kueue-api-version.*expected one of auto, v1beta2, v1beta1"):
         settings(["--kueue-api-version", "v1alpha1"])
+
+
+def test_node_join_seconds_is_one_figure_for_every_kind_or_one_per_kind():
+    assert settings().recovery.node_join_priors == {}
+    assert settings(["--node-join-seconds", "240"]).recovery.node_join_priors == {
+        "spot": 240.0, "capacity-block": 240.0, "on-demand": 240.0}
+    assert settings([], {"RESILIENCED_NODE_JOIN_SECONDS": "spot=300, On-Demand=90"}).recovery.node_join_priors == {
+        "spot": 300.0, "on-demand": 90.0}
+    with pytest.raises(ConfigError, match="--node-join-seconds.*KIND one of spot, capacity-block, on-demand"):
+        settings(["--node-join-seconds", "reserved=60"])
+    with pytest.raises(ConfigError, match=r"--node-join-seconds \(spot\)"):
+        settings(["--node-join-seconds", "spot=0"]).recovery.validate()

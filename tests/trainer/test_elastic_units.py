@@ -68,6 +68,9 @@ def test_a_resize_request_saves_the_step_the_ranks_are_on_and_a_larger_world_res
     assert [h["trained"] for h in held] == [[1, 2, 3, 4]] * 2
     assert all(h["events"][-3:] == ["resize_requested", "checkpoint_committed", "waiting_for_teardown"] for h in held)
     assert held[0]["answered"] == 4 == resize.answered(root, "req-1")
+    # rank 0 says it holds before it answers: once answered, Ray Train's controller tears the group
+    # down at any moment, and a hold recorded after the answer could be lost (issue #25)
+    assert held[0]["answered_at_event"]["waiting_for_teardown"] is None
     manifest = verify(root / "step-4")
     assert (manifest.reason, manifest.world_size) == ("resize", 2)
     assert resize.pending(root) is None  # answered: the request is not taken again
@@ -77,3 +80,28 @@ def test_a_resize_request_saves_the_step_the_ranks_are_on_and_a_larger_world_res
     assert [g["outcome"] for g in grown] == ["finished"] * 3
     assert [g["restored"] for g in grown] == [4] * 3
     assert [g["trained"] for g in grown] == [list(range(5, 11))] * 3  # no step trained twice
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("batch", [12, 8], ids=["even-shares", "uneven-shares-weighted"])
+def test_a_world_size_change_is_exact_up_to_float_rounding(tmp_path: Path, batch: int) -> None:
+    """Why an elastic run's float32 losses drift from the fixed-size run's (issue #24): not a real
+    difference.  In float64 the run that goes 3 -> 2 -> 3 ranks (DCP resharding model and AdamW
+    state at each change) trains the steps of one rank within rel 1e-12 (measured ~1e-15), so the
+    data shares, the loss weights, the optimizer state after a reshard and the learning rate
+    are the same; in float32 the same runs differ from step to step by the rounding of another
+    world size's reduction order (the test above), which the run amplifies over the steps (measured
+    2.6e-7 after 200 steps here; 1.7e-4 after 520 steps of the drill's model, seed 5: docs/benchmarks.md)."""
+    def run(schedule: list[tuple[int, int]], dtype: str) -> dict[int, float]:
+        root = tmp_path / f"{dtype}-{'-'.join(str(w) for w, _ in schedule)}"
+        losses: dict[int, float] = {}
+        for world_size, stop in schedule:
+            results = run_ranks(elastic_ranks.train_segment, world_size, str(root), stop, dtype, batch)
+            losses.update(results[0].unwrap()["losses"])
+        return losses
+
+    one = run([(1, 30)], "float64")
+    elastic = run([(3, 10), (2, 20), (3, 30)], "float64")
+    assert sorted(elastic) == list(range(1, 31))
+    worst = max(abs(elastic[s] - one[s]) / abs(one[s]) for s in one)
+    assert worst < 1e-12, worst

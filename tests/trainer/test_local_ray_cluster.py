@@ -97,3 +97,27 @@ def test_a_redis_backed_cluster_survives_its_gcs_killed_and_its_head_restarted()
         assert cluster.processes() == []
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+def test_a_terminated_node_leaves_the_gcs_itself_and_a_killed_one_is_found_by_its_health_checks(
+        ray_cluster: LocalRayCluster) -> None:
+    """``terminate_node`` plays EC2's default terminate (a graceful OS shutdown: SIGTERM, then
+    SIGKILL): the raylet unregisters, so the GCS knows at once (an elastic restart waits for that);
+    ``kill_node`` is a power cut, which the GCS learns only when the node misses its heartbeats."""
+    from ray.core.generated.common_pb2 import NodeDeathInfo
+
+    def death(node_id: str) -> tuple[str, str] | None:
+        with ray_cluster._gcs() as raw:
+            info = {(k if isinstance(k, str) else k.hex()): v for k, v in raw.get_all_node_info(timeout=10).items()}
+        node = info[node_id]
+        return None if node.state == 0 else (NodeDeathInfo.Reason.Name(node.death_info.reason),
+                                             node.death_info.reason_message)
+
+    for end, reason in ((ray_cluster.terminate_node, "EXPECTED_TERMINATION"),
+                        (ray_cluster.kill_node, "UNEXPECTED_TERMINATION")):
+        node = ray_cluster.add_node(labels={INSTANCE_ID_LABEL: f"i-0{reason[:10].lower().replace('_', '')}"}, num_cpus=1)
+        end(node)
+        ray_cluster.wait_for(lambda nodes: not any(n.alive for n in nodes if n.node_id == node.node_id),
+                             timeout_s=60, what=f"{node.name} dead")
+        seen = death(node.node_id)
+        assert seen is not None and seen[0] == reason, seen
