@@ -27,7 +27,7 @@ from resilienced.ops.permissions import CONDITIONAL_RBAC_RULES, IAM_ACTIONS, NAM
 
 from .tools import REPO, STACK, build, load_template, objects
 
-pytestmark = pytest.mark.unit
+pytestmark = pytest.mark.integration  # kubectl kustomize (tools.build)
 
 DAEMON_NAMESPACE = "resilienced"
 DAEMON_SA = {"kind": "ServiceAccount", "name": "resilienced", "namespace": DAEMON_NAMESPACE}

@@ -18,6 +18,8 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.support import layers
+
 REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "deploy"
 KUBERNETES = DEPLOY / "kubernetes"
@@ -55,9 +57,17 @@ def run(args: list[str], *, input: str | None = None, timeout: float = 300,
                           cwd=REPO, env={**os.environ, **(env or {})})
 
 
-@cache
 def build(name: str) -> tuple[dict[str, Any], ...]:
-    """``kubectl kustomize`` of one target, as parsed objects (cached per session)."""
+    """``kubectl kustomize`` of one target, as parsed objects (rendered once per session).
+
+    Each call counts as the tool's run for the test layers (tests/support/layers.py): whether the
+    process starts in this test or an earlier one rendered it depends on the order tests run in."""
+    layers.started("integration", f"kubectl kustomize {name} (rendered once per session)")
+    return _build(name)
+
+
+@cache
+def _build(name: str) -> tuple[dict[str, Any], ...]:
     done = run([tool("kubectl"), "kustomize", str(BUILDS[name])], timeout=120)
     assert done.returncode == 0, f"kubectl kustomize {BUILDS[name]} failed:\n{done.stderr}"
     return tuple(doc for doc in yaml.safe_load_all(done.stdout) if doc)
