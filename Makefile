@@ -37,6 +37,7 @@ bench: $(STAMP)
 	$(PY) bench/checkpoint.py
 	$(PY) bench/drill.py
 	$(PY) bench/notify.py
+	$(PY) bench/settings.py
 
 # The full reliability campaign (docs/reliability.md); its quick form runs in `make test`
 # (tests/chaos/test_campaign.py).

@@ -83,8 +83,9 @@ from prometheus_client import CollectorRegistry  # noqa: E402
 from resilienced import log  # noqa: E402
 from resilienced.aws.sqs import SqsQueue  # noqa: E402
 from resilienced.claims import MemoryClaims  # noqa: E402
-from resilienced.consumer import Consumer  # noqa: E402
-from resilienced.kube import KubeCluster, KubeLeaseClaims, KubeOptions  # noqa: E402
+from resilienced.consumer.loop import Consumer  # noqa: E402
+from resilienced.kube.cluster import KubeCluster, KubeOptions  # noqa: E402
+from resilienced.kube.leases import KubeLeaseClaims  # noqa: E402
 from resilienced.kube.api import call  # noqa: E402
 from resilienced.local.aws import FAKE_CREDENTIALS, MotoServer, create_queue_with_dlq  # noqa: E402
 from resilienced.model import Result  # noqa: E402
@@ -402,6 +403,7 @@ class Stack:
     emulator: Emulator
     api: k8s.ApiClient
     kube: KubeCluster
+    gcs: RecordingGcs  # the KubeCluster's GCS controls: it counts their node listings
 
     async def close(self) -> None:
         try:
@@ -424,7 +426,7 @@ async def start_stack(world: World, gcs: RecordingGcs, *, replica: str) -> tuple
     emulator = Emulator(world).start()
     api = k8s.ApiClient(k8s.Configuration(host=emulator.url))
     kube = KubeCluster(api, ray_control_factory=gcs, replica=replica, options=KubeOptions())
-    stack = Stack(emulator=emulator, api=api, kube=kube)
+    stack = Stack(emulator=emulator, api=api, kube=kube, gcs=gcs)
     try:
         await kube.start()
         await kube.wait_ready(timeout=60)
@@ -479,7 +481,7 @@ async def run_burst(*, world: World, sqs: Any, endpoint: str, claims_kind: str, 
         calls = stack.emulator.log()[before:]
         result.burst_calls = Counter((v, r) for v, r, _ in calls)
         result.burst_errors = Counter(f"{v} {r} {s}" for v, r, s in calls if s >= 400)
-        result.gcs_listings = stack.kube.gcs_calls
+        result.gcs_listings = stack.gcs.listings
         for reason, kind, count in stack.emulator.events():
             row = result.events_recorded.setdefault(f"{reason} on {kind}", {"objects": 0, "count": 0})
             row["objects"] += 1
@@ -611,7 +613,7 @@ async def compare_locate(*, world: World, stack: Stack) -> dict[str, Any]:
         assert [p["metadata"]["name"] for p in pods["items"]] == [w.pod]
 
     for name, locate in (("cached", cached), ("naive_by_name", naive_by_name), ("naive_full_list", naive_full_list)):
-        before, gcs_before = len(emulator.log()), kube.gcs_calls
+        before, gcs_before = len(emulator.log()), stack.gcs.listings
         times = []
         cpu = time.process_time()
         start = time.perf_counter()
@@ -627,7 +629,7 @@ async def compare_locate(*, world: World, stack: Stack) -> dict[str, Any]:
                      "p50_s": percentile(times, 50), "p99_s": percentile(times, 99),
                      "api_calls": len(calls), "api_calls_per_event": len(calls) / len(times),
                      "calls": {f"{v} {r}": n for (v, r), n in sorted(Counter((v, r) for v, r, _ in calls).items())},
-                     "gcs_listings": kube.gcs_calls - gcs_before}
+                     "gcs_listings": stack.gcs.listings - gcs_before}
     return out
 
 

@@ -296,7 +296,7 @@ def _after_step_worker(config: dict) -> None:
     from trainer.config import TrainConfig
     from trainer.loop import _train_step
     from trainer.model import build_model, shard_model
-    from trainer.preemption import Agreement
+    from trainer.preemption import Agreed, Agreement
     from trainer.resilience import Checkpointer
     from trainer.runtime import RayRuntime
 
@@ -306,14 +306,22 @@ def _after_step_worker(config: dict) -> None:
     model = shard_model(build_model(cfg.model, seed=0), device_type="cpu", world_size=world)
     optim = torch.optim.AdamW(model.parameters(), lr=cfg.optim.lr)
     state = {"model": model, "optim": optim}
-    ckpt = Checkpointer(config["root"], every=0)  # no periodic save: what runs between saves
+    agreed = [0]  # the boundaries: the ranks' per-step agreements, counted through the seam
+
+    class CountingAgreement(Agreement):
+        def agree(self, **kwargs: object) -> Agreed:
+            agreed[0] += 1
+            return super().agree(**kwargs)
+
+    counting = type("CountingCheckpointer", (Checkpointer,), {"agreement_type": CountingAgreement})
+    ckpt = counting(config["root"], every=0)  # no periodic save: what runs between saves
     step = ckpt.restore(state)
     cpu = torch.device("cpu")
     out: dict[str, list[float]] = {"plain_step_s": [], "with_after_step_s": [], "after_step_s": [],
                                    "boundaries": []}
     for block in range(1 + config["blocks"]):  # block 0 warms up, not kept
         for use in ((False, True) if block % 2 else (True, False)):  # alternate the order
-            started, boundaries = time.perf_counter(), ckpt._boundaries
+            started, boundaries = time.perf_counter(), agreed[0]
             for _ in range(config["per_block"]):
                 _train_step(cfg, model, optim, step=step + 1, device=cpu)
                 step += 1
@@ -326,7 +334,7 @@ def _after_step_worker(config: dict) -> None:
                 key = "with_after_step_s" if use else "plain_step_s"
                 out[key].append((time.perf_counter() - started) / config["per_block"])
                 if use:
-                    out["boundaries"].append(ckpt._boundaries - boundaries)
+                    out["boundaries"].append(agreed[0] - boundaries)
     agreement, runtime = Agreement(group=dist.new_group(backend="gloo"), world_size=world), RayRuntime()
     out["poll_s"], out["agreement_s"] = [], []
     for _ in range(config["blocks"] * config["per_block"]):  # the two halves of a boundary, alone

@@ -33,10 +33,11 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
-from resilienced import intake, log
+from resilienced import log
+from resilienced.intake import pipeline as intake
 from resilienced.claims import MemoryClaims
 from resilienced.model import Target
-from resilienced.notify import Notifier, NotifyMetrics
+from resilienced.ops.notify import Notifier, NotifyMetrics
 from resilienced.ports import DrainResult, Location
 from resilienced.recovery.responder import Recovery
 from resilienced.settings import IntakeSettings

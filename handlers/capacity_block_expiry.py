@@ -30,12 +30,12 @@ names the reservation.  Plan: signal, durable, requeue, for every instance of th
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
-from resilienced import validate
+from resilienced.intake import validate
 from resilienced.capacity.decision import KARPENTER_BLOCK_DRAIN
-from resilienced.model import Envelope, Event, Kind, NodeShape, Plan, Step
+from resilienced.model import Envelope, Event, EventDetail, JsonValue, Kind, NodeShape, Plan, Step
 from resilienced.settings import IntakeSettings
 
 SOURCE = "aws.ec2"
@@ -46,6 +46,16 @@ TERMINATION_LEAD = timedelta(minutes=30)
 STEPS = (Step.SIGNAL, Step.DURABLE, Step.REQUEUE)
 
 
+@dataclass(frozen=True)
+class BlockExpiry(EventDetail):
+    """``detail.end-date``: when the Capacity Block ends (UTC)."""
+
+    end_date: datetime
+
+    def as_json(self) -> dict[str, JsonValue]:
+        return {"end_date": validate.isoformat(self.end_date)}
+
+
 def parse(envelope: Envelope, base: Event, settings: IntakeSettings) -> Event:
     detail = envelope.detail
     reservation = validate.reservation_id(detail.get("capacity-reservation-id"),
@@ -53,7 +63,7 @@ def parse(envelope: Envelope, base: Event, settings: IntakeSettings) -> Event:
     end = validate.iso_time(detail.get("end-date"), field="detail.end-date")
     deadline = validate.shift(end, -TERMINATION_LEAD, field="detail.end-date")
     return replace(base, kind=KIND, capacity_reservation_id=reservation, deadline=deadline,
-                   attributes={"end_date": validate.isoformat(end)})
+                   detail=BlockExpiry(end_date=end))
 
 
 def plan(event: Event, settings: IntakeSettings) -> Plan:
@@ -65,7 +75,6 @@ def run_deadline(plan: Plan, *, node_shape: str | None) -> datetime | None:
     """When one run's nodes go: the plan's deadline, or for an expiring block on Karpenter's nodes
     ``end-date`` - 40 min (Karpenter drains them then, ten minutes before EC2 would)."""
     event = plan.event
-    if event.kind is not KIND or node_shape != NodeShape.KARPENTER.value or not event.attributes.get("end_date"):
+    if not isinstance(event.detail, BlockExpiry) or node_shape != NodeShape.KARPENTER.value:
         return plan.deadline
-    end = validate.iso_time(event.attributes["end_date"], field="detail.end-date")
-    return end - KARPENTER_BLOCK_DRAIN
+    return event.detail.end_date - KARPENTER_BLOCK_DRAIN

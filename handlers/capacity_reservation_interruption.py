@@ -22,16 +22,30 @@ Plan: signal, durable, requeue.
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
-from resilienced import validate
-from resilienced.model import Envelope, Event, Kind, Plan, Step
+from resilienced.intake import validate
+from resilienced.model import Envelope, Event, EventDetail, JsonValue, Kind, Plan, Step
 from resilienced.settings import IntakeSettings
 
 SOURCE = "aws.ec2"
 DETAIL_TYPES = ("EC2 Capacity Reservation Instance Interruption Warning",)
 KIND = Kind.CAPACITY_RESERVATION_INTERRUPTION
 STEPS = (Step.SIGNAL, Step.DURABLE, Step.REQUEUE)
+
+
+@dataclass(frozen=True)
+class ReservationInterruption(EventDetail):
+    """``detail.instance-action`` and ``detail.azId`` when given, and where the deadline came from
+    (``instance-termination-time``, else the event's time plus the notice)."""
+
+    instance_action: str | None
+    az_id: str | None
+    deadline_from: str
+
+    def as_json(self) -> dict[str, JsonValue]:
+        return {"instance_action": self.instance_action, "az_id": self.az_id,
+                "deadline_from": self.deadline_from}
 
 
 def parse(envelope: Envelope, base: Event, settings: IntakeSettings) -> Event:
@@ -45,12 +59,10 @@ def parse(envelope: Envelope, base: Event, settings: IntakeSettings) -> Event:
         deadline = validate.iso_time(termination, field="detail.instance-termination-time")
     else:
         deadline = validate.shift(base.time, settings.notice, field="time")
-    return replace(base, kind=KIND, instance_ids=(instance,), deadline=deadline, attributes={
-        "instance_action": action,
-        "az_id": az_id,
-        "deadline_from": ("instance-termination-time" if termination is not None
-                          else f"time+{settings.notice_seconds:g}s"),
-    })
+    return replace(base, kind=KIND, instance_ids=(instance,), deadline=deadline, detail=ReservationInterruption(
+        instance_action=action, az_id=az_id,
+        deadline_from=("instance-termination-time" if termination is not None
+                       else f"time+{settings.notice_seconds:g}s")))
 
 
 def plan(event: Event, settings: IntakeSettings) -> Plan:

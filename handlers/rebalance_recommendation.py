@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from resilienced import validate
+from resilienced.intake import validate
 from resilienced.model import Envelope, Event, Kind, Plan, Step
 from resilienced.settings import IntakeSettings, RebalancePolicy
 

@@ -20,10 +20,10 @@ EC2 sends it about two minutes before it stops, hibernates or terminates a Spot 
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
-from resilienced import validate
-from resilienced.model import Envelope, Event, Kind, Plan, Step
+from resilienced.intake import validate
+from resilienced.model import Envelope, Event, EventDetail, JsonValue, Kind, Plan, Step
 from resilienced.settings import IntakeSettings
 
 SOURCE = "aws.ec2"
@@ -31,6 +31,16 @@ DETAIL_TYPES = ("EC2 Spot Instance Interruption Warning",)
 KIND = Kind.SPOT_INTERRUPTION
 ACTIONS = ("terminate", "stop", "hibernate")
 STEPS = (Step.SIGNAL, Step.DURABLE, Step.REQUEUE)
+
+
+@dataclass(frozen=True)
+class SpotInterruption(EventDetail):
+    """``detail.instance-action``: what EC2 does at the deadline (terminate, stop, hibernate)."""
+
+    instance_action: str
+
+    def as_json(self) -> dict[str, JsonValue]:
+        return {"instance_action": self.instance_action}
 
 
 def parse(envelope: Envelope, base: Event, settings: IntakeSettings) -> Event:
@@ -42,7 +52,7 @@ def parse(envelope: Envelope, base: Event, settings: IntakeSettings) -> Event:
                                f"{validate.show(action)} is not one of {', '.join(ACTIONS)}")
     return replace(base, kind=KIND, instance_ids=(instance,),
                    deadline=validate.shift(base.time, settings.notice, field="time"),
-                   attributes={"instance_action": action})
+                   detail=SpotInterruption(instance_action=action))
 
 
 def plan(event: Event, settings: IntakeSettings) -> Plan:

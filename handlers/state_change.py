@@ -22,10 +22,10 @@ are not interruptions: valid, not actionable.  Plan: requeue.
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
-from resilienced import validate
-from resilienced.model import Envelope, Event, Kind, Plan, Step
+from resilienced.intake import validate
+from resilienced.model import Envelope, Event, EventDetail, JsonValue, Kind, Plan, Step
 from resilienced.settings import IntakeSettings
 
 SOURCE = "aws.ec2"
@@ -35,15 +35,25 @@ GOING = ("stopping", "stopped", "shutting-down", "terminated")
 STEPS = (Step.REQUEUE,)
 
 
+@dataclass(frozen=True)
+class StateChange(EventDetail):
+    """``detail.state``: the instance's new state (acted on when it is one of :data:`GOING`)."""
+
+    state: str
+
+    def as_json(self) -> dict[str, JsonValue]:
+        return {"state": self.state}
+
+
 def parse(envelope: Envelope, base: Event, settings: IntakeSettings) -> Event:
     detail = envelope.detail
     instance = validate.instance_id(detail.get("instance-id"), field="detail.instance-id")
     state = validate.text(detail.get("state"), field="detail.state")
-    return replace(base, kind=KIND, instance_ids=(instance,), attributes={"state": state})
+    return replace(base, kind=KIND, instance_ids=(instance,), detail=StateChange(state=state))
 
 
 def plan(event: Event, settings: IntakeSettings) -> Plan:
-    state = event.attributes.get("state")
+    state = event.detail.state if isinstance(event.detail, StateChange) else None
     if state not in GOING:
         return Plan(event=event, actionable=False, instance_ids=event.instance_ids, reason=(
             f"state {state!r} is not an interruption (acted on: {', '.join(GOING)})"))

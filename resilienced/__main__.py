@@ -2,6 +2,6 @@
 
 import sys
 
-from resilienced.cli import main
+from resilienced.app.cli import main
 
 sys.exit(main())

@@ -21,9 +21,10 @@ import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
-from typing import Any
 
 from resilienced.errors import ResilienceError, TemporaryError
+from resilienced.log import Logger
+from resilienced.model import JsonValue
 from resilienced.ports import Claim, ClaimStore
 
 
@@ -50,7 +51,7 @@ class MemoryClaims:
     async def get(self, key: str) -> Claim | None:
         return self._live(key, self._clock())
 
-    async def complete(self, key: str, *, holder: str, details: Mapping[str, Any]) -> None:
+    async def complete(self, key: str, *, holder: str, details: Mapping[str, JsonValue]) -> None:
         current = self._live(key, self._clock())
         if current is not None and (current.state == "done" or current.holder != holder):
             return  # done already, or taken over after our TTL ran out: the new holder decides
@@ -105,7 +106,7 @@ class HeldClaim:
     late renewal would turn a done claim back into a held one, issue #14).
     """
 
-    def __init__(self, store: ClaimStore, key: str, *, holder: str, ttl: float, logger: Any,
+    def __init__(self, store: ClaimStore, key: str, *, holder: str, ttl: float, logger: Logger,
                  what: str) -> None:
         self.key, self.holder, self.ttl = key, holder, ttl
         self.lost: str | None = None
@@ -119,7 +120,7 @@ class HeldClaim:
         if self.lost is not None:
             raise ClaimLost(self.key, self.lost, ttl=self.ttl)
 
-    async def complete(self, details: Mapping[str, Any]) -> None:
+    async def complete(self, details: Mapping[str, JsonValue]) -> None:
         """Stop renewing, then mark the claim done; :class:`ClaimLost` when it was lost."""
         await self.stop_renewing()
         self.check()
@@ -200,7 +201,7 @@ class HeldClaim:
 
 
 @contextlib.asynccontextmanager
-async def held_claim(store: ClaimStore, key: str, *, holder: str, ttl_seconds: float, logger: Any,
+async def held_claim(store: ClaimStore, key: str, *, holder: str, ttl_seconds: float, logger: Logger,
                      what: str = "claim", release_on_cancel: bool = True) -> AsyncIterator[HeldClaim | None]:
     """Acquire ``key`` for ``holder`` and hold it for the block: the one claim lifecycle
     (acquire -> renew every ttl/3 -> lost -> complete / release) of event, run and move claims.

@@ -26,9 +26,9 @@ import enum
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any
 
-from resilienced.model import Capacity, RunFacts, StageSeen, Target
+from resilienced.clock import parse_time
+from resilienced.model import Capacity, JsonValue, RunFacts, StageSeen, Target
 
 
 class Stage(str, enum.Enum):
@@ -94,21 +94,21 @@ class FollowUp:
     kind: str
     notice_at: datetime
     opened_at: datetime
-    target: Mapping[str, Any]
+    target: Mapping[str, JsonValue]
     capacity: str
     reservation_id: str | None
     stages: tuple[str, ...]
     stage: str
     stage_since: datetime
     reached: Mapping[str, str] = field(default_factory=dict)
-    fallbacks: tuple[Mapping[str, Any], ...] = ()
+    fallbacks: tuple[Mapping[str, JsonValue], ...] = ()
     unusable: Mapping[str, str] = field(default_factory=dict)
-    moving: Mapping[str, Any] | None = None
+    moving: Mapping[str, JsonValue] | None = None
     state: str = State.FOLLOWING.value
     durable_step: int | None = None
     durable_world_size: int | None = None
     elastic: bool = False
-    resumed: Mapping[str, Any] | None = None
+    resumed: Mapping[str, JsonValue] | None = None
     ended_at: datetime | None = None
     reason: str | None = None
     evidence: str | None = None
@@ -130,7 +130,7 @@ class FollowUp:
         """Stage -> seconds from the notice to when it was reached (the drill's ``recovery_stages``)."""
         return {stage: self.seconds_from_notice(_time(at)) for stage, at in self.reached.items()}
 
-    def as_json(self) -> dict[str, Any]:
+    def as_json(self) -> dict[str, JsonValue]:
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "version"}
         for name in ("notice_at", "opened_at", "stage_since", "ended_at"):
             out[name] = _iso(out[name]) if out[name] is not None else None
@@ -145,7 +145,7 @@ class FollowUp:
         return out
 
     @classmethod
-    def from_json(cls, data: Mapping[str, Any], *, version: str | None = None) -> FollowUp:
+    def from_json(cls, data: Mapping[str, JsonValue], *, version: str | None = None) -> FollowUp:
         """The record in ``data``; ValueError naming the field that is wrong."""
         try:
             values = {f.name: data[f.name] for f in dataclasses.fields(cls)
@@ -167,8 +167,8 @@ def _iso(moment: datetime) -> str:
     return moment.isoformat()
 
 
-def _time(value: Any) -> datetime:
-    moment = value if isinstance(value, datetime) else datetime.fromisoformat(str(value).replace("Z", "+00:00"))
+def _time(value: object) -> datetime:
+    moment = value if isinstance(value, datetime) else parse_time(str(value))
     if moment.tzinfo is None:
         raise ValueError(f"time {value!r} has no time zone")
     return moment
@@ -178,7 +178,7 @@ def _time(value: Any) -> datetime:
 _TUPLE_FACTS = {f.name for f in dataclasses.fields(RunFacts) if "tuple" in str(f.type)}
 
 
-def target_json(target: Target) -> dict[str, Any]:
+def target_json(target: Target) -> dict[str, JsonValue]:
     """``target`` as JSON, everything the follow-up needs to act on the run again."""
     facts = {}
     for f in dataclasses.fields(RunFacts):
@@ -193,7 +193,7 @@ def target_json(target: Target) -> dict[str, Any]:
             "checkpoint_uri": target.checkpoint_uri, "ray_address": target.ray_address, "facts": facts}
 
 
-def target_from(data: Mapping[str, Any], *, exclude: Sequence[str] = ()) -> Target:
+def target_from(data: Mapping[str, JsonValue], *, exclude: Sequence[str] = ()) -> Target:
     """The Target of :func:`target_json`, with ``exclude`` (capacity in its cool-down) in its facts."""
     facts = {}
     for name, value in dict(data.get("facts") or {}).items():

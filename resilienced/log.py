@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import logging
 import sys
+import enum
 from collections.abc import Sequence
-from typing import IO, Any
+from typing import IO, Protocol
 
 import structlog
+from structlog.typing import Processor
 
-from resilienced.model import Outcome, Verdict
-from resilienced.validate import isoformat
+from resilienced.model import JsonValue, Outcome, Verdict
+from resilienced.intake.validate import isoformat
 
 _LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING,
            "error": logging.ERROR}
@@ -34,7 +36,22 @@ class _Current:
         getattr(sys, self._name).flush()
 
 
-def _shared() -> list[Any]:
+class Logger(Protocol):
+    """What the daemon's modules call on a logger: one line per call, the ``event`` and its
+    key-value fields (:func:`get` gives one; structlog's bound loggers are one too)."""
+
+    def debug(self, event: str, **fields: object) -> object: ...
+
+    def info(self, event: str, **fields: object) -> object: ...
+
+    def warning(self, event: str, **fields: object) -> object: ...
+
+    def error(self, event: str, **fields: object) -> object: ...
+
+    def exception(self, event: str, **fields: object) -> object: ...
+
+
+def _shared() -> list[Processor]:
     """The processors every line goes through, a structlog event or a library's stdlib record."""
     return [
         structlog.contextvars.merge_contextvars,
@@ -43,7 +60,7 @@ def _shared() -> list[Any]:
     ]
 
 
-def _render() -> list[Any]:
+def _render() -> list[Processor]:
     return [structlog.processors.format_exc_info,
             structlog.processors.JSONRenderer(sort_keys=False, default=str)]
 
@@ -78,7 +95,7 @@ def formatter() -> structlog.stdlib.ProcessorFormatter:
     )
 
 
-def _route_stdlib(stream: Any) -> None:
+def _route_stdlib(stream: IO[str] | _Current) -> None:
     """Libraries' stdlib loggers at warning, through :func:`formatter`, on ``stream``."""
     handler = logging.StreamHandler(stream)
     handler.setFormatter(formatter())
@@ -100,21 +117,36 @@ class _Named:
     def __init__(self, name: str) -> None:
         self._name = name
 
-    def __getattr__(self, attr: str) -> Any:
-        return getattr(structlog.get_logger(self._name).bind(logger=self._name), attr)
+    def _bound(self) -> structlog.typing.FilteringBoundLogger:
+        return structlog.get_logger(self._name).bind(logger=self._name)
+
+    def debug(self, event: str, **fields: object) -> object:
+        return self._bound().debug(event, **fields)
+
+    def info(self, event: str, **fields: object) -> object:
+        return self._bound().info(event, **fields)
+
+    def warning(self, event: str, **fields: object) -> object:
+        return self._bound().warning(event, **fields)
+
+    def error(self, event: str, **fields: object) -> object:
+        return self._bound().error(event, **fields)
+
+    def exception(self, event: str, **fields: object) -> object:
+        return self._bound().exception(event, **fields)
 
 
-def get(name: str = "resilienced") -> Any:
+def get(name: str = "resilienced") -> Logger:
     """The structlog logger of module ``name``: its lines carry ``logger=name``."""
     return _Named(name)
 
 
-def decision(logger: Any, *, outcome: Outcome, verdict: Verdict, message_id: str | None,
+def decision(logger: Logger, *, outcome: Outcome, verdict: Verdict, message_id: str | None,
              receive_count: int, latency_s: float, action: str | None = None) -> None:
     """The one line per handled message: what it was, what was decided, and why."""
     event = outcome.event
     plan = outcome.plan
-    fields: dict[str, Any] = {
+    fields: dict[str, JsonValue] = {
         "message_id": message_id,
         "receive_count": receive_count,
         "event_id": event.event_id if event else None,
@@ -139,5 +171,5 @@ def decision(logger: Any, *, outcome: Outcome, verdict: Verdict, message_id: str
         logger.info("decision", **fields)
 
 
-def _values(items: Sequence[Any]) -> list[str]:
+def _values(items: Sequence[enum.Enum]) -> list[str]:
     return [item.value for item in items]

@@ -5,6 +5,10 @@ An SQS body is decoded into an :class:`Envelope`, parsed by the handler register
 (what must happen to which instances by when).  Acting on a plan means locating the affected
 :class:`Target` runs and taking each through the plan's :class:`Step` s; the result of one message
 is an :class:`Outcome`.  All of these are frozen dataclasses: nothing downstream mutates them.
+
+What comes from outside before it is checked (a message body, a Kubernetes object, a record read
+back from a claim) is a :data:`JsonValue`: whatever ``json.loads`` can give, read with
+``isinstance`` checks; each kind's parsed fields are its own frozen :class:`EventDetail`.
 """
 
 from __future__ import annotations
@@ -14,7 +18,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from decimal import Decimal
-from typing import Any
+from typing import TypeAlias, Union
+
+#: A JSON value as ``json.loads`` gives it: what the daemon reads from outside (message bodies,
+#: Kubernetes objects, records in claims) before checking it, and what its reports are made of.
+JsonValue: TypeAlias = Union[None, bool, int, float, str, list["JsonValue"], dict[str, "JsonValue"]]
+#: A JSON object.
+JsonObject: TypeAlias = dict[str, JsonValue]
 
 
 class Capacity(str, enum.Enum):
@@ -57,16 +67,30 @@ class Envelope:
     """
 
     wrapping: Wrapping
-    raw: Mapping[str, Any]
-    version: Any = None
-    id: Any = None
-    source: Any = None
-    detail_type: Any = None
-    account: Any = None
-    time: Any = None
-    region: Any = None
-    resources: Any = None
-    detail: Any = None
+    raw: Mapping[str, JsonValue]
+    version: JsonValue = None
+    id: JsonValue = None
+    source: JsonValue = None
+    detail_type: JsonValue = None
+    account: JsonValue = None
+    time: JsonValue = None
+    region: JsonValue = None
+    resources: JsonValue = None
+    detail: JsonValue = None
+
+
+@dataclass(frozen=True)
+class EventDetail:
+    """What one kind of event carries beyond the common fields, parsed and typed.
+
+    Each kind's model is a frozen dataclass deriving from this one, next to its parser in
+    ``handlers/<kind>.py`` (as Karpenter's ``messages/<kind>/model.go``); whoever needs a field
+    reads it by type (``isinstance(event.detail, LifecycleAction)``), not by a string key.
+    """
+
+    def as_json(self) -> dict[str, JsonValue]:
+        """The fields as the logs (the ``plan`` line's ``attributes``) show them."""
+        raise NotImplementedError
 
 
 @dataclass(frozen=True)
@@ -74,9 +98,10 @@ class Event:
     """One parsed and validated interruption event (or an ``unknown``/``invalid`` verdict).
 
     ``deadline`` is when the capacity goes away (UTC, tz-aware) or ``None`` when there is none
-    (rebalance) or it has already gone (state change).  ``attributes`` holds what a kind carries
-    beyond the common fields (``instance_action``, ``state``, lifecycle hook fields, Health
-    ``event_type_code``, ``end_date`` ...), always JSON-serialisable.
+    (rebalance) or it has already gone (state change).  ``detail`` holds what the kind carries
+    beyond the common fields (its :class:`EventDetail`: the Spot ``instance_action``, a state
+    change's ``state``, an ASG hook's fields, a Health event's codes and window, a Capacity
+    Block's ``end_date`` ...), or None for a kind without any (rebalance, unknown, invalid).
     """
 
     kind: Kind
@@ -91,7 +116,11 @@ class Event:
     deadline: datetime | None = None
     reason: str | None = None
     wrapping: Wrapping = Wrapping.EVENTBRIDGE
-    attributes: Mapping[str, Any] = field(default_factory=dict)
+    detail: EventDetail | None = None
+
+    def detail_json(self) -> dict[str, JsonValue]:
+        """:meth:`EventDetail.as_json` of the detail ({} without one)."""
+        return self.detail.as_json() if self.detail is not None else {}
 
 
 class Step(str, enum.Enum):
@@ -203,7 +232,7 @@ class Target:
     ray_node_ids: tuple[str, ...]
     checkpoint_uri: str | None
     ray_address: str | None = None
-    attributes: Mapping[str, Any] = field(default_factory=dict)
+    attributes: Mapping[str, JsonValue] = field(default_factory=dict)
     facts: RunFacts = RunFacts()
 
     @property
@@ -211,7 +240,7 @@ class Target:
         """The identity of the run for idempotency: the RayJob, else the RayCluster, else the Ray address."""
         return self.ray_job or self.ray_cluster or self.ray_address or f"instance/{self.instance_id}"
 
-    def as_json(self) -> dict[str, Any]:
+    def as_json(self) -> dict[str, JsonValue]:
         return {
             "instance_id": self.instance_id,
             "node": self.node,
@@ -236,11 +265,11 @@ class StageSeen:
     reached: bool
     detail: str
     at: datetime | None = None
-    facts: Mapping[str, Any] = field(default_factory=dict)
+    facts: Mapping[str, JsonValue] = field(default_factory=dict)
 
 
 class Verdict(str, enum.Enum):
-    """What happens to the SQS message; decided in exactly one place (``resilienced.ack``)."""
+    """What happens to the SQS message; decided in exactly one place (``resilienced.intake.ack_policy``)."""
 
     DELETE = "delete"  # the work is done (or there was none): acknowledge
     KEEP = "keep"  # the work failed and may succeed later: leave it for redelivery
@@ -268,7 +297,7 @@ class Outcome:
     plan: Plan | None = None
     reason: str | None = None
     retry_delay: float | None = None
-    details: Mapping[str, Any] = field(default_factory=dict)
+    details: Mapping[str, JsonValue] = field(default_factory=dict)
 
 
 # --------------------------------------------------------------------------- capacity and requeue
@@ -300,7 +329,7 @@ class CapacityDecision:
     reservation_id: str | None = None
     offering: CapacityOffering | None = None
     retry_after: timedelta | None = None
-    details: Mapping[str, Any] = field(default_factory=dict)
+    details: Mapping[str, JsonValue] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "capacity", Capacity(self.capacity))
@@ -312,8 +341,8 @@ class CapacityDecision:
         """Whether the decision puts the run somewhere (not ``wait``)."""
         return self.capacity is not Capacity.WAIT
 
-    def as_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"capacity": self.capacity.value, "reason": self.reason}
+    def as_json(self) -> dict[str, JsonValue]:
+        out: dict[str, JsonValue] = {"capacity": self.capacity.value, "reason": self.reason}
         if self.reservation_id:
             out["reservation_id"] = self.reservation_id
         if self.offering:
@@ -355,16 +384,23 @@ class RequeueResult:
     dry_run: bool = False
     retry_after: timedelta | None = None
     decision: CapacityDecision | None = None
-    details: Mapping[str, Any] = field(default_factory=dict)
+    details: Mapping[str, JsonValue] = field(default_factory=dict)
     refused: bool = False
+
+    @classmethod
+    def waiting(cls, target: Target, *, kind: str, decision: CapacityDecision, dry_run: bool) -> RequeueResult:
+        """The result for a ``wait`` decision: nothing is changed, try again later."""
+        return cls(run_key=target.run_key, kind=kind, capacity=Capacity.WAIT,
+                   reason=f"no capacity to move the run to: {decision.reason}", dry_run=dry_run,
+                   retry_after=decision.retry_after, decision=decision)
 
     @property
     def changed(self) -> bool:
         """Whether this call changed something (never in a dry run)."""
         return bool(self.changes) and not self.dry_run
 
-    def as_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
+    def as_json(self) -> dict[str, JsonValue]:
+        out: dict[str, JsonValue] = {
             "run": self.run_key, "kind": self.kind, "capacity": self.capacity.value,
             "reason": self.reason, "changes": list(self.changes), "dry_run": self.dry_run,
         }

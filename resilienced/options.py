@@ -13,7 +13,7 @@ import dataclasses
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, TypeVar
+from typing import ClassVar, TypeVar
 from urllib.parse import urlsplit
 
 from resilienced.errors import ConfigError
@@ -31,7 +31,7 @@ class Option:
     """How one setting is given and documented (kept in the dataclass field's metadata)."""
 
     help: str
-    parse: Callable[[str], Any]
+    parse: Callable[[str], object]
     flag: str | None = None  # default: --field-name
     env: tuple[str, ...] = ()  # default: (RESILIENCED_FIELD_NAME,)
     fallback_env: tuple[str, ...] = ()  # standard variables read after ours (AWS_REGION ...)
@@ -39,10 +39,11 @@ class Option:
     is_switch: bool = False  # a flag without a value (store_true)
 
 
-def option(default: Any, *, help: str, parse: Callable[[str], Any], flag: str | None = None,
+def option(default: T, *, help: str, parse: Callable[[str], T], flag: str | None = None,
            fallback_env: Sequence[str] = (), metavar: str | None = None,
-           is_switch: bool = False) -> Any:
-    """Declare a setting: its default, documentation, and how to parse it from a string."""
+           is_switch: bool = False) -> T:
+    """Declare a setting: its default, documentation, and how to parse it from a string (as
+    ``dataclasses.field``, it gives the field's value type to the annotation it stands in)."""
     meta = Option(help=help, parse=parse, flag=flag, fallback_env=tuple(fallback_env),
                   metavar=metavar, is_switch=is_switch)
     if isinstance(default, (list, dict, set)):
@@ -107,6 +108,7 @@ def choice(*choices: str) -> Callable[[str], str]:
 
 # --------------------------------------------------------------------------- the group machinery
 G = TypeVar("G", bound="Group")
+T = TypeVar("T")
 
 
 class Group:
@@ -144,7 +146,7 @@ class Group:
     @classmethod
     def from_args(cls: type[G], args: argparse.Namespace | None, environ: Mapping[str, str]) -> G:
         """Build the group from parsed flags (strings) and the environment; parse errors raise ConfigError."""
-        values: dict[str, Any] = {}
+        values: dict[str, object] = {}
         for f in cls.options():
             meta: Option = f.metadata["option"]
             raw = getattr(args, f.name, None) if args is not None else None
@@ -166,7 +168,7 @@ class Group:
         """Raise ConfigError for a value that cannot work."""
 
 
-def _show_default(value: Any) -> str:
+def _show_default(value: object) -> str:
     if value is None or value == ():
         return "unset"
     if isinstance(value, bool):

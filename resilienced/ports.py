@@ -8,18 +8,18 @@ implement it; everything above the adapters is written against these protocols o
 port              production adapter                              in tests and the drill
 ================  ==============================================  ==================================
 Queue             ``resilienced.aws.sqs.SqsQueue`` (aiobotocore)  moto server over HTTP
-Cluster           ``resilienced.kube.KubeCluster``                emulated API server over HTTP
+Cluster           ``resilienced.kube.cluster.KubeCluster``        emulated API server over HTTP
                   ``resilienced.ray.cluster.RayModeCluster``      real local Ray cluster
 RayControl        ``resilienced.ray.gcs.RayGcs``                  real local Ray cluster
 ObjectStore       ``resilienced.aws.s3.S3Store`` (aiobotocore)    moto server over HTTP
 ExportTasks       ``resilienced.aws.fsx.FsxExportTasks``          botocore Stubber
-CapacitySource    ``resilienced.capacity.Ec2Capacity``            botocore Stubber
+CapacitySource    ``resilienced.capacity.ec2.Ec2Capacity``        botocore Stubber
 ClaimStore        per mode (Kubernetes Lease, Ray GCS KV)         the same, real
 Responder         ``resilienced.recovery.responder.Recovery``     the same, real (``--mode plan``:
                                                                   ``recovery.plan_only.PlanLogger``)
 Planner           ``capacity.planner.CapacityPlanner``            the same, over a botocore Stubber
-Requeuer          ``requeue.router.Requeue`` around the           the same, real
-                  ``requeue.router.KubernetesRequeuer`` or
+Requeuer          ``requeue.router.ReportingRequeuer`` around     the same, real
+                  ``requeue.router.RequeueRouter`` or
                   ``ray.requeue.RayModeRequeuer``
 NodeProvider      none for EC2 yet (docs/architecture.md)         ``local.provider.LocalNodeProvider``
 FollowUpStore     ``kube.followups.KubeFollowUps`` (Leases),      the same, real (``followups.
@@ -34,12 +34,13 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 from resilienced.model import (
     Capacity,
     CapacityDecision,
     Event,
+    JsonValue,
     Outcome,
     Plan,
     RequeueResult,
@@ -216,7 +217,7 @@ class Claim:
     key: str
     holder: str
     state: str  # "held" | "done"
-    details: Mapping[str, Any] = field(default_factory=dict)
+    details: Mapping[str, JsonValue] = field(default_factory=dict)
 
 
 @runtime_checkable
@@ -261,7 +262,7 @@ class ClaimStore(Protocol):
 
     async def get(self, key: str) -> Claim | None: ...
 
-    async def complete(self, key: str, *, holder: str, details: Mapping[str, Any]) -> None:
+    async def complete(self, key: str, *, holder: str, details: Mapping[str, JsonValue]) -> None:
         """Mark it done, unless another live holder has it or it is done already."""
         ...
 
@@ -292,8 +293,8 @@ class Requeuer(Protocol):
     """Gets one run scheduled again, as a whole, on the decided capacity.
 
     Implemented by each applier (``requeue.kueue``, ``requeue.kuberay``, ``requeue.volcano``,
-    ``ray.requeue``), by ``requeue.router.KubernetesRequeuer`` (which picks one) and by
-    ``requeue.router.Requeue`` (one of them plus its metric and its Events; what
+    ``ray.requeue``), by ``requeue.router.RequeueRouter`` (which picks one) and by
+    ``requeue.router.ReportingRequeuer`` (one of them plus its metric and its Events; what
     ``Recovery`` is given).
     """
 
@@ -358,16 +359,16 @@ class FollowUpStore(Protocol):
     """Where the follow-up of each run lives (``resilienced.followup.FollowUp`` as JSON), next to
     the run claims: one record per run, written compare-and-set on the version it was read at."""
 
-    async def get(self, run: str) -> tuple[dict[str, Any], str] | None:
+    async def get(self, run: str) -> tuple[dict[str, JsonValue], str] | None:
         """(record, version), or None when the run has none."""
         ...
 
-    async def put(self, run: str, record: Mapping[str, Any], *, version: str | None) -> str | None:
+    async def put(self, run: str, record: Mapping[str, JsonValue], *, version: str | None) -> str | None:
         """Write ``record`` if the stored one is still at ``version`` (None: there is none yet);
         the new version, or None when someone wrote it first."""
         ...
 
-    async def all(self) -> list[tuple[dict[str, Any], str]]:
+    async def all(self) -> list[tuple[dict[str, JsonValue], str]]:
         """Every record (open and ended), with its version."""
         ...
 

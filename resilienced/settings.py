@@ -34,9 +34,8 @@ from urllib.parse import urlsplit
 
 from resilienced.capacity.policy import CapacityPolicy
 from resilienced.errors import ConfigError
-from resilienced.options import (  # noqa: F401  (re-exported: the machinery used to live here)
+from resilienced.options import (
     ACCOUNT_RE,
-    ENV_PREFIX,
     REGION_RE,
     _AWS_QUEUE_HOST_RE,
     Group,

@@ -12,7 +12,16 @@ Every ``import`` of every module of ``resilienced/``, ``handlers/`` and ``traine
    standard library only);
 4. nothing outside ``trainer/integrations/`` imports it (the framework callbacks, whose
    libraries are optional extras);
-5. no import cycles.
+5. no import cycles;
+6. every package ``__init__`` is a face: it imports nothing of ours (importing a module runs its
+   packages' ``__init__`` first, so one that hands names on drags its siblings, and their
+   libraries, into every import of the package; issue #22 counted 29 such edges in 4 of them);
+7. importing the bottom layer, ``resilienced.settings``, loads no AWS, Kubernetes or HTTP library
+   (read statically here, and seen in a fresh interpreter);
+8. one import path per name: a name of the daemon is imported from the module that defines it,
+   never from one that only imports it (tests and bench/ included);
+9. the root of ``resilienced/`` holds at most 12 modules, and the Folders table of
+   docs/architecture.md has a row for every folder that names each of its modules.
 
 And the daemon's modules (all but ``resilienced.local``) import only what pyproject.toml's base
 dependencies install, which is what the daemon image has.
@@ -21,7 +30,9 @@ dependencies install, which is what the daemon image has.
 from __future__ import annotations
 
 import ast
+import json
 import re
+import subprocess
 import sys
 import tomllib
 from importlib import metadata
@@ -63,12 +74,14 @@ def resolve(name: str) -> str | None:
     return None
 
 
-def imports_of(path: Path) -> list[tuple[int, str]]:
-    """(line, module of ours) for each import in the file (relative imports resolved)."""
+def imports_of(path: Path, *, module_level: bool = False) -> list[tuple[int, str]]:
+    """(line, module of ours) for each import in the file (relative imports resolved); with
+    ``module_level``, only the imports that run when the module is imported."""
     module = next(m for m, p in MODULES.items() if p == path)
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
     found: list[tuple[int, str]] = []
-    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+    tree = ast.parse(path.read_text(), filename=str(path))
+    for node in (executed_at_import(tree) if module_level else ast.walk(tree)):
         if isinstance(node, ast.Import):
             targets = [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
@@ -88,7 +101,28 @@ def imports_of(path: Path) -> list[tuple[int, str]]:
     return found
 
 
+def executed_at_import(tree: ast.Module) -> list[ast.stmt]:
+    """The statements that run when the module is imported: not function bodies, not
+    ``if TYPE_CHECKING:`` blocks."""
+    found: list[ast.stmt] = []
+    todo = list(tree.body)
+    while todo:
+        node = todo.pop()
+        found.append(node)
+        if isinstance(node, ast.If):
+            checking = isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING"
+            todo += node.orelse if checking else node.body + node.orelse
+        elif isinstance(node, ast.Try):
+            todo += node.body + node.orelse + node.finalbody + [s for h in node.handlers for s in h.body]
+        elif isinstance(node, (ast.With, ast.ClassDef)):
+            todo += node.body
+    return found
+
+
 EDGES: dict[str, list[tuple[int, str]]] = {m: imports_of(p) for m, p in MODULES.items()}
+#: The imports that run when each module is imported (no lazy ones inside functions).
+IMPORT_TIME_EDGES: dict[str, list[tuple[int, str]]] = {
+    m: imports_of(p, module_level=True) for m, p in MODULES.items()}
 
 
 def documented_layers(doc: str) -> list[list[str]]:
@@ -214,6 +248,135 @@ def cycles(edges: dict[str, list[tuple[int, str]]]) -> list[list[str]]:
     return found
 
 
+def init_edges(edges: dict[str, list[tuple[int, str]]]) -> dict[str, list[str]]:
+    """package -> the modules of ours its ``__init__`` imports (each one an edge every import of
+    the package, or of anything in it, pays for)."""
+    return {m: sorted({t for _, t in targets}) for m, targets in edges.items()
+            if MODULES[m].name == "__init__.py" and targets}
+
+
+#: What the bottom layer must not load: the AWS, Kubernetes and HTTP client libraries.
+HEAVY_LIBRARIES = ("aiobotocore", "aiohttp", "boto3", "botocore", "kubernetes_asyncio")
+
+
+def loaded_by(module: str, edges: dict[str, list[tuple[int, str]]]) -> tuple[set[str], dict[str, str]]:
+    """(our modules, third-party library -> first place) that importing ``module`` runs, following
+    the import-time ``edges`` and the ``__init__`` of every package on the way."""
+    ours: set[str] = set()
+    todo = [module]
+    while todo:
+        name = todo.pop()
+        parents = [".".join(name.split(".")[:i]) for i in range(1, name.count(".") + 1)]
+        for each in [name, *parents]:
+            if each in MODULES and each not in ours:
+                ours.add(each)
+                todo += [t for _, t in edges.get(each, [])]
+    return ours, third_party_imports(sorted(ours), module_level=True)
+
+
+def bound_names(tree: ast.Module) -> tuple[set[str], set[str]]:
+    """(names a module defines, names it only imports) at its top level."""
+    defined: set[str] = set()
+    imported: set[str] = set()
+    for node in executed_at_import(tree):
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            imported |= {(alias.asname or alias.name).split(".")[0] for alias in node.names}
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            defined.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            defined |= {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+    return defined, imported - defined
+
+
+def second_import_paths(paths: list[Path]) -> list[str]:
+    """``file:line name from module`` for each ``from <daemon module> import name`` where that
+    module does not define the name but only imports it: a second import path for one name.
+    ``trainer/`` is left out: ``trainer.resilience`` is its public face and hands on the names of
+    the user's API on purpose (docs/your-trainer.md)."""
+    bound = {m: bound_names(ast.parse(p.read_text())) for m, p in MODULES.items()}
+    found = []
+    for path in paths:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not (isinstance(node, ast.ImportFrom) and node.level == 0 and node.module in MODULES
+                    and not node.module.startswith("trainer")):
+                continue
+            only_imported = bound[node.module][1]
+            found += [f"{path.relative_to(ROOT)}:{node.lineno} {alias.name} from {node.module}"
+                      for alias in node.names
+                      if f"{node.module}.{alias.name}" not in MODULES and alias.name in only_imported]
+    return found
+
+
+def test_every_name_is_imported_from_the_module_that_defines_it() -> None:
+    """One import path per name: ``Capacity`` from ``model``, not also from ``capacity.decision``."""
+    paths = [*MODULES.values(), *sorted((ROOT / "tests").rglob("*.py")), *sorted((ROOT / "bench").rglob("*.py"))]
+    assert second_import_paths(paths) == []
+
+
+#: The most modules the root of ``resilienced/`` may hold (``__init__`` aside): the rest is in a
+#: folder per layer (issue #22).
+MAX_ROOT_MODULES = 12
+ARCHITECTURE = ROOT / "docs" / "architecture.md"
+
+
+def folder_map(text: str) -> dict[str, set[str]]:
+    """folder (``resilienced``, ``resilienced/app``...) -> the backticked names in its row of the
+    Folders table of docs/architecture.md."""
+    rows = re.findall(r"^\| `(resilienced/[^`]*)`(?: \(root\))? \| (.*) \|$", text, flags=re.M)
+    return {folder.rstrip("/"): set(re.findall(r"`([A-Za-z_][A-Za-z0-9_]*)`", cell)) for folder, cell in rows}
+
+
+def map_gaps(mapped: dict[str, set[str]], root: Path) -> list[str]:
+    """What the folder map misses or names wrongly: a package without a row, a row for a folder
+    that is gone, a module its row does not name."""
+    folders = {p.relative_to(root).as_posix() for p in (root / "resilienced").rglob("*")
+               if p.is_dir() and (p / "__init__.py").exists()} | {"resilienced"}
+    gaps = [f"{f}: no row" for f in sorted(folders - set(mapped))]
+    gaps += [f"{f}: no such folder" for f in sorted(set(mapped) - folders - {"resilienced/samples"})]
+    for folder in sorted(folders & set(mapped)):
+        modules = {p.stem for p in (root / folder).glob("*.py") if p.stem != "__init__"}
+        gaps += [f"{folder}: {m} not named" for m in sorted(modules - mapped[folder])]
+    return gaps
+
+
+def test_the_folder_map_of_the_architecture_page_names_every_folder_and_module() -> None:
+    assert map_gaps(folder_map(ARCHITECTURE.read_text()), ROOT) == []
+
+
+def test_the_folder_map_check_finds_what_is_missing() -> None:
+    text = "| `resilienced/` (root) | `model` |\n| `resilienced/gone/` | `x` |\n"
+    gaps = map_gaps(folder_map(text), ROOT)
+    assert "resilienced/gone: no such folder" in gaps and "resilienced: ports not named" in gaps
+    assert "resilienced/app: no row" in gaps
+
+
+def test_the_root_holds_at_most_twelve_modules() -> None:
+    root = sorted(p.stem for p in (ROOT / "resilienced").glob("*.py") if p.stem != "__init__")
+    assert len(root) <= MAX_ROOT_MODULES, f"{len(root)} modules at the root of resilienced/: {root}"
+
+
+def test_package_inits_import_nothing_of_ours() -> None:
+    assert init_edges(IMPORT_TIME_EDGES) == {}, "an __init__ hands names on: import them from their module"
+
+
+def test_importing_settings_loads_no_aws_kubernetes_or_http_library() -> None:
+    ours, libraries = loaded_by("resilienced.settings", IMPORT_TIME_EDGES)
+    assert {name: where for name, where in libraries.items() if name in HEAVY_LIBRARIES} == {}
+    assert ours <= {"resilienced", "resilienced.settings", "resilienced.options", "resilienced.errors",
+                    "resilienced.capacity", "resilienced.capacity.policy"}, sorted(ours)
+
+
+@pytest.mark.integration
+def test_a_fresh_interpreter_importing_settings_loads_none_of_them() -> None:
+    """The same, seen: what ``python -c "import resilienced.settings"`` has in ``sys.modules``."""
+    code = ("import json, sys, resilienced.settings; "
+            "print(json.dumps(sorted({m.split('.')[0] for m in sys.modules})))")
+    loaded = json.loads(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                                       check=True, cwd=ROOT).stdout)
+    assert sorted(set(loaded) & set(HEAVY_LIBRARIES)) == []
+
+
 def test_the_docstring_lists_layers_and_every_name_there_is_a_module() -> None:
     assert len(LAYERS) >= 4, "resilienced/__init__.py lists no layers"
     missing = [name for names in LAYERS for name in names if full_name(name) not in MODULES]
@@ -255,13 +418,13 @@ def test_there_are_no_import_cycles() -> None:
 
 # --------------------------------------------------------------------------- the checks can fail
 @pytest.mark.parametrize("edge, check", [
-    (("resilienced.model", "resilienced.daemon"), "layers"),
-    (("resilienced.daemon", "resilienced.local.drill"), "local"),
-    (("resilienced.cli", "resilienced.local"), "local"),
+    (("resilienced.model", "resilienced.app.daemon"), "layers"),
+    (("resilienced.app.daemon", "resilienced.local.drill"), "local"),
+    (("resilienced.app.cli", "resilienced.local"), "local"),
     (("trainer.loop", "resilienced.model"), "trainer"),
     (("resilienced.recovery.durable", "trainer.checkpoint"), "daemon-trainer"),
     (("trainer.resilience", "trainer.integrations.transformers"), "integrations"),
-    (("resilienced.ports", "resilienced.consumer"), "cycle"),
+    (("resilienced.ports", "resilienced.consumer.loop"), "cycle"),
 ])
 def test_each_check_finds_a_forbidden_import(edge: tuple[str, str], check: str) -> None:
     source, target = edge
@@ -281,13 +444,25 @@ def test_each_check_finds_a_forbidden_import(edge: tuple[str, str], check: str) 
         assert any(source in c and target in c for c in cycles(edges))
 
 
+def test_the_init_and_settings_checks_find_an_init_that_hands_names_on() -> None:
+    """Today's faces import nothing; the ``capacity/__init__`` issue #22 found (it handed on
+    ``capacity.ec2``, which imports aiohttp through ``aws.errors``) fails both checks."""
+    edges = {m: list(t) for m, t in IMPORT_TIME_EDGES.items()}
+    edges["resilienced.capacity"] = [(0, "resilienced.capacity.ec2")]
+    assert init_edges(edges) == {"resilienced.capacity": ["resilienced.capacity.ec2"]}
+    _, libraries = loaded_by("resilienced.settings", edges)
+    assert "aiohttp" in libraries
+
+
 # --------------------------------------------------------------------------- what the daemon image needs
-def third_party_imports(modules: list[str]) -> dict[str, str]:
-    """top-level name -> first place, for every import of ``modules`` that is neither ours nor stdlib."""
+def third_party_imports(modules: list[str], *, module_level: bool = False) -> dict[str, str]:
+    """top-level name -> first place, for every import of ``modules`` that is neither ours nor
+    stdlib; with ``module_level``, only those that run when the module is imported."""
     found: dict[str, str] = {}
     for module in modules:
         path = MODULES[module]
-        for node in ast.walk(ast.parse(path.read_text())):
+        tree = ast.parse(path.read_text())
+        for node in (executed_at_import(tree) if module_level else ast.walk(tree)):
             if isinstance(node, ast.Import):
                 names = [alias.name for alias in node.names]
             elif isinstance(node, ast.ImportFrom) and not node.level and node.module:

@@ -8,7 +8,16 @@ Read with ``ast`` from the files of ``resilienced/``, ``handlers/`` and ``traine
    libraries' records come out as the same JSON lines).  ``trainer/`` keeps stdlib logging: it
    runs in the training image, which does not install structlog (deploy/images/trainer-requirements.txt),
    so its calls are key=value text instead;
-2. every function of the daemon (``resilienced/``, ``handlers/``) is shorter than 80 lines.
+2. every function of the daemon (``resilienced/``, ``handlers/``) is shorter than 80 lines;
+3. ``Any`` stays rare in the daemon's annotations: none in ``model.py``, ``ports.py``,
+   ``recovery/`` and ``requeue/`` (the values and seams a notice is followed through), at most
+   :data:`MAX_ANY` in the rest of ``resilienced/`` (outside ``local/``, the stand-ins); JSON read
+   from outside is ``model.JsonValue``, a value checked before use ``object``.  Issue #22 counted
+   368 of about 2,900 annotations;
+4. one way to tell time: the current time is ``resilienced.clock.utcnow`` and a time read from
+   text goes through ``resilienced.clock.parse_time``: no ``datetime.now(...)`` or
+   ``datetime.utcnow()`` outside ``clock.py``, no ``def utcnow`` of a module's own, and no
+   ``.replace("Z", "+00:00")`` before ``fromisoformat`` (Python 3.11 reads the ``Z``).
 
 Each rule is also run on a small bad sample, so a checker that finds nothing cannot pass unseen.
 """
@@ -27,6 +36,11 @@ LOG_CONFIG = ROOT / "resilienced" / "log.py"
 LOG_METHODS = {"debug", "info", "warning", "warn", "error", "exception", "critical", "fatal", "log"}
 PERCENT = re.compile(r"%(\([^)]*\))?[-#0 +]*(\d+|\*)?(\.(\d+|\*))?[diouxXeEfFgGcrsa]")
 MAX_LINES = 80
+#: The most annotations of ``resilienced/`` (outside ``local/``) that may name ``Any``.
+MAX_ANY = 100
+#: Where no annotation may name ``Any``.
+NO_ANY = ("resilienced/model.py", "resilienced/ports.py", "resilienced/recovery", "resilienced/requeue")
+CLOCK = ROOT / "resilienced" / "clock.py"
 
 
 def files(*packages: str) -> list[Path]:
@@ -67,6 +81,35 @@ def long_functions(source: str) -> list[tuple[str, int, int]]:
             for node in ast.walk(ast.parse(source))
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
             and node.end_lineno - node.lineno + 1 >= MAX_LINES]  # type: ignore[operator]
+
+
+def any_annotations(source: str) -> list[int]:
+    """Lines of the annotations (parameters, returns, annotated assignments) that name ``Any``."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            a = node.args
+            params = [*a.posonlyargs, *a.args, *a.kwonlyargs, a.vararg, a.kwarg]
+            annotations = [p.annotation for p in params if p is not None and p.annotation is not None]
+            annotations += [node.returns] if node.returns is not None else []
+        elif isinstance(node, ast.AnnAssign):
+            annotations = [node.annotation]
+        else:
+            continue
+        found += [ann.lineno for ann in annotations if any(
+            (isinstance(n, ast.Name) and n.id == "Any") or (isinstance(n, ast.Attribute) and n.attr == "Any")
+            for n in ast.walk(ann))]
+    return found
+
+
+def daemon_any() -> dict[str, list[int]]:
+    """file (relative) -> lines naming ``Any``, for ``resilienced/`` outside ``local/``."""
+    out = {}
+    for path in files("resilienced"):
+        relative = path.relative_to(ROOT).as_posix()
+        if not relative.startswith("resilienced/local/") and (lines := any_annotations(path.read_text())):
+            out[relative] = lines
+    return out
 
 
 BAD_LOGS = '''
@@ -110,6 +153,67 @@ def test_every_function_of_the_daemon_is_under_80_lines() -> None:
             for path in files("resilienced", "handlers")
             for name, line, size in long_functions(path.read_text())]
     assert not long, f"functions of {MAX_LINES} lines or more (split them): {long}"
+
+
+BAD_ANY = '''
+from typing import Any
+import typing
+def f(a: Any, *b: int, c: dict[str, Any] | None = None, **d: typing.Any) -> list[Any]:
+    x: Any = a
+    y: int = 1
+    return [x, y]
+'''
+
+
+def test_the_any_counter_finds_every_kind_of_annotation() -> None:
+    assert any_annotations(BAD_ANY) == [4, 4, 4, 4, 5]
+
+
+def test_no_any_in_the_models_the_ports_the_recovery_and_the_requeue() -> None:
+    found = {path: lines for path, lines in daemon_any().items()
+             if any(path == where or path.startswith(where + "/") for where in NO_ANY)}
+    assert found == {}, "type these (model.JsonValue for JSON, object for a value checked before use)"
+
+
+def test_any_stays_rare_in_the_daemons_annotations() -> None:
+    count = sum(len(lines) for lines in daemon_any().values())
+    assert count <= MAX_ANY, f"{count} annotations name Any (at most {MAX_ANY}): {daemon_any()}"
+
+
+def own_clocks(source: str) -> list[int]:
+    """Lines that read the clock or a ``Z`` time by hand: ``datetime.now(...)``,
+    ``datetime.utcnow()``, ``def utcnow``, ``<text>.replace("Z", "+00:00")``."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == "utcnow":
+            found.append(node.lineno)
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            func = node.func
+            if func.attr in ("now", "utcnow") and isinstance(func.value, ast.Name) and func.value.id == "datetime":
+                found.append(node.lineno)
+            elif func.attr == "replace" and [getattr(a, "value", None) for a in node.args] == ["Z", "+00:00"]:
+                found.append(node.lineno)
+    return sorted(found)
+
+
+BAD_CLOCKS = '''
+from datetime import datetime, timezone
+def utcnow():
+    return datetime.now(timezone.utc)
+when = datetime.fromisoformat(text.replace("Z", "+00:00"))
+then = datetime.utcnow()
+fine = moment.replace(tzinfo=timezone.utc)
+'''
+
+
+def test_the_clock_checker_finds_each_hand_made_clock() -> None:
+    assert own_clocks(BAD_CLOCKS) == [3, 4, 5, 6]
+
+
+def test_the_daemon_tells_time_through_resilienced_clock() -> None:
+    bad = [f"{path.relative_to(ROOT)}:{line}" for path in files("resilienced", "handlers")
+           if path != CLOCK for line in own_clocks(path.read_text())]
+    assert not bad, f"use resilienced.clock.utcnow / parse_time: {bad}"
 
 
 def wait_for_calls(source: str) -> list[int]:

@@ -335,9 +335,6 @@ def write_manifest(
 
 
 # ---------------------------------------------------------------------- the collective writer
-PhaseHook = Callable[[str, int], None]
-
-
 @dataclass
 class PendingSave:
     """A save whose files are being (or have been) written; committed by :meth:`CheckpointStore.commit`."""
@@ -367,11 +364,10 @@ class CheckpointStore:
         root: the checkpoint root (shared by every rank: FSx in production).
         rank, world_size: this process's place in the job.
         group: a gloo process group over every rank, used only for checkpoints.
-        hook: called as ``hook(phase, step)`` at each phase of a commit (tests inject crashes
-            there): ``files-written`` (every rank: data and RNG files durable, no manifest),
-            ``manifest-torn`` (rank 0: ``manifest.json.tmp`` written, not yet renamed),
-            ``manifest-written`` (rank 0: ``manifest.json`` in place, directory not renamed),
-            ``committed`` (every rank: renamed to ``step-<N>``).
+
+    :meth:`at_phase` is called at each phase of a commit; it does nothing here.  It is the seam a
+    test fills, with a subclass that crashes there (``Checkpointer.store_type``;
+    tests/support/crashing.py, and ``python -m trainer --crash-at``).
     """
 
     def __init__(
@@ -381,15 +377,19 @@ class CheckpointStore:
         rank: int,
         world_size: int,
         group: dist.ProcessGroup | None,
-        hook: PhaseHook | None = None,
     ) -> None:
         self.root = root
         self.rank = rank
         self.world_size = world_size
         self.group = group
-        self._hook = hook or (lambda phase, step: None)
         # one process and no process group at all: DCP without collectives (and without its warning)
         self._no_dist = group is None and not (dist.is_available() and dist.is_initialized())
+
+    def at_phase(self, phase: str, step: int) -> None:
+        """A phase of the commit of ``step`` was reached: ``files-written`` (every rank: data and
+        RNG files durable, no manifest), ``manifest-torn`` (rank 0: ``manifest.json.tmp``
+        written, not yet renamed), ``manifest-written`` (rank 0: ``manifest.json`` in place,
+        directory not renamed), ``committed`` (every rank: renamed to ``step-<N>``)."""
 
     # -------------------------------------------------------------- save
     def start(self, state: dict[str, Any], *, step: int, reason: str, use_async: bool = False) -> PendingSave:
@@ -435,7 +435,7 @@ class CheckpointStore:
             dist.gather_object(entries, gathered, dst=0, group=self.group)
         else:
             gathered = [entries]
-        self._hook("files-written", step)
+        self.at_phase("files-written", step)
         committed_path = step_dir(self.root, step)
         total = 0
         if self.rank == 0:
@@ -445,14 +445,14 @@ class CheckpointStore:
                 hashed=tuple(e for rank_entries in gathered for e in rank_entries),
             )
             total = sum(f.size for f in manifest.files)
-            put_manifest(partial, manifest, torn=lambda: self._hook("manifest-torn", step))
-            self._hook("manifest-written", step)
+            put_manifest(partial, manifest, torn=lambda: self.at_phase("manifest-torn", step))
+            self.at_phase("manifest-written", step)
             if committed_path.exists():  # a stale commit of the same step from an older attempt
                 _remove_tree(committed_path)
             partial.rename(committed_path)
             _fsync_dir(self.root)
         self._barrier()
-        self._hook("committed", step)
+        self.at_phase("committed", step)
         total = self._broadcast_int(total)
         return Committed(step, pending.reason, committed_path, time.perf_counter() - pending.started, total)
 
@@ -503,7 +503,7 @@ class CheckpointStore:
             dist.gather_object(entries, gathered, dst=0, group=self.group)
         else:
             gathered = [entries]
-        self._hook("files-written", step)
+        self.at_phase("files-written", step)
         committed_path = step_dir(self.root, step)
         total = 0
         if self.rank == 0:
@@ -511,14 +511,14 @@ class CheckpointStore:
             manifest = build_manifest(written, step, world_size=self.world_size, reason=reason,
                                       hashed=tuple(e for rank_entries in gathered for e in rank_entries))
             total = sum(f.size for f in manifest.files)
-            put_manifest(written, manifest, torn=lambda: self._hook("manifest-torn", step))
-            self._hook("manifest-written", step)
+            put_manifest(written, manifest, torn=lambda: self.at_phase("manifest-torn", step))
+            self.at_phase("manifest-written", step)
             if committed_path.exists():  # a stale commit of the same step from an older attempt
                 _remove_tree(committed_path)
             written.rename(committed_path)
             _fsync_dir(self.root)
         self._barrier()
-        self._hook("committed", step)
+        self.at_phase("committed", step)
         total = self._broadcast_int(total)
         return Committed(step, reason, committed_path, time.perf_counter() - started, total)
 

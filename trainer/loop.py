@@ -23,6 +23,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from trainer.checkpoint import CheckpointStore
 from trainer.config import TrainConfig
 from trainer.data import loss_weight, rank_batch, step_seed
 from trainer.errors import EXIT_CRASHED, CheckpointError
@@ -41,17 +42,20 @@ def ray_train_fn(config: dict[str, Any]) -> None:
     run(TrainConfig.from_dict(config))
 
 
-def _crash_hook(cfg: TrainConfig):
+def _checkpointer(cfg: TrainConfig) -> type[Checkpointer]:
+    """``Checkpointer``, or with ``--crash-at`` (a test hook) one whose store ends every rank at
+    that phase of that step's commit (``CheckpointStore.at_phase``)."""
     if cfg.crash_at is None:
-        return None
+        return Checkpointer
     phase_at, step_at = cfg.crash_at
 
-    def hook(phase: str, step: int) -> None:
-        if phase == phase_at and step == step_at:
-            logging.shutdown()
-            os._exit(EXIT_CRASHED)
+    class CrashingStore(CheckpointStore):
+        def at_phase(self, phase: str, step: int) -> None:
+            if phase == phase_at and step == step_at:
+                logging.shutdown()
+                os._exit(EXIT_CRASHED)
 
-    return hook
+    return type("CrashingCheckpointer", (Checkpointer,), {"store_type": CrashingStore})
 
 
 def _seed_process_rngs(seed: int, step: int, rank: int) -> None:
@@ -115,12 +119,12 @@ def run(cfg: TrainConfig) -> int:
     device = _device(cfg)
     journal = Journal(metrics_out=cfg.metrics_out, events_out=cfg.events_out, enabled=rank == 0)
     p = cfg.preemption
-    ckpt = Checkpointer(
+    ckpt = _checkpointer(cfg)(
         cfg.checkpoint_dir, every=cfg.checkpoint_every, keep=cfg.keep, async_save=cfg.async_save,
         total_steps=cfg.steps,
         save_margin_factor=p.save_margin_factor, save_margin_s=p.save_margin_s,
         sigterm_grace_s=p.sigterm_grace_s, no_deadline_s=p.no_deadline_s,
-        teardown_timeout_s=p.teardown_timeout_s, on_event=journal.event, phase_hook=_crash_hook(cfg),
+        teardown_timeout_s=p.teardown_timeout_s, on_event=journal.event,
         min_world_size=cfg.min_workers,
     )
     box = [attempt_counter(cfg.checkpoint_dir) if rank == 0 else 0]

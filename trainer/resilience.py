@@ -32,7 +32,7 @@ import uuid
 from collections.abc import Callable, Mapping
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, ClassVar, NoReturn
 
 import torch.distributed as dist
 
@@ -41,7 +41,6 @@ from trainer.checkpoint import (
     Committed,
     Manifest,
     PendingSave,
-    PhaseHook,
     prune,
     verify,
     write_manifest,
@@ -99,8 +98,6 @@ class Checkpointer:
             ``preemption_notice`` (step, deadline_ms, source), ``resize_requested`` (step),
             ``waiting_for_teardown`` (step) and, on rank 0 of an elastic run's new worker group,
             ``restarted`` (seconds, kind, world_size, phases, decision: ``trainer.restarts``).
-        phase_hook: called as ``phase_hook(phase, step)`` at each phase of a commit
-            (``files-written``, ``manifest-torn``, ``manifest-written``, ``committed``): a test hook.
         min_world_size: the smallest world size the run trains at (an elastic run's minimum;
             None: this attempt's world size, a fixed-size run).  Written in the resume record
             (``trainer.resume``) rank 0 leaves under ``root`` when the attempt trains its first
@@ -109,6 +106,13 @@ class Checkpointer:
     Raises:
         UsageError: a bad argument.  CheckpointError: ``root`` is not writable on some rank.
     """
+
+    #: The collaborators a Checkpointer makes: what commits checkpoints, and the per-step
+    #: agreement of the ranks.  A test or a benchmark fills these seams with a subclass (one
+    #: that crashes at a phase of a commit, ``CheckpointStore.at_phase``; one that counts the
+    #: agreements); training code has no reason to.
+    store_type: ClassVar[type[CheckpointStore]] = CheckpointStore
+    agreement_type: ClassVar[type[Agreement]] = Agreement
 
     def __init__(
         self,
@@ -125,7 +129,6 @@ class Checkpointer:
         teardown_timeout_s: float = _DEFAULTS.teardown_timeout_s,
         agree_interval_s: float = 0.5,
         on_event: EventHook | None = None,
-        phase_hook: PhaseHook | None = None,
         min_world_size: int | None = None,
     ) -> None:
         self._marks = {"checkpointer_init": time.time()}  # this (re)start's milestones (trainer.restarts)
@@ -142,7 +145,6 @@ class Checkpointer:
         self._grace = {"sigterm": sigterm_grace_s, "no_deadline": no_deadline_s, "teardown": teardown_timeout_s}
         self._agree_interval_s = agree_interval_s
         self._next_boundary = 0  # the step of the next agreement (0: the first after_step)
-        self._boundaries = 0  # agreements so far (bench/checkpoint.py reads it)
         self._event = on_event or (lambda name, **fields: None)
         distributed = dist.is_available() and dist.is_initialized()
         self.rank = dist.get_rank() if distributed else 0
@@ -152,9 +154,9 @@ class Checkpointer:
         # other or with training's collectives (NCCL or gloo on the default group).
         ckpt_group = dist.new_group(backend="gloo", timeout=COLLECTIVE_TIMEOUT) if distributed else None
         control_group = dist.new_group(backend="gloo", timeout=COLLECTIVE_TIMEOUT) if distributed else None
-        self._store = CheckpointStore(root=self.root, rank=self.rank, world_size=self.world_size,
-                                      group=ckpt_group, hook=phase_hook)
-        self._agreement = Agreement(group=control_group, world_size=self.world_size)
+        self._store = self.store_type(root=self.root, rank=self.rank, world_size=self.world_size,
+                                      group=ckpt_group)
+        self._agreement = self.agreement_type(group=control_group, world_size=self.world_size)
         self._plan = DeadlinePlan(margin_factor=save_margin_factor, margin_s=save_margin_s)
         self._check_root_writable(ckpt_group)
         self._runtime: Runtime = detect_runtime()
@@ -232,7 +234,6 @@ class Checkpointer:
         self._metrics = dict(metrics or {})
         last = self.total_steps is not None and step >= self.total_steps  # finish() saves it
         if self._noticed or step >= self._next_boundary:
-            self._boundaries += 1
             agreed = self._agree(step)
             # what one more step costs: the step (all since the last return, padding included)
             # and this boundary (the poll and the agreement), not a save made after it

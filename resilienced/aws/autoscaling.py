@@ -7,8 +7,9 @@ completed (by another replica or an earlier delivery) or timed out, so there is 
 
 from __future__ import annotations
 
-from typing import Any
+from aiobotocore.client import AioBaseClient
 
+from handlers.asg_lifecycle import LifecycleAction
 from resilienced.aws import errors
 
 BACKEND = "autoscaling"
@@ -19,14 +20,16 @@ NO_ACTIVE_ACTION = "No active Lifecycle Action"
 class Lifecycle:
     """The Auto Scaling call a terminate lifecycle hook waits for (``CompleteLifecycleAction``)."""
 
-    def __init__(self, client: Any) -> None:
+    def __init__(self, client: AioBaseClient) -> None:
         self._client = client  # an aiobotocore ``autoscaling`` client owned by the caller
 
-    async def complete(self, *, event_attributes: dict[str, Any], instance_id: str | None) -> str:
+    async def complete(self, action: LifecycleAction, *, instance_id: str | None) -> str:
+        """CONTINUE the terminate action ``action`` (the hook's fields, parsed by
+        ``handlers.asg_lifecycle``) for ``instance_id``."""
         params = {
-            "LifecycleHookName": event_attributes["lifecycle_hook_name"],
-            "AutoScalingGroupName": event_attributes["auto_scaling_group_name"],
-            "LifecycleActionToken": event_attributes["lifecycle_action_token"],
+            "LifecycleHookName": action.lifecycle_hook_name,
+            "AutoScalingGroupName": action.auto_scaling_group_name,
+            "LifecycleActionToken": action.lifecycle_action_token,
             "LifecycleActionResult": "CONTINUE",
         }
         if instance_id:

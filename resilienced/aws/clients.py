@@ -1,4 +1,4 @@
-"""The one place aiobotocore clients are made: the daemon (``wiring``, the SQS and S3 adapters),
+"""The one place aiobotocore clients are made: the daemon (``app.runtime``, the SQS and S3 adapters),
 ``replay`` and ``inject`` all open theirs here, with one :class:`AioConfig`.
 
 The config: botocore's ``standard`` retry mode with :data:`MAX_ATTEMPTS` retries after the first
@@ -15,9 +15,9 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any
 
 import botocore.exceptions
+from aiobotocore.client import AioBaseClient
 from aiobotocore.config import AioConfig
 from aiobotocore.session import get_session
 
@@ -42,7 +42,7 @@ def aws_config(service: str, *, max_connections: int = MAX_CONNECTIONS) -> AioCo
 
 @asynccontextmanager
 async def open_client(service: str, *, region: str | None, endpoint_url: str | None = None,
-                      max_connections: int = MAX_CONNECTIONS) -> AsyncIterator[Any]:
+                      max_connections: int = MAX_CONNECTIONS) -> AsyncIterator[AioBaseClient]:
     """An aiobotocore client of ``service``, closed on exit.
 
     No region or a malformed endpoint URL is a :class:`~resilienced.errors.ConfigError` naming

@@ -23,7 +23,6 @@ retrying a refused call too: it has no one else to give up on (see there).
 from __future__ import annotations
 
 import asyncio
-from typing import Any
 
 import aiohttp
 import botocore.exceptions
@@ -107,7 +106,7 @@ def translate(error: BaseException, *, backend: str, operation: str,
                                        f"{_text(error)}", delay=delay)
 
 
-def _text(error: Any) -> str:
+def _text(error: BaseException) -> str:
     try:
         return str(error) or "(no message)"
     except Exception:  # a half-built library exception whose __str__ fails

@@ -30,11 +30,13 @@ import asyncio
 import re
 import time
 from collections.abc import Sequence
-from typing import Any
+
+from aiobotocore.client import AioBaseClient
 
 from resilienced.aws import errors
 from resilienced.errors import BackendUnavailable, PermanentError, ResilienceError
 from resilienced.log import get as get_logger
+from resilienced.model import JsonValue
 from resilienced.ports import ExportTask
 
 log = get_logger(__name__)
@@ -68,7 +70,7 @@ class FsxExportTasks:
         poll_interval: seconds between looks at that running task.
     """
 
-    def __init__(self, *, client: Any, report_path: str, mount_point: str = "/fsx",
+    def __init__(self, *, client: AioBaseClient, report_path: str, mount_point: str = "/fsx",
                  busy_timeout: float = 600.0, poll_interval: float = 5.0) -> None:
         if not isinstance(report_path, str) or not report_path.startswith("s3://") or len(report_path) < 8:
             raise ValueError(f"report_path {report_path!r} must be an s3:// URI inside the export path")
@@ -166,7 +168,7 @@ class FsxExportTasks:
         out: list[ExportTask] = []
         token: str | None = None
         while True:
-            kwargs: dict[str, Any] = {
+            kwargs: dict[str, JsonValue] = {
                 "Filters": [{"Name": "file-system-id", "Values": [file_system_id]},
                             {"Name": "task-lifecycle", "Values": list(RUNNING)}],
             }
@@ -197,7 +199,7 @@ class FsxExportTasks:
                 return
             pending = still
 
-    def _task(self, raw: dict[str, Any]) -> ExportTask:
+    def _task(self, raw: dict[str, JsonValue]) -> ExportTask:
         failure = (raw.get("FailureDetails") or {}).get("Message")
         report = raw.get("Report") or {}
         report_path = None

@@ -25,11 +25,13 @@ import binascii
 import re
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any
+
+from aiobotocore.client import AioBaseClient
 
 from resilienced.aws import errors
 from resilienced.aws.clients import MAX_CONNECTIONS, open_client
 from resilienced.errors import PermanentError, ResilienceError
+from resilienced.model import JsonValue
 from resilienced.ports import StoredObject
 
 BACKEND = "s3"
@@ -106,7 +108,7 @@ class S3Store:
         page_size: keys per ``ListObjectsV2`` page (S3's own maximum is 1000).
     """
 
-    def __init__(self, *, client: Any, checksums: bool = True, head_concurrency: int = 8,
+    def __init__(self, *, client: AioBaseClient, checksums: bool = True, head_concurrency: int = 8,
                  page_size: int = 1000) -> None:
         if head_concurrency < 1:
             raise ValueError(f"head_concurrency must be >= 1, got {head_concurrency}")
@@ -132,7 +134,7 @@ class S3Store:
         want_checksum: list[int] = []
         token: str | None = None
         while True:
-            kwargs: dict[str, Any] = {"Bucket": bucket, "Prefix": prefix, "MaxKeys": self._page_size}
+            kwargs: dict[str, JsonValue] = {"Bucket": bucket, "Prefix": prefix, "MaxKeys": self._page_size}
             if token:
                 kwargs["ContinuationToken"] = token
             try:

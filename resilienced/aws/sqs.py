@@ -15,11 +15,13 @@ import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from datetime import datetime, timezone
-from typing import Any
+
+from aiobotocore.client import AioBaseClient
 
 from resilienced.aws import errors
 from resilienced.aws.clients import MAX_CONNECTIONS, open_client
 from resilienced.errors import BackendUnavailable
+from resilienced.model import JsonValue
 from resilienced.ports import Message
 
 BACKEND = "sqs"
@@ -37,7 +39,7 @@ def translate(error: BaseException, *, operation: str, backend: str = BACKEND) -
 class SqsQueue:
     """One SQS queue, through an aiobotocore client owned by the caller (see :meth:`open`)."""
 
-    def __init__(self, *, client: Any, queue_url: str) -> None:
+    def __init__(self, *, client: AioBaseClient, queue_url: str) -> None:
         self._client = client
         self.queue_url = queue_url
 
@@ -50,7 +52,7 @@ class SqsQueue:
                                max_connections=max_connections) as client:
             yield cls(client=client, queue_url=queue_url)
 
-    async def _call(self, operation: str, **kwargs: Any) -> dict[str, Any]:
+    async def _call(self, operation: str, **kwargs: JsonValue) -> dict[str, JsonValue]:
         try:
             return await getattr(self._client, operation)(QueueUrl=self.queue_url, **kwargs)
         except Exception as e:
@@ -99,7 +101,7 @@ class SqsQueue:
         return response["MessageId"]
 
 
-def _message(raw: dict[str, Any]) -> Message:
+def _message(raw: dict[str, JsonValue]) -> Message:
     attributes = raw.get("Attributes") or {}
     try:
         count = int(attributes.get("ApproximateReceiveCount", "1"))

@@ -30,10 +30,9 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
-from typing import Any
 
 from resilienced.capacity.policy import CapacityPolicy
-from resilienced.model import Capacity, CapacityDecision, CapacityOffering
+from resilienced.model import Capacity, CapacityDecision, CapacityOffering, JsonValue
 from resilienced.ports import CapacityReservation
 
 #: ``CapacityReservation.reservation_type`` of a Capacity Block.
@@ -142,12 +141,8 @@ def decide(
     closed = dict(closed or {})
     current = Capacity(current_capacity) if current_capacity not in (None, Capacity.WAIT, "wait") else None
     unavailable = frozenset(unavailable)
-
-    window_start = now - policy.interruption_window
-    recent = sorted(t for t in interruptions if window_start < t <= now)
-    details: dict[str, Any] = {"pool": str(pool), "instance_count": instance_count,
-                               "interruptions_in_window": len(recent),
-                               "interruption_threshold": policy.interruption_threshold}
+    recent, details = _recent_interruptions(pool, instance_count=instance_count, interruptions=interruptions,
+                                            now=now, policy=policy)
 
     spot_reason, why_not_spot, spot_soft = _spot(
         pool=pool, recent=recent, interruptions=interruptions, unavailable=unavailable, now=now,
@@ -164,7 +159,28 @@ def decide(
         return _block_decision(blocks[0], f"{prefix}; ", passed_over, policy=policy, details=details)
     if spot_reason is not None:
         return CapacityDecision(Capacity.SPOT, spot_reason, details=details)
+    return _buy_or_fall_back(why_not_spot, why_no_block, spot_soft=spot_soft, pool=pool,
+                             instance_count=instance_count, now=now, run_needs=run_needs, offerings=offerings,
+                             unavailable=unavailable, policy=policy, closed=closed, details=details)
 
+
+def _recent_interruptions(pool: Pool, *, instance_count: int, interruptions: Sequence[datetime], now: datetime,
+                          policy: CapacityPolicy) -> tuple[list[datetime], dict[str, JsonValue]]:
+    """The pool's interruptions inside ``policy.interruption_window`` (oldest first), and the
+    decision's details that describe the run and them."""
+    window_start = now - policy.interruption_window
+    recent = sorted(t for t in interruptions if window_start < t <= now)
+    return recent, {"pool": str(pool), "instance_count": instance_count,
+                    "interruptions_in_window": len(recent),
+                    "interruption_threshold": policy.interruption_threshold}
+
+
+def _buy_or_fall_back(why_not_spot: str, why_no_block: str, *, spot_soft: bool, pool: Pool, instance_count: int,
+                      now: datetime, run_needs: timedelta | None, offerings: Sequence[CapacityOffering],
+                      unavailable: frozenset[str], policy: CapacityPolicy, closed: Mapping[str, str],
+                      details: dict[str, JsonValue]) -> CapacityDecision:
+    """Neither Spot nor a block held: buy a Capacity Block when the policy allows it and one is on
+    offer, else On-Demand or wait (:func:`_no_block`)."""
     if policy.purchase_blocks and offerings and Capacity.CAPACITY_BLOCK.value not in closed:
         offering, why_no_offering = choose_offering(offerings, pool=pool, instance_count=instance_count,
                                                     now=now, run_needs=run_needs, policy=policy)
@@ -184,7 +200,7 @@ def _for_the_run(policy: CapacityPolicy, drain_lead: timedelta | None) -> Capaci
 
 
 def _block_decision(block: CapacityReservation, prefix: str, passed_over: str, *,
-                    policy: CapacityPolicy, details: dict[str, Any]) -> CapacityDecision:
+                    policy: CapacityPolicy, details: dict[str, JsonValue]) -> CapacityDecision:
     usable_until = block.end - policy.block_end_margin  # type: ignore[operator]
     return CapacityDecision(
         Capacity.CAPACITY_BLOCK,
@@ -198,7 +214,7 @@ def _block_decision(block: CapacityReservation, prefix: str, passed_over: str, *
 
 
 def _purchase(offering: CapacityOffering, why_not_others: str, *, policy: CapacityPolicy,
-              details: dict[str, Any]) -> CapacityDecision:
+              details: dict[str, JsonValue]) -> CapacityDecision:
     return CapacityDecision(
         Capacity.CAPACITY_BLOCK,
         f"{why_not_others}; buy offering {offering.offering_id} "
@@ -210,7 +226,7 @@ def _purchase(offering: CapacityOffering, why_not_others: str, *, policy: Capaci
 
 def _no_block(why_not_others: str, why_not_spot: str, why_no_block: str, *, spot_soft: bool,
               unavailable: frozenset[str], policy: CapacityPolicy,
-              details: dict[str, Any], closed: str | None = None) -> CapacityDecision:
+              details: dict[str, JsonValue], closed: str | None = None) -> CapacityDecision:
     """No Spot by choice and no Capacity Block: On-Demand, else Spot after all, else wait."""
     why_not_on_demand = None
     if not policy.allow_on_demand:

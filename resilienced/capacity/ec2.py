@@ -38,14 +38,16 @@ from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from decimal import Decimal, InvalidOperation
-from typing import Any
 
 import botocore.exceptions
+from aiobotocore.client import AioBaseClient
 
 from resilienced.aws import errors
-from resilienced.capacity.decision import ACTIVE, CAPACITY_BLOCK_TYPE, CapacityOffering
+from resilienced.capacity.decision import ACTIVE, CAPACITY_BLOCK_TYPE
 from resilienced.capacity.policy import PURCHASE_KEY_TAG as POLICY_PURCHASE_KEY_TAG
+from resilienced.clock import parse_time
 from resilienced.errors import PermanentError
+from resilienced.model import CapacityOffering, JsonValue
 from resilienced.ports import CapacityReservation
 
 #: Every EC2 action this module calls; the deploy/ IAM policy must grant exactly these.
@@ -70,7 +72,7 @@ RETRY_DELAY_S = 5.0
 PURCHASE_RETRY_EVENT = "needs-retry.ec2.PurchaseCapacityBlock"
 
 
-def _send_once(**_: Any) -> bool:
+def _send_once(**_: object) -> bool:
     """``needs-retry`` handler of PurchaseCapacityBlock: never resend it.
 
     Handlers of the most specific event name run first and aiobotocore's endpoint stops at the
@@ -95,17 +97,17 @@ class PurchaseResult:
     message: str
 
 
-def _utc(value: Any) -> datetime | None:
+def _utc(value: object) -> datetime | None:
     if value is None:
         return None
     if isinstance(value, str):
-        value = datetime.fromisoformat(value.replace("Z", "+00:00"))
+        value = parse_time(value)
     if value.tzinfo is None:
         value = value.replace(tzinfo=timezone.utc)
     return value
 
 
-def reservation_from_api(item: Mapping[str, Any]) -> CapacityReservation:
+def reservation_from_api(item: Mapping[str, JsonValue]) -> CapacityReservation:
     """A :class:`CapacityReservation` from one ``CapacityReservations[]`` item of the API."""
     try:
         return CapacityReservation(
@@ -123,7 +125,7 @@ def reservation_from_api(item: Mapping[str, Any]) -> CapacityReservation:
         raise PermanentError(f"ec2 DescribeCapacityReservations: unusable reservation {item!r}: {e}") from e
 
 
-def offering_from_api(item: Mapping[str, Any]) -> CapacityOffering:
+def offering_from_api(item: Mapping[str, JsonValue]) -> CapacityOffering:
     """A :class:`CapacityOffering` from one ``CapacityBlockOfferings[]`` item of the API."""
     try:
         return CapacityOffering(
@@ -163,7 +165,7 @@ class Ec2Capacity:
         page_size: MaxResults per page of the Describe calls (5-1000).
     """
 
-    def __init__(self, client: Any, *, page_size: int = 100) -> None:
+    def __init__(self, client: AioBaseClient, *, page_size: int = 100) -> None:
         if not 5 <= page_size <= 1000:
             raise ValueError(f"page_size must be between 5 and 1000, got {page_size}")
         self._client = client
@@ -172,7 +174,7 @@ class Ec2Capacity:
         if events is not None:  # a purchase is never resent by the SDK (see the module doc)
             events.register(PURCHASE_RETRY_EVENT, _send_once, unique_id="resilienced-purchase-sent-once")
 
-    async def _pages(self, operation: str, action: str, **params: Any) -> AsyncIterator[Mapping[str, Any]]:
+    async def _pages(self, operation: str, action: str, **params: JsonValue) -> AsyncIterator[Mapping[str, JsonValue]]:
         paginator = self._client.get_paginator(operation)
         try:
             async for page in paginator.paginate(**params):

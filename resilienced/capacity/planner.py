@@ -15,19 +15,20 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import replace
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta
 from decimal import Decimal
-from typing import Any, Protocol, runtime_checkable
+from typing import Protocol, TypeVar, runtime_checkable
 
 from prometheus_client import CollectorRegistry, Counter
 
-from resilienced.capacity.decision import Capacity, CapacityDecision, CapacityOffering, Pool, decide
+from resilienced.capacity.decision import Pool, decide
 from resilienced.capacity.ec2 import PurchaseResult
 from resilienced.capacity.history import InterruptionHistory, UnavailableCache
 from resilienced.capacity.policy import CapacityPolicy
 from resilienced.capacity.request import CapacityRequest
+from resilienced.clock import utcnow
 from resilienced.followup import stalled_key
-from resilienced.model import Event, Kind, Target
+from resilienced.model import Capacity, CapacityDecision, CapacityOffering, Event, JsonValue, Kind, Target
 from resilienced.ports import CapacitySource
 
 @runtime_checkable
@@ -42,12 +43,10 @@ class BlockMarket(Protocol):
                        tags: Mapping[str, str] | None = None) -> PurchaseResult: ...
 
 
+T = TypeVar("T")
+
 #: Event kinds that count as an interruption of the pool the instance ran in.
 INTERRUPTION_KINDS = frozenset({Kind.SPOT_INTERRUPTION})
-
-
-def utcnow() -> datetime:
-    return datetime.now(timezone.utc)
 
 
 def interruption_counter(registry: CollectorRegistry) -> Counter:
@@ -103,7 +102,7 @@ class CapacityPlanner:
         self.unavailable.mark(pool, key.value if isinstance(key, Capacity) else key, now=self.clock())
 
     async def plan_for(self, target: Target, *, event: Event, dry_run: bool = False,
-                       cache: dict[str, Any] | None = None) -> tuple[CapacityRequest, CapacityDecision]:
+                       cache: dict[str, object] | None = None) -> tuple[CapacityRequest, CapacityDecision]:
         """Build the request for ``target`` under ``event``, count the interruption, decide.
 
         A dry run decides as if the interruption were counted but leaves the history as it was.
@@ -124,11 +123,11 @@ class CapacityPlanner:
             return (event.time or self.clock(),)
         return ()
 
-    async def target_plan(self, target: Target, *, event: Event) -> dict[str, Any]:
+    async def target_plan(self, target: Target, *, event: Event) -> dict[str, JsonValue]:
         """``target.as_json()`` plus its ``capacity`` decision and ``reason``, and the ordered
         ``fallbacks`` a stalled recovery would try after it (:meth:`chain`): a target of the
         ``replay --dry-run --json`` plan.  Reads only; counts nothing, buys nothing."""
-        cache: dict[str, Any] = {}  # one read of EC2 for the decision and its chain
+        cache: dict[str, object] = {}  # one read of EC2 for the decision and its chain
         _, decision = await self.plan_for(target, event=event, dry_run=True, cache=cache)
         out = target.as_json()
         out.update(decision.as_json())
@@ -143,7 +142,7 @@ class CapacityPlanner:
         return await self.plan(CapacityRequest.from_target(target, event=event), dry_run=dry_run)
 
     async def chain(self, target: Target, *, event: Event, first: CapacityDecision, limit: int = 4,
-                    cache: dict[str, Any] | None = None) -> list[CapacityDecision]:
+                    cache: dict[str, object] | None = None) -> list[CapacityDecision]:
         """The fallbacks after ``first``, in the order a recovery that stalls on each would try
         them: each decided with every capacity before it passed over, until ``wait`` (dry run)."""
         out: list[CapacityDecision] = []
@@ -162,7 +161,7 @@ class CapacityPlanner:
 
     async def plan(self, request: CapacityRequest, *, dry_run: bool = False,
                    extra_interruptions: tuple[datetime, ...] = (),
-                   cache: dict[str, Any] | None = None) -> CapacityDecision:
+                   cache: dict[str, object] | None = None) -> CapacityDecision:
         """Decide for ``request`` now (and buy a block if the policy says so and this is no dry run).
 
         ``cache``: where EC2's answers are kept for the next decision of the same plan (the
@@ -226,13 +225,13 @@ class CapacityPlanner:
             details={**with_offer.details, "bought_reservation_id": block.reservation_id})
 
 
-async def _kept(cache: dict[str, Any] | None, key: str, read: Callable[[], Awaitable[Any]]) -> Any:
+async def _kept(cache: dict[str, object] | None, key: str, read: Callable[[], Awaitable[T]]) -> T:
     """``await read()``, once per ``cache`` (None: every time)."""
     if cache is None:
         return await read()
     if key not in cache:
         cache[key] = await read()
-    return cache[key]
+    return cache[key]  # what ``read`` gave for ``key``
 
 
 def applied_decision(target: Target, *, event: Event) -> CapacityDecision | None:

@@ -14,10 +14,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any
 
-from resilienced.capacity.decision import KARPENTER_BLOCK_DRAIN, PLACEMENTS, Capacity, Pool, Selectable
-from resilienced.model import Event, Kind, NodeShape, Target
+from resilienced.capacity.decision import KARPENTER_BLOCK_DRAIN, PLACEMENTS, Pool, Selectable
+from resilienced.clock import parse_time
+from resilienced.model import Capacity, Event, JsonValue, Kind, NodeShape, Target
 
 # ---- annotations the Kubernetes requeuers write on the RayJob / RayCluster / Volcano Job
 ANNOTATION_CAPACITY = "resilienced.io/capacity-type"
@@ -73,7 +73,7 @@ class CapacityRequest:
     selectable: Selectable | None = None
     drain_lead: timedelta | None = None
     closed: Mapping[str, str] = field(default_factory=dict)
-    details: Mapping[str, Any] = field(default_factory=dict)
+    details: Mapping[str, JsonValue] = field(default_factory=dict)
 
     @classmethod
     def from_target(cls, target: Target, *, event: Event) -> CapacityRequest:
@@ -96,13 +96,13 @@ class CapacityRequest:
         moved = facts.moved_at
         if moved is not None and not isinstance(moved, datetime):
             try:
-                moved = datetime.fromisoformat(str(moved).replace("Z", "+00:00"))
+                moved = parse_time(str(moved))
             except ValueError:
                 raise ValueError(f"target {target.run_key}: facts.moved_at={moved!r} "
                                  "is not an ISO-8601 time") from None
         lost = tuple(facts.lost_instance_ids or (target.instance_id,))
         # An elastic run keeps its survivors: only the lost workers need capacity.
-        count: Any = len(lost) if facts.elastic is True or facts.instance_count is None else facts.instance_count
+        count: object = len(lost) if facts.elastic is True or facts.instance_count is None else facts.instance_count
         try:
             count = int(count)
         except (TypeError, ValueError):

@@ -13,32 +13,3 @@ Modules, bottom up (each imports only those above it in this list):
 
 docs/kubernetes.md describes the whole.
 """
-
-from resilienced.kube.api import KubeStatusError, connect
-from resilienced.kube.cache import CacheOptions, Informer
-from resilienced.kube.cluster import DEADLINE_ANNOTATION, TAINT_KEY, KubeCluster, KubeOptions, RayControlFactory
-from resilienced.kube.events import EventRecorder
-from resilienced.kube.leases import KubeLeaseClaims, lease_name
-from resilienced.kube.rbac import RBAC_RULES, Rule, requested_verbs
-from resilienced.kube.tokens import RayTokens, auth_mode, auth_secret_name
-
-__all__ = [
-    "CacheOptions",
-    "DEADLINE_ANNOTATION",
-    "EventRecorder",
-    "Informer",
-    "KubeCluster",
-    "KubeLeaseClaims",
-    "KubeOptions",
-    "KubeStatusError",
-    "RBAC_RULES",
-    "RayControlFactory",
-    "RayTokens",
-    "Rule",
-    "TAINT_KEY",
-    "auth_mode",
-    "auth_secret_name",
-    "connect",
-    "lease_name",
-    "requested_verbs",
-]

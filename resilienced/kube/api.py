@@ -21,7 +21,6 @@ import json
 import os
 from collections.abc import Awaitable, Mapping
 from pathlib import Path
-from typing import Any
 
 import aiohttp
 from kubernetes_asyncio import client as k8s
@@ -29,10 +28,11 @@ from kubernetes_asyncio import config as k8s_config
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from resilienced.errors import BackendUnavailable, ConfigError, PermanentError
+from resilienced.model import JsonValue
 
 BACKEND = "kubernetes"
 
-JsonObj = dict[str, Any]
+JsonObj = dict[str, JsonValue]
 
 MERGE_PATCH = "application/merge-patch+json"
 STRATEGIC_MERGE_PATCH = "application/strategic-merge-patch+json"
@@ -54,7 +54,7 @@ class KubeStatusError(PermanentError):
         self.message = message
 
 
-def _status_parts(status: int, reason: str | None, body: Any) -> tuple[str, str]:
+def _status_parts(status: int, reason: str | None, body: object) -> tuple[str, str]:
     message = ""
     if isinstance(body, bytes):
         body = body.decode("utf-8", "replace")
@@ -104,7 +104,7 @@ def translate(
     return BackendUnavailable(BACKEND, f"{verb} {resource}: unexpected {type(error).__name__}: {error}")
 
 
-async def call(verb: str, resource: str, request: Awaitable[Any]) -> JsonObj:
+async def call(verb: str, resource: str, request: Awaitable[aiohttp.ClientResponse]) -> JsonObj:
     """Await a kubernetes_asyncio call made with ``_preload_content=False``; return its JSON body."""
     try:
         response = await request

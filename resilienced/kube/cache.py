@@ -17,19 +17,19 @@ store in one step, so readers never see a half-filled cache.
 from __future__ import annotations
 
 import asyncio
-import random
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 import aiohttp
 from kubernetes_asyncio import watch as k8s_watch
 
-from resilienced import tasks
+from resilienced.supervisor import Supervisor
 from resilienced.errors import ResilienceError
 from resilienced.kube.api import JsonObj, KubeStatusError, call, translate
 from resilienced.log import get as get_logger
+from resilienced.model import JsonValue
+from resilienced.retry import Backoff
 
 log = get_logger(__name__)
 
@@ -63,24 +63,9 @@ class CacheOptions:
     """Longest wait between attempts while the API server keeps failing."""
 
 
-def object_key(obj: Mapping[str, Any]) -> Key:
+def object_key(obj: Mapping[str, JsonValue]) -> Key:
     meta = obj.get("metadata") or {}
     return (meta.get("namespace") or "", meta.get("name") or "")
-
-
-@dataclass
-class _Backoff:
-    initial: float
-    maximum: float
-    failures: int = 0
-
-    def next(self) -> float:
-        self.failures += 1
-        base = min(self.maximum, self.initial * 2 ** (self.failures - 1))
-        return base * random.uniform(0.75, 1.25)
-
-    def reset(self) -> None:
-        self.failures = 0
 
 
 class _Gone(Exception):
@@ -97,8 +82,8 @@ class Source:
     """
 
     resource: str  # for errors and logs: "nodes", "pods", "rayclusters.ray.io"
-    method: Callable[..., Any]
-    args: tuple[Any, ...] = ()
+    method: Callable[..., Awaitable[object]]
+    args: tuple[str, ...] = ()
     label_selector: str | None = None
 
 
@@ -206,11 +191,11 @@ class Informer:
             self._put(obj)
 
     # ------------------------------------------------------------------ lifecycle
-    def start(self, supervisor: tasks.Supervisor | None = None) -> None:
+    def start(self, supervisor: Supervisor | None = None) -> None:
         """Start the list-and-watch task ``resilienced.kube.cache[<resource>]``, a long-lived task of
         ``supervisor`` (the daemon's: its death turns /healthz to 503; else one of its own)."""
         if self._task is None:
-            owner = supervisor if supervisor is not None else tasks.Supervisor()
+            owner = supervisor if supervisor is not None else Supervisor()
             self._task = owner.spawn(self._guarded(), name=f"resilienced.kube.cache[{self.source.resource}]")
 
     async def stop(self) -> None:
@@ -240,7 +225,7 @@ class Informer:
             raise
 
     async def _run(self) -> None:
-        backoff = _Backoff(self.options.backoff_initial_s, self.options.backoff_max_s)
+        backoff = Backoff(self.options.backoff_initial_s, maximum=self.options.backoff_max_s, jitter=0.25)
         while True:
             try:
                 if self.resource_version is None or not self.synced.is_set():
@@ -266,7 +251,7 @@ class Informer:
         token: str | None = None
         list_rv: str | None = None
         while True:
-            kwargs: dict[str, Any] = {
+            kwargs: dict[str, JsonValue] = {
                 "limit": self.options.page_size,
                 "_preload_content": False,
                 "_request_timeout": self.options.request_timeout_s,
@@ -298,7 +283,7 @@ class Informer:
     async def _watch(self) -> bool:
         """One watch request from ``resource_version``; True when it delivered anything."""
         progressed = False
-        kwargs: dict[str, Any] = {
+        kwargs: dict[str, JsonValue] = {
             "resource_version": self.resource_version,
             "allow_watch_bookmarks": True,
             "timeout_seconds": self.options.watch_timeout_s,
@@ -326,7 +311,7 @@ class Informer:
             raise translated from err
         return progressed
 
-    def _apply(self, event: Mapping[str, Any]) -> None:
+    def _apply(self, event: Mapping[str, JsonValue]) -> None:
         kind = str(event.get("type", "")).upper()
         obj = event.get("raw_object") or {}
         self.stats.events[kind] += 1

@@ -37,7 +37,6 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from functools import partial
-from typing import Any
 
 from kubernetes_asyncio import client as k8s
 
@@ -77,9 +76,9 @@ from resilienced.kube.locate import (
 )
 from resilienced.kube.tokens import RayTokens, auth_mode
 from resilienced.log import get as get_logger
-from resilienced.model import Capacity, NodeShape, RunFacts, Target
+from resilienced.model import Capacity, JsonValue, NodeShape, RunFacts, Target
 from resilienced.ports import Location, RayControl, RayNode
-from resilienced.tasks import Supervisor
+from resilienced.supervisor import Supervisor
 
 log = get_logger(__name__)
 
@@ -224,7 +223,6 @@ class KubeCluster:
         self._inflight: dict[tuple[str, str, str], asyncio.Task[list[RayNode]]] = {}
         self._controls: dict[tuple[str, str | None], RayControl] = {}
         self._started = False
-        self.gcs_calls = 0  # GCS node listings made (for tests and the burst benchmark)
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> KubeCluster:
@@ -459,7 +457,7 @@ class KubeCluster:
                 ids.append(ray_node.node_id)
             else:
                 unmapped.append(name_of(pod))
-        attributes: dict[str, Any] = {
+        attributes: dict[str, JsonValue] = {
             "namespace": namespace_of(view.raycluster),
             "pods": [name_of(p) for p in pods],
             "head_on_instance": head_here,
@@ -542,7 +540,7 @@ class KubeCluster:
         return replace(facts, closed_capacity=closed)
 
     # ------------------------------------------------------------------ GCS
-    async def token_for(self, raycluster: Mapping[str, Any]) -> str | None:
+    async def token_for(self, raycluster: Mapping[str, JsonValue]) -> str | None:
         """The Ray token of a RayCluster: None (no auth), its Secret's, or the daemon's ServiceAccount token."""
         return await self.tokens.token_for(raycluster)
 
@@ -593,7 +591,6 @@ class KubeCluster:
         for attempt in (1, 2):
             token = await self.tokens.token_for(raycluster)
             control = self._control(address, token)
-            self.gcs_calls += 1
             try:
                 async with asyncio.timeout(self.options.gcs_timeout_s):
                     return list(await control.nodes())
@@ -645,7 +642,7 @@ class KubeCluster:
             taints = list((node.get("spec") or {}).get("taints") or [])
             if any(t.get("key") == TAINT_KEY and t.get("effect") == "NoSchedule" for t in taints):
                 return
-            patch: dict[str, Any] = {
+            patch: dict[str, JsonValue] = {
                 "metadata": {"resourceVersion": (node.get("metadata") or {}).get("resourceVersion")},
                 "spec": {"taints": [*taints, taint]},
             }

@@ -28,6 +28,7 @@ from datetime import datetime, timezone
 
 from kubernetes_asyncio import client as k8s
 
+from resilienced.clock import utcnow
 from resilienced.kube.api import MERGE_PATCH, KubeStatusError, call
 
 REPORTING_CONTROLLER = "resilienced.io/resilienced"
@@ -66,7 +67,7 @@ class EventRecorder:
         *,
         replica: str,
         request_timeout_s: float = 10.0,
-        clock: Callable[[], datetime] = lambda: datetime.now(timezone.utc),
+        clock: Callable[[], datetime] = utcnow,
         remember: int = 4096,
     ) -> None:
         self._core = k8s.CoreV1Api(api_client)

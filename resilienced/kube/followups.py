@@ -18,12 +18,12 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Mapping
-from typing import Any
 
 from kubernetes_asyncio import client as k8s
 
 from resilienced.kube.api import KubeStatusError, call
 from resilienced.kube.leases import MANAGED_BY
+from resilienced.model import JsonValue
 
 RECORD_ANNOTATION = "resilienced.io/follow-up"
 RUN_ANNOTATION = "resilienced.io/run"
@@ -43,7 +43,7 @@ class KubeFollowUps:
         self._timeout = request_timeout_s
 
     @staticmethod
-    def _record(lease: Mapping[str, Any]) -> tuple[dict[str, Any], str] | None:
+    def _record(lease: Mapping[str, JsonValue]) -> tuple[dict[str, JsonValue], str] | None:
         meta = lease.get("metadata") or {}
         try:
             record = json.loads((meta.get("annotations") or {}).get(RECORD_ANNOTATION) or "")
@@ -51,7 +51,7 @@ class KubeFollowUps:
             return None
         return (record, str(meta.get("resourceVersion"))) if isinstance(record, dict) else None
 
-    async def get(self, run: str) -> tuple[dict[str, Any], str] | None:
+    async def get(self, run: str) -> tuple[dict[str, JsonValue], str] | None:
         try:
             lease = await call(verb="get", resource="leases", request=self._api.read_namespaced_lease(
                 lease_name(run), self.namespace, _preload_content=False, _request_timeout=self._timeout))
@@ -61,8 +61,8 @@ class KubeFollowUps:
             raise
         return self._record(lease)
 
-    def _body(self, run: str, record: Mapping[str, Any], version: str | None) -> dict[str, Any]:
-        meta: dict[str, Any] = {
+    def _body(self, run: str, record: Mapping[str, JsonValue], version: str | None) -> dict[str, JsonValue]:
+        meta: dict[str, JsonValue] = {
             "name": lease_name(run), "namespace": self.namespace, "labels": {**MANAGED_BY, **KIND_LABEL},
             "annotations": {RUN_ANNOTATION: run,
                             RECORD_ANNOTATION: json.dumps(dict(record), sort_keys=True, default=str)}}
@@ -71,7 +71,7 @@ class KubeFollowUps:
         return {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": meta,
                 "spec": {"holderIdentity": "follow-up"}}
 
-    async def put(self, run: str, record: Mapping[str, Any], *, version: str | None) -> str | None:
+    async def put(self, run: str, record: Mapping[str, JsonValue], *, version: str | None) -> str | None:
         body = self._body(run, record, version)
         try:
             if version is None:
@@ -87,13 +87,13 @@ class KubeFollowUps:
         return str((written.get("metadata") or {}).get("resourceVersion"))
 
     @classmethod
-    def records_in(cls, leases: list[dict[str, Any]]) -> list[tuple[dict[str, Any], str]]:
+    def records_in(cls, leases: list[dict[str, JsonValue]]) -> list[tuple[dict[str, JsonValue], str]]:
         """The follow-ups among ``leases`` (a list of the daemon's Leases, as ``status`` reads them)."""
         return [r for r in (cls._record(lease) for lease in leases
                             if ((lease.get("metadata") or {}).get("labels") or {}).items() >= KIND_LABEL.items())
                 if r is not None]
 
-    async def all(self) -> list[tuple[dict[str, Any], str]]:
+    async def all(self) -> list[tuple[dict[str, JsonValue], str]]:
         selector = ",".join(f"{k}={v}" for k, v in {**MANAGED_BY, **KIND_LABEL}.items())
         listed = await call(verb="list", resource="leases", request=self._api.list_namespaced_lease(
             self.namespace, label_selector=selector, _preload_content=False, _request_timeout=self._timeout))

@@ -28,9 +28,9 @@ are the ``active`` entries of their EC2NodeClasses' ``status.capacityReservation
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any
 
 from resilienced.kube.locate import labels, name_of
+from resilienced.model import JsonValue
 
 NODEPOOL_LABEL = "karpenter.sh/nodepool"
 CAPACITY_TYPE_LABEL = "karpenter.sh/capacity-type"
@@ -41,12 +41,12 @@ NODECLASS_KIND = "EC2NodeClass"
 ACTIVE = "active"  # the CRD default of status.capacityReservations[].state
 
 
-def requirements_of(nodepool: Mapping[str, Any]) -> Sequence[Mapping[str, Any]]:
+def requirements_of(nodepool: Mapping[str, JsonValue]) -> Sequence[Mapping[str, JsonValue]]:
     spec = ((nodepool.get("spec") or {}).get("template") or {}).get("spec") or {}
     return spec.get("requirements") or []
 
 
-def admits(requirements: Sequence[Mapping[str, Any]], key: str, value: str, *, explicit: bool = False) -> bool:
+def admits(requirements: Sequence[Mapping[str, JsonValue]], key: str, value: str, *, explicit: bool = False) -> bool:
     """Whether NodeSelectorRequirements allow ``key=value`` (``explicit``: an absent key does not)."""
     found = False
     for requirement in requirements:
@@ -63,7 +63,7 @@ def admits(requirements: Sequence[Mapping[str, Any]], key: str, value: str, *, e
     return found or not explicit
 
 
-def node_class_name(nodepool: Mapping[str, Any]) -> str | None:
+def node_class_name(nodepool: Mapping[str, JsonValue]) -> str | None:
     """The EC2NodeClass a NodePool references (None: another provider's class, or none)."""
     spec = ((nodepool.get("spec") or {}).get("template") or {}).get("spec") or {}
     ref = spec.get("nodeClassRef") or {}
@@ -72,7 +72,7 @@ def node_class_name(nodepool: Mapping[str, Any]) -> str | None:
     return ref.get("name") or None
 
 
-def active_reservations(nodeclass: Mapping[str, Any]) -> list[str]:
+def active_reservations(nodeclass: Mapping[str, JsonValue]) -> list[str]:
     """The ids of ``status.capacityReservations`` Karpenter launches into (state ``active``)."""
     return [str(r["id"]) for r in (nodeclass.get("status") or {}).get("capacityReservations") or []
             if r.get("id") and (r.get("state") or ACTIVE) == ACTIVE]
@@ -80,9 +80,9 @@ def active_reservations(nodeclass: Mapping[str, Any]) -> list[str]:
 
 def selectable_reservations(
     *,
-    node: Mapping[str, Any],
-    nodepools: Iterable[Mapping[str, Any]],
-    nodeclass: Callable[[str], Mapping[str, Any] | None],
+    node: Mapping[str, JsonValue],
+    nodepools: Iterable[Mapping[str, JsonValue]],
+    nodeclass: Callable[[str], Mapping[str, JsonValue] | None],
     instance_type: str | None,
 ) -> tuple[list[str], list[str]]:
     """(reservation ids, ``"nodepool/ec2nodeclass"`` sources) Karpenter can launch the run into."""

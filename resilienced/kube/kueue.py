@@ -34,7 +34,8 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from decimal import Decimal, InvalidOperation
-from typing import Any
+
+from resilienced.model import JsonValue
 
 #: Capacities the check answers for, in the decision's own words.
 CAPACITIES = ("spot", "capacity-block", "on-demand")
@@ -43,7 +44,7 @@ _SUFFIX = {"": 1, "m": Decimal("0.001"), "k": 10**3, "M": 10**6, "G": 10**9, "T"
            "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
 
 
-def quantity(value: Any) -> Decimal:
+def quantity(value: object) -> Decimal:
     """A Kubernetes quantity (``64``, ``16Ti``, ``500m``, ``1e3``) as a number; ValueError otherwise."""
     text = str(value).strip()
     try:
@@ -63,7 +64,7 @@ def _fmt(amount: Decimal) -> str:
     return format(amount.normalize(), "f")
 
 
-def worker_needs(groups: Iterable[Mapping[str, Any]]) -> dict[str, Decimal]:
+def worker_needs(groups: Iterable[Mapping[str, JsonValue]]) -> dict[str, Decimal]:
     """What a run's worker groups ask for in all: resource -> amount."""
     needs: dict[str, Decimal] = {}
     for group in groups:
@@ -81,13 +82,13 @@ def _fits(flavor_labels: Mapping[str, str], selector: Mapping[str, str]) -> bool
     return all(selector.get(key, value) == value for key, value in flavor_labels.items())
 
 
-def _quotas(clusterqueue: Mapping[str, Any]) -> dict[tuple[str, str], Mapping[str, Any]]:
+def _quotas(clusterqueue: Mapping[str, JsonValue]) -> dict[tuple[str, str], Mapping[str, JsonValue]]:
     return {(f.get("name", ""), r.get("name", "")): r
             for group in (clusterqueue.get("spec") or {}).get("resourceGroups") or []
             for f in group.get("flavors") or [] for r in f.get("resources") or []}
 
 
-def _reserved(clusterqueue: Mapping[str, Any]) -> dict[tuple[str, str], Decimal]:
+def _reserved(clusterqueue: Mapping[str, JsonValue]) -> dict[tuple[str, str], Decimal]:
     return {(f.get("name", ""), r.get("name", "")): quantity(r.get("total") or 0)
             for f in (clusterqueue.get("status") or {}).get("flavorsReservation") or []
             for r in f.get("resources") or []}
@@ -104,7 +105,7 @@ class QueueCheck:
             reservation there is released by the eviction); None: it holds none.
     """
 
-    def __init__(self, clusterqueue: Mapping[str, Any], *, flavor_labels: Callable[[str], Mapping[str, str] | None],
+    def __init__(self, clusterqueue: Mapping[str, JsonValue], *, flavor_labels: Callable[[str], Mapping[str, str] | None],
                  needs: Mapping[str, Decimal], own_selector: Mapping[str, str] | None) -> None:
         self.name = str((clusterqueue.get("metadata") or {}).get("name") or "?")
         self.groups = (clusterqueue.get("spec") or {}).get("resourceGroups") or []

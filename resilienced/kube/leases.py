@@ -43,13 +43,15 @@ import json
 import math
 from collections.abc import Callable, Mapping
 from datetime import datetime, timedelta, timezone
-from typing import Any
 
 from kubernetes_asyncio import client as k8s
 
+from resilienced import retry
+from resilienced.clock import parse_time, utcnow
 from resilienced.errors import BackendUnavailable
 from resilienced.kube.api import BACKEND, KubeStatusError, call
 from resilienced.log import get as get_logger
+from resilienced.model import JsonValue
 from resilienced.ports import Claim
 
 log = get_logger(__name__)
@@ -60,7 +62,7 @@ DETAILS_ANNOTATION = "resilienced.io/details"
 MANAGED_BY = {"app.kubernetes.io/managed-by": "resilienced"}
 STATE_HELD = "held"
 STATE_DONE = "done"
-_RETRIES = 5
+_RETRIES = 5  # reads of a Lease that keeps changing under complete() (resilienced.retry)
 
 
 def lease_name(key: str) -> str:
@@ -72,11 +74,11 @@ def _micro_time(moment: datetime) -> str:
     return moment.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
-def _parse_time(value: Any) -> datetime | None:
+def _parse_time(value: object) -> datetime | None:
     if not isinstance(value, str) or not value:
         return None
     try:
-        return datetime.fromisoformat(value.replace("Z", "+00:00"))
+        return parse_time(value)
     except ValueError:
         return None
 
@@ -90,7 +92,7 @@ class KubeLeaseClaims:
         *,
         namespace: str,
         request_timeout_s: float = 10.0,
-        clock: Callable[[], datetime] = lambda: datetime.now(timezone.utc),
+        clock: Callable[[], datetime] = utcnow,
     ) -> None:
         self._api = k8s.CoordinationV1Api(api_client)
         self.namespace = namespace
@@ -98,7 +100,7 @@ class KubeLeaseClaims:
         self._clock = clock
 
     # ------------------------------------------------------------------ helpers
-    async def _read(self, name: str) -> dict[str, Any] | None:
+    async def _read(self, name: str) -> dict[str, JsonValue] | None:
         try:
             return await call(verb="get", resource="leases", request=self._api.read_namespaced_lease(
                 name, self.namespace, _preload_content=False, _request_timeout=self._timeout))
@@ -107,7 +109,7 @@ class KubeLeaseClaims:
                 return None
             raise
 
-    async def _replace(self, lease: Mapping[str, Any]) -> dict[str, Any] | None:
+    async def _replace(self, lease: Mapping[str, JsonValue]) -> dict[str, JsonValue] | None:
         """Update with the resourceVersion it carries; None when someone changed it first (409)."""
         name = lease["metadata"]["name"]
         try:
@@ -118,7 +120,7 @@ class KubeLeaseClaims:
                 return None
             raise
 
-    def _expired(self, lease: Mapping[str, Any]) -> bool:
+    def _expired(self, lease: Mapping[str, JsonValue]) -> bool:
         spec = lease.get("spec") or {}
         renewed = _parse_time(spec.get("renewTime")) or _parse_time(spec.get("acquireTime"))
         duration = spec.get("leaseDurationSeconds")
@@ -127,7 +129,7 @@ class KubeLeaseClaims:
         return renewed + timedelta(seconds=duration) <= self._clock()
 
     @staticmethod
-    def _claim(key: str, lease: Mapping[str, Any]) -> Claim:
+    def _claim(key: str, lease: Mapping[str, JsonValue]) -> Claim:
         notes = (lease.get("metadata") or {}).get("annotations") or {}
         try:
             details = json.loads(notes.get(DETAILS_ANNOTATION) or "{}")
@@ -141,7 +143,7 @@ class KubeLeaseClaims:
         )
 
     def _body(self, key: str, *, holder: str, ttl_seconds: float, state: str,
-              details: Mapping[str, Any] | None = None) -> dict[str, Any]:
+              details: Mapping[str, JsonValue] | None = None) -> dict[str, JsonValue]:
         now = _micro_time(self._clock())
         notes = {KEY_ANNOTATION: key, STATE_ANNOTATION: state}
         if details is not None:
@@ -160,7 +162,7 @@ class KubeLeaseClaims:
             },
         }
 
-    async def _create(self, body: Mapping[str, Any]) -> dict[str, Any] | None:
+    async def _create(self, body: Mapping[str, JsonValue]) -> dict[str, JsonValue] | None:
         """Create; None when it exists already (409)."""
         try:
             return await call(verb="create", resource="leases", request=self._api.create_namespaced_lease(
@@ -212,8 +214,8 @@ class KubeLeaseClaims:
             return None  # its holder did not renew it: free (the next acquire takes it over)
         return claim
 
-    async def complete(self, key: str, *, holder: str, details: Mapping[str, Any]) -> None:
-        for _ in range(_RETRIES):
+    async def complete(self, key: str, *, holder: str, details: Mapping[str, JsonValue]) -> None:
+        async for _ in retry.attempts(_RETRIES):  # a 409: read the other writer's Lease again
             current = await self._read(lease_name(key))
             if current is None:
                 if await self._create(self._body(key, holder=holder, ttl_seconds=1, state=STATE_DONE, details=details)):
@@ -252,18 +254,18 @@ class KubeLeaseClaims:
             if err.status not in (404, 409):
                 raise
 
-    async def _list(self) -> list[dict[str, Any]]:
+    async def _list(self) -> list[dict[str, JsonValue]]:
         selector = ",".join(f"{k}={v}" for k, v in MANAGED_BY.items())
         listed = await call(verb="list", resource="leases", request=self._api.list_namespaced_lease(
             self.namespace, label_selector=selector, _preload_content=False, _request_timeout=self._timeout))
         return list(listed.get("items") or [])
 
-    async def leases(self) -> list[dict[str, Any]]:
+    async def leases(self) -> list[dict[str, JsonValue]]:
         """Every Lease labelled ``app.kubernetes.io/managed-by=resilienced`` (the claims and the
         follow-ups of ``resilienced.kube.followups``): one list call, for ``resilienced status``."""
         return await self._list()
 
-    async def done(self, prefix: str = "", *, leases: list[dict[str, Any]] | None = None) -> list[Claim]:
+    async def done(self, prefix: str = "", *, leases: list[dict[str, JsonValue]] | None = None) -> list[Claim]:
         """Every done claim whose key starts with ``prefix`` (one list call, none when ``leases``
         are given; changes nothing)."""
         found = []

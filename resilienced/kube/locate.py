@@ -20,12 +20,11 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
 
-from resilienced.model import NodeShape, RunFacts
+from resilienced.model import JsonValue, NodeShape, RunFacts
 from resilienced.ports import RayNode
 
-JsonObj = dict[str, Any]
+JsonObj = dict[str, JsonValue]
 
 # KubeRay's labels (ray-operator/controllers/ray/utils/constant.go)
 CLUSTER_LABEL = "ray.io/cluster"
@@ -60,34 +59,34 @@ _S3_URI = re.compile(r"^s3://(?P<bucket>[a-z0-9][a-z0-9.-]{1,61}[a-z0-9])/(?P<pr
 _ACTIVE_JOB_STATES = {"", "New", "Initializing", "Running", "Waiting", "Retrying", "Suspending"}
 
 
-def instance_id_of(node: Mapping[str, Any]) -> str | None:
+def instance_id_of(node: Mapping[str, JsonValue]) -> str | None:
     """The EC2 instance id in a Node's ``spec.providerID`` (``aws:///us-east-1a/i-0abc...``)."""
     provider_id = (node.get("spec") or {}).get("providerID") or ""
     match = _PROVIDER_ID.match(provider_id)
     return match.group("instance") if match else None
 
 
-def labels(obj: Mapping[str, Any]) -> Mapping[str, str]:
+def labels(obj: Mapping[str, JsonValue]) -> Mapping[str, str]:
     return (obj.get("metadata") or {}).get("labels") or {}
 
 
-def annotations(obj: Mapping[str, Any]) -> Mapping[str, str]:
+def annotations(obj: Mapping[str, JsonValue]) -> Mapping[str, str]:
     return (obj.get("metadata") or {}).get("annotations") or {}
 
 
-def name_of(obj: Mapping[str, Any]) -> str:
+def name_of(obj: Mapping[str, JsonValue]) -> str:
     return (obj.get("metadata") or {}).get("name") or ""
 
 
-def namespace_of(obj: Mapping[str, Any]) -> str:
+def namespace_of(obj: Mapping[str, JsonValue]) -> str:
     return (obj.get("metadata") or {}).get("namespace") or ""
 
 
-def uid_of(obj: Mapping[str, Any]) -> str:
+def uid_of(obj: Mapping[str, JsonValue]) -> str:
     return (obj.get("metadata") or {}).get("uid") or ""
 
 
-def is_ray_pod(pod: Mapping[str, Any]) -> bool:
+def is_ray_pod(pod: Mapping[str, JsonValue]) -> bool:
     """A head or worker pod that is not finished (a pod being deleted still runs: it counts)."""
     node_type = labels(pod).get(NODE_TYPE_LABEL)
     phase = (pod.get("status") or {}).get("phase")
@@ -95,21 +94,21 @@ def is_ray_pod(pod: Mapping[str, Any]) -> bool:
             and phase not in ("Succeeded", "Failed"))
 
 
-def is_head(pod: Mapping[str, Any]) -> bool:
+def is_head(pod: Mapping[str, JsonValue]) -> bool:
     return labels(pod).get(NODE_TYPE_LABEL) == "head"
 
 
-def pod_ip(pod: Mapping[str, Any]) -> str | None:
+def pod_ip(pod: Mapping[str, JsonValue]) -> str | None:
     return (pod.get("status") or {}).get("podIP") or None
 
 
-def cluster_key_of(pod: Mapping[str, Any]) -> str | None:
+def cluster_key_of(pod: Mapping[str, JsonValue]) -> str | None:
     """``namespace/name`` of the RayCluster a Ray pod belongs to."""
     cluster = labels(pod).get(CLUSTER_LABEL)
     return f"{namespace_of(pod)}/{cluster}" if cluster else None
 
 
-def job_cluster_keys(job: Mapping[str, Any]) -> list[str]:
+def job_cluster_keys(job: Mapping[str, JsonValue]) -> list[str]:
     """The RayClusters a RayJob runs on: ``status.rayClusterName``, or its ``clusterSelector``."""
     ns = namespace_of(job)
     names = {(job.get("status") or {}).get("rayClusterName"),
@@ -117,7 +116,7 @@ def job_cluster_keys(job: Mapping[str, Any]) -> list[str]:
     return [f"{ns}/{n}" for n in sorted(n for n in names if n)]
 
 
-def kueue_manages(obj: Mapping[str, Any]) -> bool:
+def kueue_manages(obj: Mapping[str, JsonValue]) -> bool:
     """Whether Kueue manages a RayJob / RayCluster: it carries ``kueue.x-k8s.io/queue-name``, and is
     not a RayJob with ``spec.clusterSelector``.
 
@@ -132,7 +131,7 @@ def kueue_manages(obj: Mapping[str, Any]) -> bool:
     return not (obj.get("kind") == "RayJob" and (obj.get("spec") or {}).get("clusterSelector"))
 
 
-def owning_job_ref(raycluster: Mapping[str, Any]) -> Mapping[str, Any] | None:
+def owning_job_ref(raycluster: Mapping[str, JsonValue]) -> Mapping[str, JsonValue] | None:
     """The ownerReference of kind RayJob (KubeRay creates the cluster of a RayJob with one)."""
     for ref in (raycluster.get("metadata") or {}).get("ownerReferences") or []:
         if ref.get("kind") == "RayJob" and str(ref.get("apiVersion", "")).startswith("ray.io/"):
@@ -140,7 +139,7 @@ def owning_job_ref(raycluster: Mapping[str, Any]) -> Mapping[str, Any] | None:
     return None
 
 
-def volcano_job_of(pod: Mapping[str, Any]) -> tuple[str, str] | None:
+def volcano_job_of(pod: Mapping[str, JsonValue]) -> tuple[str, str] | None:
     """(``namespace/name``, uid or "") of the Volcano Job that created ``pod``, or None.
 
     The controller ownerReference of kind Job in ``batch.volcano.sh`` first (it carries the uid);
@@ -157,13 +156,13 @@ def volcano_job_of(pod: Mapping[str, Any]) -> tuple[str, str] | None:
     return None
 
 
-def pick_job(candidates: Sequence[Mapping[str, Any]]) -> Mapping[str, Any] | None:
+def pick_job(candidates: Sequence[Mapping[str, JsonValue]]) -> Mapping[str, JsonValue] | None:
     """Of the RayJobs that name a cluster (clusterSelector mode may have several), the one running."""
     active = [j for j in candidates if ((j.get("status") or {}).get("jobDeploymentStatus") or "") in _ACTIVE_JOB_STATES]
     return active[0] if len(active) == 1 else None
 
 
-def checkpoint_uri(job: Mapping[str, Any] | None, raycluster: Mapping[str, Any]) -> tuple[str | None, str | None]:
+def checkpoint_uri(job: Mapping[str, JsonValue] | None, raycluster: Mapping[str, JsonValue]) -> tuple[str | None, str | None]:
     """(uri, error): the RayJob's annotation wins over the RayCluster's; a malformed one is an error."""
     for owner, obj in (("RayJob", job), ("RayCluster", raycluster)):
         if obj is None:
@@ -180,7 +179,7 @@ def checkpoint_uri(job: Mapping[str, Any] | None, raycluster: Mapping[str, Any])
     return None, None
 
 
-def _container_port(pod: Mapping[str, Any], port_name: str) -> int | None:
+def _container_port(pod: Mapping[str, JsonValue], port_name: str) -> int | None:
     for container in (pod.get("spec") or {}).get("containers") or []:
         for port in container.get("ports") or []:
             if port.get("name") == port_name and port.get("containerPort"):
@@ -188,7 +187,7 @@ def _container_port(pod: Mapping[str, Any], port_name: str) -> int | None:
     return None
 
 
-def gcs_address(raycluster: Mapping[str, Any], head_pod: Mapping[str, Any] | None) -> str:
+def gcs_address(raycluster: Mapping[str, JsonValue], head_pod: Mapping[str, JsonValue] | None) -> str:
     """Where the cluster's GCS answers, from what KubeRay publishes.  Tried in this order:
 
     host  1. ``status.head.serviceIP``: the head Service's ClusterIP (stable across head restarts;
@@ -293,7 +292,7 @@ def node_shape(node_labels: Mapping[str, str]) -> NodeShape | None:
     return None
 
 
-def node_capacity_facts(node_labels: Mapping[str, str]) -> dict[str, Any]:
+def node_capacity_facts(node_labels: Mapping[str, str]) -> dict[str, JsonValue]:
     """``capacity_type``, ``reservation_id``, ``reservation_type``, ``node_shape`` from a Node's labels.
 
     Karpenter's labels where the Node has them (a reserved node keeps Karpenter's ``reserved`` and
@@ -301,7 +300,7 @@ def node_capacity_facts(node_labels: Mapping[str, str]) -> dict[str, Any]:
     EKS managed node group's ``eks.amazonaws.com/capacityType``, as ``spot`` / ``on-demand`` /
     ``capacity-block`` (no reservation id: node groups do not label it).
     """
-    facts: dict[str, Any] = {}
+    facts: dict[str, JsonValue] = {}
     shape = node_shape(node_labels)
     if shape is not None:
         facts["node_shape"] = shape.value
@@ -315,7 +314,7 @@ def node_capacity_facts(node_labels: Mapping[str, str]) -> dict[str, Any]:
     return facts
 
 
-def requeued_facts(run_objects: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+def requeued_facts(run_objects: Sequence[Mapping[str, JsonValue]]) -> dict[str, JsonValue]:
     """The last requeue resilienced applied, from the first run object that records one.
 
     The Kubernetes requeuers write ``resilienced.io/requeued-for`` (the event id), ``-capacity-type``
@@ -331,7 +330,7 @@ def requeued_facts(run_objects: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     return {}
 
 
-def capacity_facts(*, node: Mapping[str, Any], run_objects: Sequence[Mapping[str, Any]],
+def capacity_facts(*, node: Mapping[str, JsonValue], run_objects: Sequence[Mapping[str, JsonValue]],
                    worker_nodes: Sequence[str]) -> RunFacts:
     """``Target.facts`` for the capacity decision (see ``resilienced.capacity.request``).
 
@@ -341,7 +340,7 @@ def capacity_facts(*, node: Mapping[str, Any], run_objects: Sequence[Mapping[str
     (the gang).
     """
     node_labels = labels(node)
-    facts: dict[str, Any] = {}
+    facts: dict[str, JsonValue] = {}
     for key, label in (("instance_type", INSTANCE_TYPE_LABEL), ("availability_zone", ZONE_LABEL)):
         if node_labels.get(label):
             facts[key] = node_labels[label]
@@ -359,7 +358,7 @@ def capacity_facts(*, node: Mapping[str, Any], run_objects: Sequence[Mapping[str
     return RunFacts(**facts)
 
 
-def elastic_facts(run_objects: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+def elastic_facts(run_objects: Sequence[Mapping[str, JsonValue]]) -> dict[str, JsonValue]:
     """``elastic`` (and ``elastic_fallback`` / ``elastic_error``) from the run's objects, RayJob first.
 
     ``resilienced.io/elastic: "true"`` makes the run elastic, ``"false"`` (or no annotation) not; any

@@ -36,13 +36,13 @@ import binascii
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
 
 from kubernetes_asyncio import client as k8s
 
 from resilienced.errors import RayAuthError
 from resilienced.kube.api import KubeStatusError, call
 from resilienced.kube.locate import name_of, namespace_of, secret_name_for, uid_of
+from resilienced.model import JsonValue
 
 SECRET_KEY = "auth_token"  # KubeRay's RAY_AUTH_TOKEN_SECRET_KEY
 
@@ -51,7 +51,7 @@ MODE_SECRET = "secret"
 MODE_KUBERNETES = "kubernetes"
 
 
-def auth_mode(raycluster: Mapping[str, Any]) -> str:
+def auth_mode(raycluster: Mapping[str, JsonValue]) -> str:
     """``none`` | ``secret`` | ``kubernetes``: how the cluster's GCS authenticates callers."""
     options = (raycluster.get("spec") or {}).get("authOptions")
     if not isinstance(options, Mapping) or options.get("mode") != "token":
@@ -59,7 +59,7 @@ def auth_mode(raycluster: Mapping[str, Any]) -> str:
     return MODE_KUBERNETES if options.get("enableK8sTokenAuth") is True else MODE_SECRET
 
 
-def auth_secret_name(raycluster: Mapping[str, Any]) -> str:
+def auth_secret_name(raycluster: Mapping[str, JsonValue]) -> str:
     """The Secret holding the token in ``secret`` mode: ``authOptions.secretName``, else KubeRay's generated one."""
     options = (raycluster.get("spec") or {}).get("authOptions") or {}
     return options.get("secretName") or secret_name_for(name_of(raycluster))
@@ -88,10 +88,10 @@ class RayTokens:
         self._clock = clock
         self._cache: dict[tuple[str, str], tuple[float, str | None]] = {}
 
-    def forget(self, raycluster: Mapping[str, Any]) -> None:
+    def forget(self, raycluster: Mapping[str, JsonValue]) -> None:
         self._cache.pop((namespace_of(raycluster), uid_of(raycluster) or name_of(raycluster)), None)
 
-    async def token_for(self, raycluster: Mapping[str, Any]) -> str | None:
+    async def token_for(self, raycluster: Mapping[str, JsonValue]) -> str | None:
         """The token to send to this cluster's GCS, or None when it takes none."""
         mode = auth_mode(raycluster)
         if mode == MODE_NONE:
@@ -106,7 +106,7 @@ class RayTokens:
         self._cache[key] = (self._clock() + self._ttl_s, token)
         return token
 
-    def _service_account_token(self, raycluster: Mapping[str, Any]) -> str:
+    def _service_account_token(self, raycluster: Mapping[str, JsonValue]) -> str:
         where = f"RayCluster {namespace_of(raycluster)}/{name_of(raycluster)}"
         try:
             token = self._sa_token_path.read_text().strip()
@@ -119,7 +119,7 @@ class RayTokens:
             raise RayAuthError(f"{where}: the ServiceAccount token file {self._sa_token_path} is empty")
         return token
 
-    async def _secret_token(self, raycluster: Mapping[str, Any]) -> str:
+    async def _secret_token(self, raycluster: Mapping[str, JsonValue]) -> str:
         ns, secret = namespace_of(raycluster), auth_secret_name(raycluster)
         where = f"RayCluster {ns}/{name_of(raycluster)} (authOptions.mode=token)"
         try:

@@ -121,12 +121,12 @@ async def create_queue_with_dlq(sqs: Any, *, name: str, max_receive_count: int =
 
 async def create_rules(events: Any, *, queue_url: str, sqs: Any, prefix: str = "resilienced") -> list[str]:
     """One EventBridge rule per event kind the daemon reads, each targeting the queue."""
-    import handlers
+    from handlers import registry
 
     queue_arn = (await sqs.get_queue_attributes(QueueUrl=queue_url, AttributeNames=["QueueArn"]))[
         "Attributes"]["QueueArn"]
     names = []
-    for module in handlers.MODULES:
+    for module in registry.MODULES:
         name = f"{prefix}-{module.KIND.value.replace('_', '-')}"
         pattern = {"source": [module.SOURCE], "detail-type": list(module.DETAIL_TYPES)}
         await events.put_rule(Name=name, EventPattern=json.dumps(pattern))

@@ -25,17 +25,19 @@ from typing import Any
 
 from aiobotocore.session import get_session
 
-from resilienced import inject, log, replay
+from resilienced import log
+from resilienced.app import inject
+from resilienced.app import replay
 from resilienced.aws.sqs import SqsQueue
 from resilienced.claims import MemoryClaims
-from resilienced.consumer import Consumer
+from resilienced.consumer.loop import Consumer
 from resilienced.errors import ConfigError
 from resilienced.local.aws import FAKE_CREDENTIALS, MotoServer, create_queue_with_dlq, create_rules
 from resilienced.model import Outcome, Verdict
 from resilienced.ports import Message
 from resilienced.recovery.plan_only import PlanLogger
 from resilienced.settings import IntakeSettings, QueueSettings
-from resilienced.validate import isoformat
+from resilienced.intake.validate import isoformat
 
 REGION = "us-east-1"
 MAX_RECEIVE_COUNT = 3

@@ -50,17 +50,30 @@ import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Any, TextIO, TypeVar
+from typing import TYPE_CHECKING, Any, TextIO, TypeVar
 from urllib.parse import urlsplit
 
 from resilienced import log
+from resilienced.clock import utcnow
 from resilienced.errors import ConfigError, ResilienceError
 from resilienced.ray.cluster import CAPACITY_TYPE_LABEL as CAPACITY_LABEL
 from resilienced.ray.cluster import ELASTIC_LABEL
 from resilienced.ray.cluster import INSTANCE_ID_LABEL as INSTANCE_LABEL
-from resilienced.settings import NotifySettings
+from resilienced.settings import (
+    FollowUpSettings,
+    HttpSettings,
+    IntakeSettings,
+    ModeSettings,
+    NotifySettings,
+    QueueSettings,
+    RecoverySettings,
+    Settings,
+)
+
+if TYPE_CHECKING:  # imported where used: `resilienced drill --help` does not load the daemon's adapters
+    from resilienced.app.runtime import StandIns
 
 REGION = "us-east-1"
 BUCKET = "resilienced-drill"
@@ -271,6 +284,38 @@ def made_up_ids(n: int, *, seed: int) -> list[str]:
 
 
 # --------------------------------------------------------------------------- the report
+@dataclass(frozen=True)
+class ResumeFacts:
+    """Where the trainer was stopped and where it went on, from its metrics and events."""
+
+    interrupted_at: int | None  # the last step of the first attempt
+    checkpoint_step: int | None  # the step the attempt after the notice resumed from
+    resumed_at: int | None  # that attempt's first step
+    after: list[dict[str, Any]]  # that attempt's metrics
+    heard: dict[str, Any] | None  # the trainer's first preemption_notice event after the notice
+    committed: list[dict[str, Any]]  # the checkpoints committed after it, at or beyond its step
+
+
+def resume_facts(*, metrics: list[dict[str, Any]], events: list[dict[str, Any]], notice: float | None) -> ResumeFacts:
+    """The first attempt's last step, the resumed attempt's checkpoint and first step, and the
+    checkpoint holding the step the notice reached the trainer at (spot): the first committed after
+    the notice at or beyond that step (a periodic save of it counts); abrupt: none."""
+    starts = sorted((e for e in events if e.get("event") == "started"), key=lambda e: e["time"])
+    resumed = next((e for e in starts if e.get("resumed_from_step") is not None and
+                    notice is not None and e["time"] >= notice), None)
+    first_attempt = starts[0].get("attempt") if starts else None
+    before = [m for m in metrics if m.get("attempt") == first_attempt] if starts else metrics
+    after = ([m for m in metrics if m.get("attempt") == resumed.get("attempt")] if resumed else [])
+    heard = next((e for e in sorted(events, key=lambda e: e["time"]) if e.get("event") == "preemption_notice"
+                  and notice is not None and e["time"] >= notice), None)
+    committed = [e for e in events if e.get("event") == "checkpoint_committed" and heard is not None
+                 and e["time"] >= notice and e.get("step", -1) >= heard.get("step", 0)]
+    return ResumeFacts(interrupted_at=max((m["step"] for m in before), default=None),
+                       checkpoint_step=resumed.get("resumed_from_step") if resumed else None,
+                       resumed_at=min((m["step"] for m in after), default=None),
+                       after=after, heard=heard, committed=committed)
+
+
 def report_from(
     *, options: DrillOptions, metrics: list[dict[str, Any]], events: list[dict[str, Any]],
     reference: dict[int, float], notice: float | None, durable_at: float | None, capacity: str | None,
@@ -286,21 +331,8 @@ def report_from(
     ``worker_seconds_idle`` and ``restarts``.  ``replacement``: what the daemon announced to an
     elastic run (``resilienced.ray.replacement``), against when the replacement joined;
     ``follow_up``: the daemon's follow-up record (:func:`follow_up_facts`), None: not read."""
-    starts = sorted((e for e in events if e.get("event") == "started"), key=lambda e: e["time"])
-    resumed = next((e for e in starts if e.get("resumed_from_step") is not None and
-                    notice is not None and e["time"] >= notice), None)
-    first_attempt = starts[0].get("attempt") if starts else None
-    before = [m for m in metrics if m.get("attempt") == first_attempt] if starts else metrics
-    interrupted_at = max((m["step"] for m in before), default=None)
-    checkpoint_step = resumed.get("resumed_from_step") if resumed else None
-    after = ([m for m in metrics if m.get("attempt") == resumed.get("attempt")] if resumed else [])
-    resumed_at = min((m["step"] for m in after), default=None)
-    # the checkpoint holding the step the notice reached the trainer at (spot): the first committed
-    # after the notice at or beyond that step (a periodic save of it counts); abrupt: none
-    heard = next((e for e in sorted(events, key=lambda e: e["time"]) if e.get("event") == "preemption_notice"
-                  and notice is not None and e["time"] >= notice), None)
-    committed = [e for e in events if e.get("event") == "checkpoint_committed" and heard is not None
-                 and e["time"] >= notice and e.get("step", -1) >= heard.get("step", 0)]
+    run = resume_facts(metrics=metrics, events=events, notice=notice)
+    interrupted_at, checkpoint_step, resumed_at = run.interrupted_at, run.checkpoint_step, run.resumed_at
     losses = loss_facts(options, metrics, reference, fixed_reference)
     every_step, trained_twice = losses["every_step"], losses["steps_trained_twice"]
     idle = idle_facts(options=options, metrics=metrics, notice=notice, node_spans=node_spans)
@@ -339,10 +371,10 @@ def report_from(
         "resumed_at_step": resumed_at,
         "steps_lost": steps_lost,
         "steps_trained_twice": trained_twice,
-        "notice_to_trainer_s": since(heard["time"] if heard else None),
-        "notice_to_checkpoint_s": since(min((e["time"] for e in committed), default=None)),
+        "notice_to_trainer_s": since(run.heard["time"] if run.heard else None),
+        "notice_to_checkpoint_s": since(min((e["time"] for e in run.committed), default=None)),
         "notice_to_durable_s": since(durable_at),
-        "notice_to_resumed_s": since(min((m["time"] for m in after), default=None)),
+        "notice_to_resumed_s": since(min((m["time"] for m in run.after), default=None)),
         "capacity": capacity,
         **followed,
         **{k: v for k, v in losses.items() if k not in ("every_step", "steps_trained_twice")},
@@ -581,7 +613,7 @@ class BootingProvider:
 
     async def launch(self, *, capacity: Any, node_labels: Sequence[Mapping[str, str]],
                      reservation_id: str | None = None) -> list[Any]:
-        from resilienced.ray.requeue import ProvidedNode
+        from resilienced.ports import ProvidedNode
 
         n = min(len(node_labels), await self.available(capacity) or 0)
         if n == 0:  # the inner provider says NoCapacity, in its words
@@ -639,7 +671,7 @@ class StallingProvider:
 
     async def launch(self, *, capacity: Any, node_labels: Sequence[Mapping[str, str]],
                      reservation_id: str | None = None) -> list[Any]:
-        from resilienced.ray.requeue import ProvidedNode
+        from resilienced.ports import ProvidedNode
 
         if getattr(capacity, "value", capacity) not in self._stalled:
             return await self._inner.launch(capacity=capacity, node_labels=node_labels, reservation_id=reservation_id)
@@ -955,25 +987,13 @@ class Drill:
             provider = StallingProvider(provider, stalled=("capacity-block",))
         return provider
 
-    async def _start_daemon(self, stack: contextlib.AsyncExitStack, endpoint: str, queue_url: str,
-                            cluster: Any, stop: asyncio.Event) -> asyncio.Task[int]:
-        from resilienced import daemon
-        from resilienced.capacity.static import StaticCapacity
-        from resilienced.ports import CapacityReservation
-        from resilienced.settings import (
-            FollowUpSettings,
-            HttpSettings,
-            IntakeSettings,
-            ModeSettings,
-            QueueSettings,
-            RecoverySettings,
-            Settings,
-        )
-
+    def _daemon_settings(self, endpoint: str, queue_url: str, cluster: Any) -> Settings:
+        """The daemon's settings in the drill: ray mode on the local cluster with its token, the moto
+        queue, short polls, and follow-up bounds scaled to the drill's notice and node boot."""
         token_file = self.workdir / "ray-token"
         token_file.write_text(cluster.auth_token)
         token_file.chmod(0o600)
-        settings = Settings(
+        return Settings(
             queue=QueueSettings(queue_url=queue_url, region=REGION, endpoint_url=endpoint,
                                 wait_seconds=1, visibility_timeout=30, shutdown_timeout=10),
             intake=IntakeSettings(notice_seconds=self.o.notice_seconds),
@@ -989,13 +1009,28 @@ class Drill:
                 training_bound_seconds=self.o.notice_seconds + TRAINING_BOUND_EXTRA_S,
                 follow_up_interval_seconds=1.0, follow_up_claim_ttl_seconds=60),
         ).validate()
-        now = datetime.now(timezone.utc)
+
+    def _stand_ins(self, cluster: Any) -> StandIns:
+        """The drill's EC2, one active Capacity Block of ``workers`` instances, and its node provider
+        (:meth:`_provider`)."""
+        from resilienced.app.runtime import StandIns
+        from resilienced.local.capacity import StaticCapacity
+        from resilienced.ports import CapacityReservation
+
+        now = utcnow()
         block = CapacityReservation(
             reservation_id=BLOCK_ID, instance_type=INSTANCE_TYPE, availability_zone=f"{REGION}a",
             reservation_type="capacity-block", state="active", available_instances=self.o.workers,
             total_instances=self.o.workers, start=now - timedelta(hours=1), end=now + timedelta(days=1))
+        return StandIns(capacity=StaticCapacity([block]), node_provider=self._provider(cluster))
+
+    async def _start_daemon(self, stack: contextlib.AsyncExitStack, endpoint: str, queue_url: str,
+                            cluster: Any, stop: asyncio.Event) -> asyncio.Task[int]:
+        from resilienced.app import daemon
+
+        settings = self._daemon_settings(endpoint, queue_url, cluster)
+        stand_ins = self._stand_ins(cluster)
         stalled = self.o.scenario == "stalled"
-        provider = self._provider(cluster)
         daemon_log = open(self.workdir / "daemon.log", "a")
         stack.callback(daemon_log.close)
         # unwound first: nothing logs into the closed file after the drill (structlog raises there)
@@ -1003,8 +1038,7 @@ class Drill:
         log.configure(level="info", stream=daemon_log)
         ready = asyncio.Event()
         task = asyncio.create_task(daemon.run(
-            settings, ready=ready, provider=provider, capacity_source=StaticCapacity([block]),
-            observer=self._observe, stop=stop), name="drill.daemon")
+            settings, ready=ready, observer=self._observe, stop=stop, stand_ins=stand_ins), name="drill.daemon")
 
         async def shut() -> None:
             stop.set()
@@ -1049,11 +1083,11 @@ class Drill:
                                      f"(pid {self._trainer.pid})")
 
     async def _play_spot(self, endpoint: str, cluster: Any, victim: str) -> None:
-        now = datetime.now(timezone.utc)
+        now = utcnow()
         await self._put(endpoint, rebalance(victim, now), f"rebalance recommendation for {victim}")
         self.timeline.notice = time.time()
         deadline = self.timeline.notice + self.o.notice_seconds
-        await self._put(endpoint, spot_notice(victim, datetime.now(timezone.utc)),
+        await self._put(endpoint, spot_notice(victim, utcnow()),
                         f"Spot interruption notice for {victim} (deadline in {self.o.notice_seconds:g}s)")
         await asyncio.sleep(max(0.0, deadline - time.time()))  # EC2 acts at the deadline
         await self._terminate(endpoint, cluster, victim)
@@ -1069,7 +1103,7 @@ class Drill:
         await _in_thread(end, self._nodes[victim])
         self._spans[self._nodes[victim].name][1] = time.time()
         self.timeline.add("aws", f"instance {victim} terminated (its Ray node is gone)")
-        await self._put(endpoint, state_change(victim, "terminated", datetime.now(timezone.utc)),
+        await self._put(endpoint, state_change(victim, "terminated", utcnow()),
                         f"state change: {victim} terminated")
         if not self.o.daemon:  # nobody requeues: play the autoscaler that replaces the node
             replacement = made_up_ids(self.o.workers + 1, seed=self.o.seed)[-1]

@@ -37,7 +37,7 @@ from typing import Any
 
 from aiobotocore.session import get_session
 
-from resilienced import tasks
+from resilienced import supervisor
 from resilienced.log import get as get_logger
 from trainer import resume
 
@@ -120,7 +120,7 @@ class LocalExporter:
                                                       endpoint_url=self._endpoint_url)
         self._client = await self._client_cm.__aenter__()
         self._stopping = False
-        self._task = tasks.spawn(self._run(), name=f"fsxlocal {self.root}")
+        self._task = supervisor.spawn(self._run(), name=f"fsxlocal {self.root}")
         return self
 
     async def stop(self) -> None:

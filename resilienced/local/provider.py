@@ -13,7 +13,7 @@ import secrets
 import subprocess
 from collections.abc import Mapping, Sequence
 
-from resilienced.capacity.decision import Capacity
+from resilienced.model import Capacity
 from resilienced.local.raycluster import LocalRayCluster, LocalRayNode
 from resilienced.ports import ProvidedNode
 from resilienced.ray.cluster import CAPACITY_TYPE_LABEL, INSTANCE_ID_LABEL, RESERVATION_LABEL

@@ -60,7 +60,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from resilienced.errors import ResilienceError
-from resilienced.ray.cluster import CAPACITY_TYPE_LABEL, INSTANCE_ID_LABEL  # noqa: F401  (the ray-mode labels)
+from resilienced.ray.cluster import CAPACITY_TYPE_LABEL
 
 CAPACITY_TYPES = ("spot", "capacity-block", "on-demand")
 

@@ -20,10 +20,11 @@ import json
 import time
 import urllib.parse
 from collections.abc import Callable, Mapping
-from typing import Any, Protocol
+from typing import Protocol
 
 from resilienced.errors import BackendUnavailable
 from resilienced.log import get as get_logger
+from resilienced.model import JsonValue
 from resilienced.ports import Claim
 
 log = get_logger(__name__)
@@ -105,7 +106,7 @@ class RayKvClaims:
         return Claim(key=key, holder=record["holder"], state=record["state"],
                      details=record.get("details") or {})
 
-    async def complete(self, key: str, *, holder: str, details: Mapping[str, Any]) -> None:
+    async def complete(self, key: str, *, holder: str, details: Mapping[str, JsonValue]) -> None:
         _check(key, holder)
         gen, record = await self._current(key)
         done = {"holder": holder, "state": "done", "expires": self._clock() + self._done_ttl,
@@ -145,7 +146,7 @@ class RayKvClaims:
     def _gen_key(self, key: str, gen: int) -> str:
         return f"{self._base(key)}{gen:012d}"
 
-    async def _current(self, key: str) -> tuple[int, dict[str, Any] | None]:
+    async def _current(self, key: str) -> tuple[int, dict[str, JsonValue] | None]:
         """(newest generation, its record); (0, None) when there is none.
 
         An unreadable record counts as free (it is logged): a claim is an optimisation against
@@ -179,7 +180,7 @@ class RayKvClaims:
             await self._kv.kv_del(self._gen_key(key, gen))
 
 
-def _dump(record: Mapping[str, Any]) -> bytes:
+def _dump(record: Mapping[str, JsonValue]) -> bytes:
     return json.dumps(record, sort_keys=True, default=str).encode("utf-8")
 
 

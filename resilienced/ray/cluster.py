@@ -17,12 +17,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime
-from typing import Any
+
+from aiobotocore.client import AioBaseClient
 
 from resilienced.aws.errors import translate  # the one AWS error translation
 from resilienced.errors import PermanentError
 from resilienced.log import get as get_logger
-from resilienced.model import RunFacts, Target
+from resilienced.model import JsonValue, RunFacts, Target
 from resilienced.ports import Location, RayControl, RayNode
 
 log = get_logger(__name__)
@@ -63,7 +64,7 @@ class RayModeCluster:
         ray: RayControl,
         checkpoint_uri: str | None,
         ray_address: str | None = None,
-        ec2: Any | None = None,
+        ec2: AioBaseClient | None = None,
         instance_label: str = INSTANCE_ID_LABEL,
         instance_type: str | None = None,
     ) -> None:
@@ -179,7 +180,7 @@ class RayModeCluster:
             chunk = instance_ids[start:start + 200]
             token: str | None = None
             while True:
-                kwargs: dict[str, Any] = {"Filters": [{"Name": "instance-id", "Values": chunk}]}
+                kwargs: dict[str, JsonValue] = {"Filters": [{"Name": "instance-id", "Values": chunk}]}
                 if token:
                     kwargs["NextToken"] = token
                 try:

@@ -13,9 +13,9 @@ from __future__ import annotations
 import json
 import urllib.parse
 from collections.abc import Mapping
-from typing import Any
 
 from resilienced.log import get as get_logger
+from resilienced.model import JsonValue
 from resilienced.ray.claims import GcsKv
 
 log = get_logger(__name__)
@@ -33,7 +33,7 @@ class RayKvFollowUps:
     def __init__(self, *, kv: GcsKv) -> None:
         self._kv = kv
 
-    async def _read(self, key: str) -> tuple[dict[str, Any], int] | None:
+    async def _read(self, key: str) -> tuple[dict[str, JsonValue], int] | None:
         raw = await self._kv.kv_get(key)
         if raw is None:
             return None
@@ -44,11 +44,11 @@ class RayKvFollowUps:
             log.warning("follow-up record unreadable", key=key, error=str(e))
             return None
 
-    async def get(self, run: str) -> tuple[dict[str, Any], str] | None:
+    async def get(self, run: str) -> tuple[dict[str, JsonValue], str] | None:
         found = await self._read(_key(run))
         return None if found is None else (found[0], str(found[1]))
 
-    async def put(self, run: str, record: Mapping[str, Any], *, version: str | None) -> str | None:
+    async def put(self, run: str, record: Mapping[str, JsonValue], *, version: str | None) -> str | None:
         key = _key(run)
 
         def dump(number: int) -> bytes:
@@ -62,7 +62,7 @@ class RayKvFollowUps:
         await self._kv.kv_put(key, dump(current[1] + 1))
         return str(current[1] + 1)
 
-    async def all(self) -> list[tuple[dict[str, Any], str]]:
+    async def all(self) -> list[tuple[dict[str, JsonValue], str]]:
         out = []
         for key in sorted(await self._kv.kv_keys(PREFIX)):
             found = await self._read(key)

@@ -24,16 +24,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import replace
-from typing import Any
 
-from resilienced.capacity.decision import Capacity, CapacityDecision
 from resilienced.capacity.planner import CapacityPlanner
 from resilienced.capacity.request import CapacityRequest
 from resilienced.errors import TemporaryError
-from resilienced.model import Event, Target
+from resilienced.model import Capacity, CapacityDecision, Event, JsonValue, RequeueResult, Target
 from resilienced.ports import NodeProvider, ProvidedNode
 from resilienced.ray.cluster import ELASTIC_LABEL, RESERVATION_LABEL
-from resilienced.requeue.result import RequeueResult, waiting
 
 REPLACES_LABEL = "resilienced.io/replaces"
 
@@ -47,7 +44,7 @@ class NoCapacity(TemporaryError):
 
 
 class RayModeRequeuer:
-    """:class:`~resilienced.requeue.result.Requeuer` for ray mode: replacement nodes from a provider.
+    """:class:`~resilienced.ports.Requeuer` for ray mode: replacement nodes from a provider.
 
     Args:
         provider: starts nodes per capacity pool.
@@ -89,7 +86,7 @@ class RayModeRequeuer:
                 dry_run=dry_run, decision=decision)
         if dry_run:
             if not decision.places:
-                return waiting(target, kind=self.kind, decision=decision, dry_run=True)
+                return RequeueResult.waiting(target, kind=self.kind, decision=decision, dry_run=True)
             return RequeueResult(
                 run_key=target.run_key, kind=self.kind, capacity=decision.capacity,
                 reservation_id=decision.reservation_id, dry_run=True, decision=decision,
@@ -126,7 +123,7 @@ class RayModeRequeuer:
             self.planner.mark_unavailable(request.pool, current.reservation_id or current.capacity)
             current = await self.planner.plan(replace(request, instance_count=len(missing)))
         reason = f"{'; '.join(tried)}; {current.reason}"
-        details: dict[str, Any] = {"tried": tried}
+        details: dict[str, JsonValue] = {"tried": tried}
         if elastic:
             reason += (f"; the run goes on at the smaller size, nothing stopped (still short of "
                        f"{', '.join(missing)})")
@@ -154,7 +151,7 @@ class RayModeRequeuer:
         reason = f"launched {len(nodes)} {current.capacity.value} node(s): {current.reason}"
         if tried:
             reason = f"{'; '.join(tried)}; then {reason}"
-        details: dict[str, Any] = {"tried": tried, "nodes": [n.instance_id for n in nodes]}
+        details: dict[str, JsonValue] = {"tried": tried, "nodes": [n.instance_id for n in nodes]}
         if elastic:
             reason += "; elastic: the other workers kept training"
             details["elastic"] = True

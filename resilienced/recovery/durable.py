@@ -41,13 +41,14 @@ import re
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
-from typing import Any
+from datetime import datetime
 
 from resilienced.aws.fsx import parse_failures_csv
 from resilienced.aws.s3 import ObjectNotFound, parse_s3_uri
+from resilienced.clock import utcnow
 from resilienced.errors import BackendUnavailable, PermanentError
 from resilienced.log import get as get_logger
+from resilienced.model import JsonValue
 from resilienced.ports import ExportTask, ExportTasks, ObjectStore, StoredObject
 from trainer.manifest import MANIFEST, Manifest, ManifestError
 
@@ -80,7 +81,7 @@ class DurableResult:
     reason: str | None = None
     rejected: tuple[str, ...] = ()
     export_tasks: tuple[str, ...] = ()
-    details: Mapping[str, Any] = field(default_factory=dict)
+    details: Mapping[str, JsonValue] = field(default_factory=dict)
 
 
 # --------------------------------------------------------------------------- one look at S3
@@ -105,7 +106,7 @@ class _Looker:
         self.store = store
         self.bucket = bucket
         self.prefix = prefix
-        self._manifests: dict[tuple[str, int, Any], Manifest | ManifestError] = {}
+        self._manifests: dict[tuple[str, int, datetime | None], Manifest | ManifestError] = {}
         self.newest_seen: int | None = None
         self.rejected: dict[int, str] = {}
 
@@ -263,7 +264,7 @@ class _Wait:
         self.uri, self.notice_time, self.give_up, self.mode = uri, notice_time, give_up, mode
         self.poll_interval = poll_interval
         self.store = store
-        self.now = clock or (lambda: datetime.now(timezone.utc))
+        self.now = clock or utcnow
         self.started = time.monotonic()
         self.looker = _Looker(store=store, bucket=bucket, prefix=prefix)
         self.tasks: list[str] = []

@@ -29,13 +29,13 @@ import contextlib
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta, timezone
-from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from resilienced import log
 from resilienced.aws.s3 import ObjectNotFound, parse_s3_uri
 from resilienced.claims import HeldClaim, held_claim
+from resilienced.clock import utcnow
 from resilienced.errors import PermanentError, ResilienceError, TemporaryError
 from resilienced.followup import (
     Bounds,
@@ -52,8 +52,17 @@ from resilienced.followup import (
     target_json,
     unusable_now,
 )
-from resilienced.model import Capacity, CapacityDecision, Event, Kind, RequeueResult, StageSeen, Target
-from resilienced.notify import Notifier
+from resilienced.model import (
+    Capacity,
+    CapacityDecision,
+    Event,
+    JsonValue,
+    Kind,
+    RequeueResult,
+    StageSeen,
+    Target,
+)
+from resilienced.ops.notify import Notifier
 from resilienced.ports import ClaimStore, Cluster, FollowUpStore, ObjectStore, Planner, Progress, Requeuer, Withdraws
 from trainer import resume
 
@@ -122,7 +131,7 @@ class Follower:
                  planner: Planner, requeue: Requeuer, objects: ObjectStore | None,
                  options: FollowUpOptions = FollowUpOptions(), metrics: FollowUpMetrics | None = None,
                  notifier: Notifier | None = None, replica: str = "resilienced",
-                 clock: Callable[[], datetime] = lambda: datetime.now(timezone.utc)) -> None:
+                 clock: Callable[[], datetime] = utcnow) -> None:
         self.store, self.claims, self.cluster, self.progress = store, claims, cluster, progress
         self.planner, self.requeue, self.objects = planner, requeue, objects
         self.options, self.metrics, self.notifier = options, metrics, notifier
@@ -163,7 +172,7 @@ class Follower:
         return unusable_now(await self.read(run), now=self.clock())
 
     async def open(self, target: Target, *, event: Event, result: RequeueResult,
-                   durable: Mapping[str, Any] | None = None) -> FollowUp | None:
+                   durable: Mapping[str, JsonValue] | None = None) -> FollowUp | None:
         """Open the follow-up of the run ``result`` placed (call it holding the move claim).
 
         Returns the follow-up the run has afterwards: the new one, or the one kept
@@ -470,6 +479,6 @@ def _trains(record: FollowUp, found: resume.ResumeRecord) -> StageSeen:
                             "attempt_id": found.attempt_id})
 
 
-def _decision(data: Mapping[str, Any]) -> CapacityDecision:
+def _decision(data: Mapping[str, JsonValue]) -> CapacityDecision:
     return CapacityDecision(capacity=Capacity(data["capacity"]), reason=str(data.get("reason") or ""),
                             reservation_id=data.get("reservation_id"))

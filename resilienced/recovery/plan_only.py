@@ -20,17 +20,17 @@ is :class:`resilienced.recovery.responder.Recovery` (locate -> signal -> durable
 
 from __future__ import annotations
 
-from typing import Any
 
 from resilienced import log
+from resilienced.log import Logger
 from resilienced.model import Outcome, Plan, Result
-from resilienced.validate import isoformat
+from resilienced.intake.validate import isoformat
 
 
 class PlanLogger:
     """A responder that only logs the plan (one ``plan`` line) and reports it done."""
 
-    def __init__(self, logger: Any | None = None) -> None:
+    def __init__(self, logger: Logger | None = None) -> None:
         self._log = logger or log.get("resilienced.recovery.plan_only")
 
     async def act(self, plan: Plan, *, holder: str) -> Outcome:
@@ -40,7 +40,7 @@ class PlanLogger:
             instance_ids=list(plan.instance_ids),
             capacity_reservation_id=plan.capacity_reservation_id,
             steps=[step.value for step in plan.steps], deadline=isoformat(plan.deadline),
-            attributes=dict(event.attributes), holder=holder,
+            attributes=event.detail_json(), holder=holder,
         )
         return Outcome(result=Result.DONE, event=event, plan=plan,
                        reason="plan logged (--mode plan acts on nothing)")

@@ -34,16 +34,16 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta
 from functools import partial
-from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
-from handlers import capacity_block_expiry
+from handlers import asg_lifecycle, capacity_block_expiry
 from resilienced import log
 from resilienced.aws.autoscaling import Lifecycle
 from resilienced.claims import held_claim
+from resilienced.clock import utcnow
 from resilienced.recovery.durable import DurableResult, newest_durable, wait_durable
 from resilienced.recovery.followup import Follower
 from resilienced.recovery.targets import find_targets
@@ -54,8 +54,8 @@ from resilienced.errors import (
     TemporaryError,
     backends_of,
 )
-from resilienced.model import Capacity, Event, Kind, Outcome, Plan, Result, Step, Target
-from resilienced.notify import Notifier
+from resilienced.model import Capacity, Event, JsonValue, Kind, Outcome, Plan, RequeueResult, Result, Step, Target
+from resilienced.ops.notify import Notifier
 from resilienced.ports import (
     CapacitySource,
     ClaimStore,
@@ -66,8 +66,7 @@ from resilienced.ports import (
     RayControl,
     Requeuer,
 )
-from resilienced.runs import record as runs_record
-from resilienced.runs import summary
+from resilienced.ops.run_record import RunRecord
 
 #: Reasons of the Kubernetes Events resilienced records (kubernetes mode; logged in ray mode).
 REASON_NOTICE = "InterruptionNotice"
@@ -137,12 +136,12 @@ class RunReport:
 
     run: str
     instances: list[str]
-    steps: dict[str, Any] = field(default_factory=dict)
+    steps: dict[str, JsonValue] = field(default_factory=dict)
     skipped: str | None = None
-    record: dict[str, Any] | None = None  # what the done claim keeps (resilienced.runs.record)
+    record: RunRecord | None = None  # what the done claim keeps
 
-    def as_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"run": self.run, "instances": self.instances, **self.steps}
+    def as_json(self) -> dict[str, JsonValue]:
+        out: dict[str, JsonValue] = {"run": self.run, "instances": list(self.instances), **self.steps}
         if self.skipped:
             out["skipped"] = self.skipped
         return out
@@ -183,7 +182,7 @@ class Recovery:
         metrics: RecoveryMetrics | None = None,
         notifier: Notifier | None = None,
         follower: Follower | None = None,
-        clock: Callable[[], datetime] = lambda: datetime.now(timezone.utc),
+        clock: Callable[[], datetime] = utcnow,
     ) -> None:
         self.cluster = cluster
         self.claims = claims
@@ -208,7 +207,7 @@ class Recovery:
         instance_ids, runs = found.instance_ids, found.runs
         outcomes = await asyncio.gather(*(self._run(plan, run, holder=holder) for run in runs),
                                         return_exceptions=True)
-        reports: list[dict[str, Any]] = []
+        reports: list[JsonValue] = []
         temporary: list[TemporaryError] = []
         permanent: list[str] = []
         for run, got in zip(runs, outcomes):
@@ -218,9 +217,8 @@ class Recovery:
             elif isinstance(got, PermanentError):
                 permanent.append(f"{run.run_key}: {got}")
                 reports.append({"run": run.run_key, "failed": str(got)})
-                self._tell(runs_record(event, {"run": run.run_key, "instances": list(
-                    run.facts.instance_ids)}, outcome="failed", at=self.clock(),
-                    reason=str(got)))
+                self._tell(RunRecord.of(event, run=run.run_key, instances=run.facts.instance_ids,
+                                        steps={}, outcome="failed", at=self.clock(), reason=str(got)))
             elif isinstance(got, BaseException):
                 raise got
             else:
@@ -230,7 +228,7 @@ class Recovery:
         lifecycle = None
         if Step.COMPLETE_LIFECYCLE in plan.steps and not temporary:
             lifecycle = await self._complete_lifecycle(plan)
-        details: dict[str, Any] = {"runs": reports, "unresolved": dict(found.unresolved),
+        details: dict[str, JsonValue] = {"runs": reports, "unresolved": dict(found.unresolved),
                                    "instances": instance_ids}
         if lifecycle:
             details["lifecycle"] = lifecycle
@@ -277,14 +275,15 @@ class Recovery:
                 if step in plan.steps:
                     held.check()  # a replica that lost its claim does not take another step
                     await act(plan, target, report)
-            report.record = runs_record(event, report.as_json(), outcome="done", at=self.clock())
-            await held.complete(report.record)  # after a renewal in flight; not when lost
+            report.record = RunRecord.of(event, run=report.run, instances=tuple(report.instances),
+                                         steps=report.steps, outcome="done", at=self.clock())
+            await held.complete(report.record.as_json())  # after a renewal in flight; not when lost
         return report
 
-    def _tell(self, record: dict[str, Any]) -> None:
+    def _tell(self, record: RunRecord) -> None:
         """Hand one run's record to the notifier (queued; never waits, never fails the recovery)."""
         if self.notifier is not None:
-            self.notifier.submit(summary(record))
+            self.notifier.submit(record.summary())
 
     async def _notify(self, plan: Plan, target: Target, report: RunReport) -> None:
         event = plan.event
@@ -399,7 +398,7 @@ class Recovery:
             newest = await newest_durable(store=self.store, uri=target.checkpoint_uri,
                                           before=event.time)
             notice = event.time or self.clock()
-            resume: dict[str, Any]
+            resume: dict[str, JsonValue]
             if newest is None:
                 resume = {"resume_step": None, "reason": "no durable checkpoint: the run starts over"}
             else:
@@ -446,7 +445,7 @@ class Recovery:
                 report.steps["follow_up"] = {"event_id": opened.event_id, "stage": opened.stage,
                                              "stages": list(opened.stages), "capacity": opened.where}
 
-    async def _announce_replacement(self, target: Target, result: Any) -> dict[str, Any] | None:
+    async def _announce_replacement(self, target: Target, result: RequeueResult) -> dict[str, JsonValue] | None:
         """An elastic run: write when its replacement is expected, for the run to decide whether to
         shrink or wait (:mod:`resilienced.ray.replacement`); None when there is nothing to write
         or it cannot be written (the run then shrinks at once, as without the record)."""
@@ -466,9 +465,11 @@ class Recovery:
     async def _complete_lifecycle(self, plan: Plan) -> str:
         if self.lifecycle is None:
             raise PermanentError("ASG lifecycle action: no Auto Scaling access configured")
+        action = plan.event.detail
+        if not isinstance(action, asg_lifecycle.LifecycleAction):
+            raise PermanentError(f"a {plan.event.kind.value} event has no ASG lifecycle action to complete")
         instance = plan.instance_ids[0] if plan.instance_ids else None
-        return await self.lifecycle.complete(event_attributes=dict(plan.event.attributes),
-                                             instance_id=instance)
+        return await self.lifecycle.complete(action, instance_id=instance)
 
     async def _record(self, target: Target, event: Event, *, reason: str, message: str, warning: bool) -> None:
         """An Event once per (run, reason, notice): a retry or a replica taking the run over does

@@ -23,24 +23,3 @@ Shared pieces: ``placement`` (decision -> node selector / affinity / tolerations
 result), ``router`` (routing, the ``resilienced_requeues_total`` metric, Events), ``rbac``
 (``RBAC_RULES``).  docs/requeue.md explains each mechanism with its sources.
 """
-
-from resilienced.requeue.kuberay import KubeRayRequeuer
-from resilienced.requeue.kueue import KueueRequeuer
-from resilienced.requeue.placement import Placement
-from resilienced.requeue.rbac import RBAC_RULES
-from resilienced.requeue.result import RequeueResult, Requeuer
-from resilienced.requeue.router import KubernetesRequeuer, Requeue, RequeueMetrics
-from resilienced.requeue.volcano import VolcanoRequeuer
-
-__all__ = [
-    "RBAC_RULES",
-    "KubeRayRequeuer",
-    "KubernetesRequeuer",
-    "KueueRequeuer",
-    "Placement",
-    "Requeue",
-    "RequeueMetrics",
-    "RequeueResult",
-    "Requeuer",
-    "VolcanoRequeuer",
-]

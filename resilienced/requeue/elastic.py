@@ -41,17 +41,14 @@ import copy
 import json
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
 
-from resilienced.capacity.decision import Capacity, CapacityDecision
 from resilienced.capacity.request import ANNOTATION_ELASTIC_REPLACED, ANNOTATION_REQUEUED_FOR, capacity_of
 from resilienced.kube.api import JsonObj
 from resilienced.kube.locate import instance_id_of
 from resilienced.log import get as get_logger
-from resilienced.model import Event, Target
+from resilienced.model import Capacity, CapacityDecision, Event, JsonValue, RequeueResult, Target
 from resilienced.requeue.objects import RAYCLUSTER, Objects, annotations_of, modify
 from resilienced.requeue.placement import Placement
-from resilienced.requeue.result import RequeueResult
 
 log = get_logger(__name__)
 
@@ -72,7 +69,7 @@ class LostWorker:
     pods: tuple[str, ...] = ()
 
 
-def replaced_of(obj: Mapping[str, Any]) -> dict[str, str]:
+def replaced_of(obj: Mapping[str, JsonValue]) -> dict[str, str]:
     """The ``resilienced.io/elastic-replaced`` annotation (``{}`` when absent or not a JSON object)."""
     raw = annotations_of(obj).get(ANNOTATION_ELASTIC_REPLACED)
     if not raw:
@@ -96,16 +93,16 @@ def group_name_for(base: str, decision: CapacityDecision) -> str:
     return name[:63].rstrip("-")
 
 
-def _base(group: Mapping[str, Any]) -> str:
+def _base(group: Mapping[str, JsonValue]) -> str:
     labels = ((group.get("template") or {}).get("metadata") or {}).get("labels") or {}
     return str(labels.get(ELASTIC_OF_LABEL) or group.get("groupName") or "")
 
 
-def _spec(group: Mapping[str, Any]) -> Mapping[str, Any]:
+def _spec(group: Mapping[str, JsonValue]) -> Mapping[str, JsonValue]:
     return (group.get("template") or {}).get("spec") or {}
 
 
-def _new_group(source: Mapping[str, Any], name: str, base: str, placement: Placement) -> dict[str, Any]:
+def _new_group(source: Mapping[str, JsonValue], name: str, base: str, placement: Placement) -> dict[str, JsonValue]:
     group = copy.deepcopy(dict(source))
     group.pop("scaleStrategy", None)
     group.pop("suspend", None)
@@ -117,9 +114,9 @@ def _new_group(source: Mapping[str, Any], name: str, base: str, placement: Place
     return group
 
 
-def plan_groups(groups: Sequence[Mapping[str, Any]], lost: Sequence[LostWorker], placement: Placement,
+def plan_groups(groups: Sequence[Mapping[str, JsonValue]], lost: Sequence[LostWorker], placement: Placement,
                 decision: CapacityDecision, *, existing: Collection[str] | None = None,
-                ) -> tuple[list[dict[str, Any]], dict[str, str], list[str]]:
+                ) -> tuple[list[dict[str, JsonValue]], dict[str, str], list[str]]:
     """The worker groups after moving each of ``lost`` to a group of the decided capacity (pure).
 
     ``existing``: the names of the cluster's worker pods that still exist (terminating ones
@@ -168,7 +165,7 @@ def plan_groups(groups: Sequence[Mapping[str, Any]], lost: Sequence[LostWorker],
     return new, replaced, changes
 
 
-def _prune_workers_to_delete(group: dict[str, Any], existing: Collection[str]) -> None:
+def _prune_workers_to_delete(group: dict[str, JsonValue], existing: Collection[str]) -> None:
     """Keep only the ``workersToDelete`` names whose pod still exists.
 
     KubeRay (v1.7.0 ``reconcilePods``) never clears the stored list and deletes every name in it on
@@ -183,7 +180,7 @@ def _prune_workers_to_delete(group: dict[str, Any], existing: Collection[str]) -
         strategy["workersToDelete"] = kept
 
 
-def not_elastic_on_kuberay(spec: Mapping[str, Any]) -> str | None:
+def not_elastic_on_kuberay(spec: Mapping[str, JsonValue]) -> str | None:
     """Why a RayClusterSpec cannot be scaled per worker by resilienced (None: it can)."""
     if spec.get("enableInTreeAutoscaling"):
         return ("enableInTreeAutoscaling: the Ray autoscaler owns the worker groups' replicas and "
@@ -198,7 +195,7 @@ def not_elastic_on_kuberay(spec: Mapping[str, Any]) -> str | None:
 
 
 def already_replaced(target: Target, kind: str, decision: CapacityDecision, dry_run: bool,
-                     details: dict[str, Any]) -> RequeueResult:
+                     details: dict[str, JsonValue]) -> RequeueResult:
     """Every lost instance already has its replacement asked for: nothing to do, nothing to wait for."""
     replaced = details.get("replaced") or {}
     capacity = decision.capacity if decision.places else current_capacity(target)
@@ -208,7 +205,7 @@ def already_replaced(target: Target, kind: str, decision: CapacityDecision, dry_
 
 
 def settled(target: Target, kind: str, cluster: JsonObj, decision: CapacityDecision,
-            dry_run: bool) -> tuple[RequeueResult | None, list[str], dict[str, Any]]:
+            dry_run: bool) -> tuple[RequeueResult | None, list[str], dict[str, JsonValue]]:
     """(the result when there is nothing to do, else None; the lost instances not replaced yet; details).
 
     Nothing to do: every lost instance is in ``resilienced.io/elastic-replaced`` already, or the decision
@@ -217,7 +214,7 @@ def settled(target: Target, kind: str, cluster: JsonObj, decision: CapacityDecis
     lost = lost_ids(target)
     done = replaced_of(cluster)
     todo = [i for i in lost if i not in done]
-    details: dict[str, Any] = {"elastic": True, "lost": list(lost)}
+    details: dict[str, JsonValue] = {"elastic": True, "lost": list(lost)}
     if not todo:
         return already_replaced(target, kind, decision, dry_run, {**details, "replaced": done}), todo, details
     if not decision.places:
@@ -288,7 +285,7 @@ class ElasticKubeRay:
         return found, none, existing
 
     async def begin(self, target: Target, cluster: JsonObj, decision: CapacityDecision, dry_run: bool, *,
-                    kind: str) -> tuple[RequeueResult | None, dict[str, Any], list[LostWorker], list[str],
+                    kind: str) -> tuple[RequeueResult | None, dict[str, JsonValue], list[LostWorker], list[str],
                                         frozenset[str]]:
         """(the result when there is nothing to do, details, the lost workers to replace, instances with none,
         the names of the cluster's worker pods)."""
@@ -310,7 +307,7 @@ class ElasticKubeRay:
         changes: list[str] = []
         written: dict[str, str] = {}
 
-        def change(obj: JsonObj) -> dict[str, Any] | None:
+        def change(obj: JsonObj) -> dict[str, JsonValue] | None:
             now_done = replaced_of(obj)
             pending = [w for w in workers if w.instance_id not in now_done]
             if not pending:
@@ -344,7 +341,7 @@ class ElasticKubeRay:
                             dry_run, details=details, reason=reason)
 
     def _result(self, target: Target, decision: CapacityDecision, changes: tuple[str, ...], dry_run: bool, *,
-                details: dict[str, Any], reason: str) -> RequeueResult:
+                details: dict[str, JsonValue], reason: str) -> RequeueResult:
         return RequeueResult(
             run_key=target.run_key, kind=self.kind, capacity=decision.capacity, reason=reason,
             reservation_id=decision.reservation_id, changes=changes, dry_run=dry_run, decision=decision,
@@ -357,7 +354,7 @@ class ElasticKubeRay:
 KUEUE_ELASTIC_ANNOTATION = "kueue.x-k8s.io/elastic-job"
 
 
-def kueue_not_elastic(workload: Mapping[str, Any] | None, key: str) -> str | None:
+def kueue_not_elastic(workload: Mapping[str, JsonValue] | None, key: str) -> str | None:
     """Why Kueue will not scale ``key``'s Workload (None: it will)."""
     if workload is None:
         return f"Kueue has no Workload for {key}; requeued as a gang"
@@ -403,7 +400,7 @@ class ElasticKueue:
         elsewhere = sorted({w.group for w in workers} - set(on_decided))
         details.update(replaced=written, groups_on_decided=on_decided, groups_elsewhere=elsewhere)
 
-        def change(obj: JsonObj) -> dict[str, Any] | None:
+        def change(obj: JsonObj) -> dict[str, JsonValue] | None:
             now_done = replaced_of(obj)
             if all(i in now_done for i in written):
                 return None

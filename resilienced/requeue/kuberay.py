@@ -16,7 +16,7 @@ Mechanism (KubeRay, ray-project/kuberay at feeaf72):
    ``utils.GenerateHashWithoutReplicasAndWorkersToDelete`` of the spec, which mutes replicas and
    tolerations but not nodeSelector), which would end the Ray cluster and its job.  So for a
    RayCluster with ``Recreate`` the requeuer changes nothing and returns a *refused* result
-   (reason in it; ``Requeue`` records a Warning Event ``RequeueRefused``): such a run is moved
+   (reason in it; ``ReportingRequeuer`` records a Warning Event ``RequeueRefused``): such a run is moved
    only through Kueue (a Kueue-managed RayCluster goes to the Kueue requeuer, which changes the
    templates only while the cluster is suspended and its pods deleted).  ``upgradeStrategy`` is
    only ever on a RayCluster created directly: KubeRay v1.6+ refuses to reconcile one a RayJob or
@@ -38,24 +38,22 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timezone
-from typing import Any
 
 from kubernetes_asyncio import client as k8s
 
-from resilienced.capacity.decision import Capacity, CapacityDecision
 from resilienced.capacity.request import (
     ANNOTATION_CAPACITY,
     ANNOTATION_MOVED_AT,
     ANNOTATION_REQUEUED_FOR,
     ANNOTATION_RESERVATION,
 )
+from resilienced.clock import utcnow
 from resilienced.errors import PermanentError
 from resilienced.kube.api import JsonObj
-from resilienced.model import Event, Target
+from resilienced.model import Capacity, CapacityDecision, Event, JsonValue, RequeueResult, Target
 from resilienced.requeue.elastic import ElasticKubeRay, not_elastic_on_kuberay, with_fallback
 from resilienced.requeue.objects import RAYCLUSTER, RAYJOB, Kind, Objects, annotations_of, modify, split_key
 from resilienced.requeue.placement import DEFAULT_TOLERATIONS, Placement
-from resilienced.requeue.result import RequeueResult, waiting
 
 CLUSTER_LABEL = "ray.io/cluster"
 NODE_TYPE_LABEL = "ray.io/node-type"
@@ -64,17 +62,13 @@ GROUP_LABEL = "ray.io/group"
 RECREATE = "Recreate"
 
 
-def upgrade_strategy(cluster_spec: Mapping[str, Any]) -> str | None:
+def upgrade_strategy(cluster_spec: Mapping[str, JsonValue]) -> str | None:
     """A RayClusterSpec's ``upgradeStrategy.type`` (ray-project/kuberay v1.6.0
     ``ray-operator/apis/ray/v1/raycluster_types.go`` ``RayClusterUpgradeStrategy``)."""
     return ((cluster_spec.get("upgradeStrategy") or {}).get("type")) or None
 
 
-def utcnow() -> datetime:
-    return datetime.now(timezone.utc)
-
-
-def placed_groups(groups: Sequence[Mapping[str, Any]], placement: Placement) -> tuple[list[dict], list[str]]:
+def placed_groups(groups: Sequence[Mapping[str, JsonValue]], placement: Placement) -> tuple[list[dict], list[str]]:
     """Every worker group with ``placement`` applied, and the names of those that changed."""
     new_groups, changed = [], []
     for group in groups:
@@ -87,21 +81,21 @@ def placed_groups(groups: Sequence[Mapping[str, Any]], placement: Placement) -> 
     return new_groups, changed
 
 
-def groups_patch(obj: Mapping[str, Any], path: Sequence[str], new_groups: list[dict], *,
-                 decision: CapacityDecision, event: Event, now: datetime) -> dict[str, Any]:
+def groups_patch(obj: Mapping[str, JsonValue], path: Sequence[str], new_groups: list[dict], *,
+                 decision: CapacityDecision, event: Event, now: datetime) -> dict[str, JsonValue]:
     """The merge patch that sets ``workerGroupSpecs`` under ``path`` and the bookkeeping annotations."""
-    patch: dict[str, Any] = {"workerGroupSpecs": new_groups}
+    patch: dict[str, JsonValue] = {"workerGroupSpecs": new_groups}
     for key in reversed(path):
         patch = {key: patch}
     patch["metadata"] = {"annotations": bookkeeping(obj, decision=decision, event=event, now=now)}
     return patch
 
 
-def bookkeeping(obj: Mapping[str, Any], *, decision: CapacityDecision, event: Event, now: datetime) -> dict[str, Any]:
+def bookkeeping(obj: Mapping[str, JsonValue], *, decision: CapacityDecision, event: Event, now: datetime) -> dict[str, JsonValue]:
     """The annotations a requeue leaves (null deletes a stale reservation id in a merge patch)."""
     before = annotations_of(obj)
     capacity = decision.capacity.value
-    out: dict[str, Any] = {
+    out: dict[str, JsonValue] = {
         ANNOTATION_CAPACITY: capacity,
         ANNOTATION_RESERVATION: decision.reservation_id,  # None -> removed
         ANNOTATION_REQUEUED_FOR: event.event_id or "",
@@ -111,7 +105,7 @@ def bookkeeping(obj: Mapping[str, Any], *, decision: CapacityDecision, event: Ev
     return out
 
 
-class PlacingRequeuer:
+class PodTemplateRequeuer:
     """What the requeuers that edit a run's pod templates share (KubeRay, Volcano).
 
     Args:
@@ -134,16 +128,18 @@ class PlacingRequeuer:
         self._clock = clock
 
 
-class KubeRayRequeuer(PlacingRequeuer):
-    """:class:`~resilienced.requeue.result.Requeuer` for KubeRay RayClusters / RayJobs without Kueue.
+class KubeRayRequeuer(PodTemplateRequeuer):
+    """:class:`~resilienced.ports.Requeuer` for KubeRay RayClusters / RayJobs without Kueue.
 
-    Takes :class:`PlacingRequeuer`'s arguments.
+    Takes :class:`PodTemplateRequeuer`'s arguments.
     """
 
     kind = "kuberay"
 
-    def __init__(self, api_client: k8s.ApiClient, **kwargs: Any) -> None:
-        super().__init__(api_client, **kwargs)
+    def __init__(self, api_client: k8s.ApiClient, *,
+                 tolerations: Mapping[Capacity, Sequence[Mapping[str, str]]] = DEFAULT_TOLERATIONS,
+                 request_timeout_s: float = 10.0, clock: Callable[[], datetime] = utcnow) -> None:
+        super().__init__(api_client, tolerations=tolerations, request_timeout_s=request_timeout_s, clock=clock)
         self._elastic = ElasticKubeRay(self.objects)
 
     async def requeue(
@@ -180,7 +176,7 @@ class KubeRayRequeuer(PlacingRequeuer):
         self, target: Target, *, decision: CapacityDecision, event: Event, dry_run: bool = False
     ) -> RequeueResult:
         if not decision.places:
-            return waiting(target, kind=self.kind, decision=decision, dry_run=dry_run)
+            return RequeueResult.waiting(target, kind=self.kind, decision=decision, dry_run=dry_run)
         placement = Placement.for_decision(decision, tolerations=self._tolerations, shape=target.facts.node_shape)
         now = self._clock()
         changes: list[str] = []
@@ -247,8 +243,8 @@ class KubeRayRequeuer(PlacingRequeuer):
         """Apply ``placement`` to every worker group under ``path`` of one object."""
         changed_names: list[str] = []
 
-        def change(obj: JsonObj) -> dict[str, Any] | None:
-            holder: Any = obj
+        def change(obj: JsonObj) -> dict[str, JsonValue] | None:
+            holder: JsonValue = obj
             for key in path:
                 holder = (holder or {}).get(key) or {}
             groups = holder.get("workerGroupSpecs") or []

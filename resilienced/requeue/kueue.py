@@ -55,19 +55,19 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Mapping, Sequence
-from datetime import datetime, timezone
-from typing import Any
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from datetime import datetime
+from typing import TypeVar
 
 from kubernetes_asyncio import client as k8s
 
-from resilienced.capacity.decision import Capacity, CapacityDecision
+from resilienced.clock import utcnow
 from resilienced.errors import PermanentError, TemporaryError
 from resilienced.kube.api import JsonObj
 from resilienced.kube.discovery import served_version
 from resilienced.kube.locate import kueue_manages
 from resilienced.log import get as get_logger
-from resilienced.model import Event, Target
+from resilienced.model import Capacity, CapacityDecision, Event, JsonValue, RequeueResult, Target
 from resilienced.requeue.elastic import ElasticKueue, kueue_not_elastic, with_fallback
 from resilienced.requeue.kuberay import groups_patch, placed_groups
 from resilienced.requeue.objects import (
@@ -81,8 +81,8 @@ from resilienced.requeue.objects import (
     workload_kind,
 )
 from resilienced.requeue.placement import DEFAULT_TOLERATIONS, Placement
-from resilienced.requeue.result import RequeueResult, waiting
 
+T = TypeVar("T")
 log = get_logger(__name__)
 
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
@@ -91,10 +91,6 @@ QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 WORKLOAD_VERSIONS = ("v1beta2", "v1beta1")
 JOB_UID_LABEL = "kueue.x-k8s.io/job-uid"
 DEACTIVATED_FOR = "resilienced.io/deactivated-for"
-
-
-def utcnow() -> datetime:
-    return datetime.now(timezone.utc)
 
 
 async def discover_workload_version(api_client: k8s.ApiClient, *, request_timeout_s: float = 10.0) -> str | None:
@@ -109,18 +105,18 @@ async def discover_workload_version(api_client: k8s.ApiClient, *, request_timeou
     return version
 
 
-def is_kueue_managed(obj: Mapping[str, Any]) -> bool:
+def is_kueue_managed(obj: Mapping[str, JsonValue]) -> bool:
     """The queue label, and not a RayJob with ``spec.clusterSelector`` (Kueue skips it:
     ``resilienced.kube.locate.kueue_manages``)."""
     return kueue_manages(obj)
 
 
-def is_active(workload: Mapping[str, Any]) -> bool:
+def is_active(workload: Mapping[str, JsonValue]) -> bool:
     """``spec.active`` (absent means true, Kueue's default)."""
     return (workload.get("spec") or {}).get("active", True) is not False
 
 
-def has_quota(workload: Mapping[str, Any]) -> bool:
+def has_quota(workload: Mapping[str, JsonValue]) -> bool:
     """Whether the Workload holds a quota reservation (``status.admission`` / QuotaReserved)."""
     status = workload.get("status") or {}
     if status.get("admission"):
@@ -129,12 +125,12 @@ def has_quota(workload: Mapping[str, Any]) -> bool:
                for c in status.get("conditions") or [])
 
 
-def _condition_true(workload: Mapping[str, Any], kind: str) -> bool:
+def _condition_true(workload: Mapping[str, JsonValue], kind: str) -> bool:
     return any(c.get("type") == kind and c.get("status") == "True"
                for c in (workload.get("status") or {}).get("conditions") or [])
 
 
-def active_workload(workloads: Sequence[Mapping[str, Any]]) -> JsonObj | None:
+def active_workload(workloads: Sequence[Mapping[str, JsonValue]]) -> JsonObj | None:
     """The job's Workload among those it owns, chosen as Kueue chooses it.
 
     With workload slices a job owns several Workloads: replaced slices stay, ``Finished`` (reason
@@ -162,19 +158,19 @@ def active_workload(workloads: Sequence[Mapping[str, Any]]) -> JsonObj | None:
     return None
 
 
-def _worker_groups(job: Mapping[str, Any], path: tuple[str, ...]) -> list[dict[str, Any]]:
-    holder: Any = job
+def _worker_groups(job: Mapping[str, JsonValue], path: tuple[str, ...]) -> list[dict[str, JsonValue]]:
+    holder: JsonValue = job
     for key in path:
         holder = (holder or {}).get(key) or {}
     return list(holder.get("workerGroupSpecs") or [])
 
 
-def _suspended(job: Mapping[str, Any]) -> bool:
+def _suspended(job: Mapping[str, JsonValue]) -> bool:
     return bool((job.get("spec") or {}).get("suspend"))
 
 
 class KueueRequeuer:
-    """:class:`~resilienced.requeue.result.Requeuer` for Kueue-managed RayJobs and RayClusters.
+    """:class:`~resilienced.ports.Requeuer` for Kueue-managed RayJobs and RayClusters.
 
     Args:
         api_client: a kubernetes_asyncio ApiClient (the caller's).
@@ -228,7 +224,7 @@ class KueueRequeuer:
             return RAYCLUSTER, namespace, name, ("spec",)
         raise PermanentError(f"requeue: target {target.run_key} names no RayJob or RayCluster")
 
-    async def find_workload(self, job: Mapping[str, Any], kind: Kind) -> JsonObj | None:
+    async def find_workload(self, job: Mapping[str, JsonValue], kind: Kind) -> JsonObj | None:
         """The job's Workload as Kueue chooses it (:func:`active_workload`) among those it owns
         (controller ownerReference to the job's uid).
 
@@ -238,7 +234,7 @@ class KueueRequeuer:
         meta = job["metadata"]
         uid, namespace = meta.get("uid"), meta["namespace"]
 
-        def owned(wl: Mapping[str, Any]) -> bool:
+        def owned(wl: Mapping[str, JsonValue]) -> bool:
             return any(ref.get("controller") and ref.get("uid") == uid and ref.get("kind") == kind.kind
                        for ref in (wl.get("metadata") or {}).get("ownerReferences") or [])
 
@@ -248,7 +244,7 @@ class KueueRequeuer:
             candidates = [w for w in await self.objects.list(self.workload, namespace) if owned(w)]
         return active_workload(candidates)
 
-    async def _wait(self, read: Callable[[], Any], done: Callable[[Any], bool], *, what: str) -> Any:
+    async def _wait(self, read: Callable[[], Awaitable[T]], done: Callable[[T], bool], *, what: str) -> T:
         deadline = time.monotonic() + self._settle
         while True:
             state = await read()
@@ -293,14 +289,14 @@ class KueueRequeuer:
             raise PermanentError(f"requeue: {key} has no {QUEUE_LABEL} label, or is a RayJob with "
                                  "spec.clusterSelector (Kueue skips those): Kueue does not manage it")
         if not decision.places:
-            return waiting(target, kind=self.kind, decision=decision, dry_run=dry_run)
+            return RequeueResult.waiting(target, kind=self.kind, decision=decision, dry_run=dry_run)
         if self._workload is None:
             raise PermanentError(f"requeue: {key} is Kueue-managed but the API server serves no Kueue "
                                  f"Workload version ({', '.join(WORKLOAD_VERSIONS)}): is Kueue installed?")
         placement = Placement.for_decision(decision, tolerations=self._tolerations, shape=target.facts.node_shape)
         wl = await self.find_workload(job, kind)
 
-        def placed(j: Mapping[str, Any]) -> bool:
+        def placed(j: Mapping[str, JsonValue]) -> bool:
             # The node selector decides the flavor; Kueue adds the flavor's own tolerations.
             return all(placement.selector_matches((g.get("template") or {}).get("spec") or {})
                        for g in _worker_groups(j, path))
@@ -315,14 +311,21 @@ class KueueRequeuer:
         wl_key = f"Workload {namespace}/{wl['metadata']['name']}"
 
         if dry_run:
-            steps = []
-            if not placed(job):
-                steps += [f"would deactivate {wl_key} (Kueue evicts and suspends the whole run)",
-                          f"would set every worker group of {key} to {placement.describe()}"]
-            steps.append(f"would set the worker PodSets of {wl_key} to {placement.describe()} if Kueue has not")
-            steps.append(f"would reactivate {wl_key} (Kueue requeues it on the matching flavor)")
+            steps = _planned_steps(key, wl_key, placement, placed=placed(job))
             return self._result(target, decision, placement, steps, True, "plan only")
+        changes = await self._move(kind, namespace, name, path, job=job, wl=wl, placement=placement, placed=placed,
+                                   event=event, decision=decision)
+        reason = (f"requeued through Kueue onto {decision.capacity.value}" if changes
+                  else f"already on {decision.capacity.value}")
+        return self._result(target, decision, placement, changes, False, reason)
 
+    async def _move(self, kind: Kind, namespace: str, name: str, path: tuple[str, ...], *, job: JsonObj,
+                    wl: JsonObj, placement: Placement, placed: Callable[[Mapping[str, JsonValue]], bool],
+                    decision: CapacityDecision, event: Event) -> list[str]:
+        """Evict the run through Kueue, steer its job and its Workload to ``placement``, requeue it;
+        the changes made, in words."""
+        key = f"{kind.kind} {namespace}/{name}"
+        wl_key = f"Workload {namespace}/{wl['metadata']['name']}"
         changes: list[str] = []
         # 1. evict through Kueue
         if not placed(job) and is_active(wl):
@@ -357,9 +360,7 @@ class KueueRequeuer:
             })
             changes.append(f"reactivated Workload {namespace}/{wl['metadata']['name']}: Kueue requeues "
                            f"it and admits it on the flavor matching {placement.describe()}")
-        reason = (f"requeued through Kueue onto {decision.capacity.value}" if changes
-                  else f"already on {decision.capacity.value}")
-        return self._result(target, decision, placement, changes, False, reason)
+        return changes
 
     async def _steer_job(self, kind: Kind, namespace: str, name: str, path: tuple[str, ...], placement: Placement,
                          *, decision: CapacityDecision, event: Event) -> list[str]:
@@ -367,7 +368,7 @@ class KueueRequeuer:
         key = f"{kind.kind} {namespace}/{name}"
         now = self._clock()
 
-        def change(j: JsonObj) -> dict[str, Any] | None:
+        def change(j: JsonObj) -> dict[str, JsonValue] | None:
             if not _suspended(j):
                 raise TemporaryError(f"requeue: {key} was unsuspended before its templates were set",
                                      delay=self._poll * 10)
@@ -381,7 +382,7 @@ class KueueRequeuer:
             lambda patch: self.objects.patch(kind, namespace, name, patch), what=f"patch {key}")
         return [f"set every worker group of {key} to {placement.describe()}"] if written else []
 
-    async def _steer_workload(self, namespace: str, name: str, groups: Sequence[Mapping[str, Any]],
+    async def _steer_workload(self, namespace: str, name: str, groups: Sequence[Mapping[str, JsonValue]],
                               placement: Placement) -> list[str]:
         """Put ``placement`` into the Workload's worker PodSets (only while it holds no quota).
 
@@ -399,7 +400,7 @@ class KueueRequeuer:
         names = {str(g.get("groupName", "")).lower() for g in groups}
         wl_key = f"Workload {namespace}/{name}"
 
-        def change(wl: JsonObj) -> dict[str, Any] | None:
+        def change(wl: JsonObj) -> dict[str, JsonValue] | None:
             if has_quota(wl):
                 raise TemporaryError(f"requeue: {wl_key} holds quota again; not steering it", delay=self._poll * 10)
             podsets, changed = [], False
@@ -428,3 +429,14 @@ class KueueRequeuer:
             run_key=target.run_key, kind=self.kind, capacity=decision.capacity, reason=reason,
             reservation_id=decision.reservation_id, changes=tuple(changes), dry_run=dry_run,
             decision=decision, details={"node_selector": dict(placement.node_selector)})
+
+
+def _planned_steps(key: str, wl_key: str, placement: Placement, *, placed: bool) -> list[str]:
+    """What a requeue through Kueue would do, in words (a dry run)."""
+    steps = []
+    if not placed:
+        steps += [f"would deactivate {wl_key} (Kueue evicts and suspends the whole run)",
+                  f"would set every worker group of {key} to {placement.describe()}"]
+    steps.append(f"would set the worker PodSets of {wl_key} to {placement.describe()} if Kueue has not")
+    steps.append(f"would reactivate {wl_key} (Kueue requeues it on the matching flavor)")
+    return steps

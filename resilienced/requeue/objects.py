@@ -11,12 +11,12 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from kubernetes_asyncio import client as k8s
 
 from resilienced.errors import TemporaryError
 from resilienced.kube.api import MERGE_PATCH, JsonObj, KubeStatusError, call
+from resilienced.model import JsonValue
 
 
 @dataclass(frozen=True)
@@ -66,7 +66,7 @@ class Objects:
         self._core = k8s.CoreV1Api(api_client)
         self._timeout = request_timeout_s
 
-    def _opts(self) -> dict[str, Any]:
+    def _opts(self) -> dict[str, JsonValue]:
         return {"_preload_content": False, "_request_timeout": self._timeout}
 
     async def get(self, kind: Kind, namespace: str, name: str) -> JsonObj:
@@ -88,13 +88,13 @@ class Objects:
             kind.group, kind.version, namespace, kind.plural, **kwargs, **self._opts()))
         return list(body.get("items") or [])
 
-    async def patch(self, kind: Kind, namespace: str, name: str, patch: Mapping[str, Any]) -> JsonObj:
+    async def patch(self, kind: Kind, namespace: str, name: str, patch: Mapping[str, JsonValue]) -> JsonObj:
         """A JSON merge patch (conditional when it carries ``metadata.resourceVersion``)."""
         return await call("patch", kind.resource, self._custom.patch_namespaced_custom_object(
             kind.group, kind.version, namespace, kind.plural, name, dict(patch),
             _content_type=MERGE_PATCH, **self._opts()))
 
-    async def create(self, kind: Kind, namespace: str, body: Mapping[str, Any]) -> JsonObj:
+    async def create(self, kind: Kind, namespace: str, body: Mapping[str, JsonValue]) -> JsonObj:
         return await call("create", kind.resource, self._custom.create_namespaced_custom_object(
             kind.group, kind.version, namespace, kind.plural, dict(body), **self._opts()))
 
@@ -132,8 +132,8 @@ class Objects:
 
 async def modify(
     read: Callable[[], Awaitable[JsonObj]],
-    change: Callable[[JsonObj], Mapping[str, Any] | None],
-    write: Callable[[Mapping[str, Any]], Awaitable[JsonObj]],
+    change: Callable[[JsonObj], Mapping[str, JsonValue] | None],
+    write: Callable[[Mapping[str, JsonValue]], Awaitable[JsonObj]],
     *,
     what: str,
     attempts: int = 5,
@@ -159,9 +159,9 @@ async def modify(
     raise TemporaryError(f"{what}: still conflicting after {attempts} attempts", delay=1.0)
 
 
-def annotations_of(obj: Mapping[str, Any]) -> dict[str, str]:
+def annotations_of(obj: Mapping[str, JsonValue]) -> dict[str, str]:
     return dict((obj.get("metadata") or {}).get("annotations") or {})
 
 
-def labels_of(obj: Mapping[str, Any]) -> dict[str, str]:
+def labels_of(obj: Mapping[str, JsonValue]) -> dict[str, str]:
     return dict((obj.get("metadata") or {}).get("labels") or {})

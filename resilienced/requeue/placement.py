@@ -42,10 +42,9 @@ import copy
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
-from resilienced.capacity.decision import Capacity, CapacityDecision
 from resilienced.kube.locate import EKS_CAPACITY_LABEL, capacity_selector
+from resilienced.model import Capacity, CapacityDecision, JsonValue
 
 CAPACITY_TYPE_LABEL = "karpenter.sh/capacity-type"
 RESERVATION_ID_LABEL = "karpenter.k8s.aws/capacity-reservation-id"
@@ -108,7 +107,7 @@ class Placement:
         return ", ".join(f"{k}={v}" for k, v in sorted(self.node_selector.items()))
 
     # ------------------------------------------------------------------ pod specs
-    def applied(self, pod_spec: Mapping[str, Any]) -> dict[str, Any]:
+    def applied(self, pod_spec: Mapping[str, JsonValue]) -> dict[str, JsonValue]:
         """A copy of ``pod_spec`` with this placement (the input is not changed)."""
         spec = copy.deepcopy(dict(pod_spec))
         selector = {k: v for k, v in (spec.get("nodeSelector") or {}).items() if k not in MANAGED_KEYS}
@@ -121,11 +120,11 @@ class Placement:
             del spec["tolerations"]
         return spec
 
-    def matches(self, pod_spec: Mapping[str, Any]) -> bool:
+    def matches(self, pod_spec: Mapping[str, JsonValue]) -> bool:
         """Whether ``pod_spec`` already asks for exactly this placement (applying changes nothing)."""
         return _normal(self.applied(pod_spec)) == _normal(pod_spec)
 
-    def selector_matches(self, pod_spec: Mapping[str, Any]) -> bool:
+    def selector_matches(self, pod_spec: Mapping[str, JsonValue]) -> bool:
         """Whether the pod's node selector has this placement's managed keys and no other managed key."""
         selector = pod_spec.get("nodeSelector") or {}
         return {k: v for k, v in selector.items() if k in MANAGED_KEYS} == dict(self.node_selector)
@@ -136,7 +135,7 @@ class Placement:
         return all(labels.get(k) == v for k, v in self.node_selector.items())
 
 
-def _scrub_affinity(spec: dict[str, Any]) -> None:
+def _scrub_affinity(spec: dict[str, JsonValue]) -> None:
     node_affinity = (spec.get("affinity") or {}).get("nodeAffinity")
     if not node_affinity:
         return
@@ -176,7 +175,7 @@ def _scrub_affinity(spec: dict[str, Any]) -> None:
             del spec["affinity"]
 
 
-def _normal(spec: Mapping[str, Any]) -> Any:
+def _normal(spec: Mapping[str, JsonValue]) -> dict[str, JsonValue]:
     """A comparable form: empty selector/tolerations/affinity count as absent."""
     out = {k: v for k, v in spec.items() if v not in (None, {}, [])}
     if "tolerations" in out:

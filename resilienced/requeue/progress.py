@@ -21,7 +21,7 @@ Read, never written, for the follow-up (``resilienced.recovery.followup``); each
   (kubernetes-sigs/karpenter ``pkg/controllers/nodeclaim/lifecycle/launch.go`` and ``events.go``,
   v1.x).
 
-RBAC (``resilienced.permissions``): ``kueue.x-k8s.io resourceflavors get``, ``karpenter.sh
+RBAC (``resilienced.ops.permissions``): ``kueue.x-k8s.io resourceflavors get``, ``karpenter.sh
 nodeclaims list``, ``events list`` besides what the requeuers have.
 """
 
@@ -29,12 +29,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from datetime import datetime
-from typing import Any
 
 from kubernetes_asyncio import client as k8s
 
+from resilienced.clock import parse_time
 from resilienced.kube.api import JsonObj, KubeStatusError, call
-from resilienced.model import Capacity, CapacityDecision, StageSeen, Target
+from resilienced.model import Capacity, CapacityDecision, JsonValue, StageSeen, Target
 from resilienced.requeue.kueue import KueueRequeuer, is_active
 from resilienced.requeue.objects import RAYCLUSTER, RAYJOB, Kind, Objects, split_key
 from resilienced.requeue.placement import Placement
@@ -47,11 +47,11 @@ ICE_REASON = "InsufficientCapacityError"
 EVIDENCE = 3
 
 
-def _condition(obj: Mapping[str, Any], kind: str) -> Mapping[str, Any]:
+def _condition(obj: Mapping[str, JsonValue], kind: str) -> Mapping[str, JsonValue]:
     return next((c for c in (obj.get("status") or {}).get("conditions") or [] if c.get("type") == kind), {})
 
 
-def _true(obj: Mapping[str, Any], kind: str) -> bool:
+def _true(obj: Mapping[str, JsonValue], kind: str) -> bool:
     return _condition(obj, kind).get("status") == "True"
 
 
@@ -83,7 +83,7 @@ class KubeProgress:
         self._core = k8s.CoreV1Api(api_client)
         self._timeout = request_timeout_s
 
-    def _opts(self) -> dict[str, Any]:
+    def _opts(self) -> dict[str, JsonValue]:
         return {"_preload_content": False, "_request_timeout": self._timeout}
 
     # ------------------------------------------------------------------ admitted
@@ -209,14 +209,14 @@ def _job_of(target: Target) -> tuple[Kind, str, str]:
     return (RAYCLUSTER, *split_key(target.ray_cluster or "", what="target.ray_cluster"))
 
 
-def _worker_groups(obj: Mapping[str, Any], kind: Kind) -> list[Mapping[str, Any]]:
+def _worker_groups(obj: Mapping[str, JsonValue], kind: Kind) -> list[Mapping[str, JsonValue]]:
     spec = obj.get("spec") or {}
     if kind is RAYJOB:
         spec = spec.get("rayClusterSpec") or {}
     return list(spec.get("workerGroupSpecs") or [])
 
 
-def _expected_workers(raycluster: Mapping[str, Any]) -> int:
+def _expected_workers(raycluster: Mapping[str, JsonValue]) -> int:
     """Worker pods KubeRay keeps: ``replicas x numOfHosts`` per group that is not suspended."""
     total = 0
     for group in _worker_groups(raycluster, RAYCLUSTER):
@@ -232,7 +232,7 @@ def _capacity_of(labels: Mapping[str, str] | None) -> str:
     return ", ".join(f"{k}={v}" for k, v in sorted(labels.items()) if "capacity" in k) or "no capacity labels"
 
 
-def _claims_capacity(claim: Mapping[str, Any], placement: Placement) -> bool:
+def _claims_capacity(claim: Mapping[str, JsonValue], placement: Placement) -> bool:
     """Whether a NodeClaim's requirements ask for the placement's capacity type."""
     for req in (claim.get("spec") or {}).get("requirements") or []:
         key = req.get("key")
@@ -243,6 +243,6 @@ def _claims_capacity(claim: Mapping[str, Any], placement: Placement) -> bool:
 
 def _after(when: str, since: datetime) -> bool:
     try:
-        return datetime.fromisoformat(when.replace("Z", "+00:00")) >= since
+        return parse_time(when) >= since
     except ValueError:
         return True

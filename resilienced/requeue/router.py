@@ -1,6 +1,6 @@
 """The requeue front door: pick the applier for a target, then count it and tell the operator.
 
-:class:`KubernetesRequeuer` routes a kubernetes-mode target:
+:class:`RequeueRouter` routes a kubernetes-mode target:
 
     facts.volcano_job set                               -> VolcanoRequeuer
     RayJob (else RayCluster) labelled kueue queue-name  -> KueueRequeuer
@@ -8,7 +8,7 @@
     RayCluster owned by a RayJob with that label        -> KueueRequeuer (through the RayJob)
     otherwise                                           -> KubeRayRequeuer
 
-:class:`Requeue` wraps any requeuer (the Kubernetes router or the ray-mode one) with what every
+:class:`ReportingRequeuer` wraps any requeuer (the Kubernetes router or the ray-mode one) with what every
 requeue does besides the change itself: the metric ``resilienced_requeues_total{capacity}``
 (``capacity``: spot | capacity-block | on-demand | wait; counted when a requeue changed something,
 and for every ``wait`` outcome) and a Kubernetes Event through ``Cluster.record`` (reason
@@ -23,16 +23,14 @@ from dataclasses import replace
 from kubernetes_asyncio import client as k8s
 from prometheus_client import CollectorRegistry, Counter
 
-from resilienced.capacity.decision import Capacity, CapacityDecision
 from resilienced.errors import PermanentError, ResilienceError
 from resilienced.log import get as get_logger
-from resilienced.model import Event, Target
-from resilienced.ports import Cluster, Withdraws
+from resilienced.model import Capacity, CapacityDecision, Event, RequeueResult, Target
+from resilienced.ports import Cluster, Requeuer, Withdraws
 from resilienced.requeue.elastic import with_fallback
 from resilienced.requeue.kuberay import KubeRayRequeuer
 from resilienced.requeue.kueue import KueueRequeuer, is_kueue_managed
 from resilienced.requeue.objects import RAYCLUSTER, RAYJOB, Objects, split_key
-from resilienced.requeue.result import Requeuer, RequeueResult
 from resilienced.requeue.volcano import VolcanoRequeuer
 
 log = get_logger(__name__)
@@ -53,7 +51,7 @@ class RequeueMetrics:
             self.requeues.labels(capacity=capacity.value)  # every series exists from the start
 
 
-class KubernetesRequeuer:
+class RequeueRouter:
     """Routes a kubernetes-mode target to the Kueue, KubeRay or Volcano requeuer."""
 
     kind = "kubernetes"
@@ -124,11 +122,11 @@ class KubernetesRequeuer:
         return with_fallback(result, target.facts.elastic_fallback or target.facts.elastic_error)
 
 
-class Requeue:
+class ReportingRequeuer:
     """A requeuer plus its metric and its Events.
 
     Args:
-        requeuer: the applier (``KubernetesRequeuer`` or ``RayModeRequeuer``).
+        requeuer: the applier (``RequeueRouter`` or ``RayModeRequeuer``).
         cluster: where Events go (``Cluster.record``); None records nothing.
         metrics: the counter; None counts nothing.
     """

@@ -40,17 +40,15 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Mapping, Sequence
 from datetime import datetime
-from typing import Any
 
-from resilienced.capacity.decision import CapacityDecision
 from resilienced.capacity.request import ANNOTATION_REQUEUED_FOR
+from resilienced.clock import parse_time
 from resilienced.errors import PermanentError
 from resilienced.kube.api import JsonObj, KubeStatusError
-from resilienced.model import Event, Target
-from resilienced.requeue.kuberay import PlacingRequeuer, bookkeeping
+from resilienced.model import CapacityDecision, Event, JsonValue, RequeueResult, Target
+from resilienced.requeue.kuberay import PodTemplateRequeuer, bookkeeping
 from resilienced.requeue.objects import VOLCANO_COMMAND, VOLCANO_JOB, annotations_of, modify, split_key
 from resilienced.requeue.placement import Placement
-from resilienced.requeue.result import RequeueResult, waiting
 
 RESTART_JOB = "RestartJob"
 #: Job phases in which the pods are being (re)created as a gang already.
@@ -65,7 +63,7 @@ def command_name(job_name: str, event_id: str | None) -> str:
     return f"{job_name[:40].rstrip('-.')}-restartjob-{digest}"
 
 
-def placed_tasks(tasks: Sequence[Mapping[str, Any]], placement: Placement) -> tuple[list[dict], list[str]]:
+def placed_tasks(tasks: Sequence[Mapping[str, JsonValue]], placement: Placement) -> tuple[list[dict], list[str]]:
     new_tasks, changed = [], []
     for task in tasks:
         template = dict(task.get("template") or {})
@@ -77,7 +75,7 @@ def placed_tasks(tasks: Sequence[Mapping[str, Any]], placement: Placement) -> tu
     return new_tasks, changed
 
 
-def own_restart(job: Mapping[str, Any], noticed: datetime | None) -> str | None:
+def own_restart(job: Mapping[str, JsonValue], noticed: datetime | None) -> str | None:
     """How the Job restarted itself since the notice (None: it did not).
 
     A ``Restarting`` condition of ``status.conditions`` at or after ``noticed`` (Volcano keeps the
@@ -100,17 +98,17 @@ def own_restart(job: Mapping[str, Any], noticed: datetime | None) -> str | None:
     return None
 
 
-def _time(value: Any) -> datetime | None:
+def _time(value: object) -> datetime | None:
     try:
-        return datetime.fromisoformat(str(value).replace("Z", "+00:00")) if value else None
+        return parse_time(str(value)) if value else None
     except ValueError:
         return None
 
 
-class VolcanoRequeuer(PlacingRequeuer):
-    """:class:`~resilienced.requeue.result.Requeuer` for Volcano Jobs (``Target.facts.volcano_job``).
+class VolcanoRequeuer(PodTemplateRequeuer):
+    """:class:`~resilienced.ports.Requeuer` for Volcano Jobs (``Target.facts.volcano_job``).
 
-    Takes :class:`~resilienced.requeue.kuberay.PlacingRequeuer`'s arguments.
+    Takes :class:`~resilienced.requeue.kuberay.PodTemplateRequeuer`'s arguments.
     """
 
     kind = "volcano"
@@ -126,7 +124,7 @@ class VolcanoRequeuer(PlacingRequeuer):
         if job is None:
             raise PermanentError(f"requeue: Volcano Job {key} no longer exists")
         if not decision.places:
-            return waiting(target, kind=self.kind, decision=decision, dry_run=dry_run)
+            return RequeueResult.waiting(target, kind=self.kind, decision=decision, dry_run=dry_run)
         placement = Placement.for_decision(decision, tolerations=self._tolerations, shape=target.facts.node_shape)
         if event.event_id and annotations_of(job).get(ANNOTATION_REQUEUED_FOR) == event.event_id:
             return self._result(target, decision, [], dry_run,
@@ -167,7 +165,7 @@ class VolcanoRequeuer(PlacingRequeuer):
         """Set the tasks' templates to ``placement``: (what was done, whether Volcano accepted it)."""
         key = f"{namespace}/{name}"
 
-        def change(j: JsonObj) -> dict[str, Any] | None:
+        def change(j: JsonObj) -> dict[str, JsonValue] | None:
             new_tasks, now_changed = placed_tasks((j.get("spec") or {}).get("tasks") or [], placement)
             return {"spec": {"tasks": new_tasks}} if now_changed else None
 

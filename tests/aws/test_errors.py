@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from dataclasses import replace
 from typing import Any
 
 import aiohttp
@@ -19,6 +20,7 @@ from aiobotocore.session import AioSession
 from botocore.stub import Stubber
 
 from resilienced.aws import errors, fsx, s3, sqs
+from handlers.asg_lifecycle import LifecycleAction
 from resilienced.aws.autoscaling import Lifecycle
 from resilienced.capacity import ec2
 from resilienced.capacity.ec2 import Ec2Capacity
@@ -161,8 +163,9 @@ async def test_ec2_throttling_is_retried_on_the_locate_path() -> None:
             await cluster._private_addresses(["i-0123456789abcdef0"])
 
 
-HOOK = {"lifecycle_hook_name": "drain-first", "auto_scaling_group_name": "gpu-asg",
-        "lifecycle_action_token": "b4dd0f5b-0ef2-4479-9dad-6c55f027000e"}
+HOOK = LifecycleAction(lifecycle_transition="autoscaling:EC2_INSTANCE_TERMINATING",
+                       lifecycle_hook_name="drain-first", auto_scaling_group_name="gpu-asg",
+                       lifecycle_action_token="b4dd0f5b-0ef2-4479-9dad-6c55f027000e")
 
 
 @pytest.mark.parametrize(("code", "status"), [("RequestLimitExceeded", 400), ("TooManyRequests", 429)],
@@ -173,7 +176,7 @@ async def test_auto_scaling_throttling_and_429_are_retried(code: str, status: in
         stub.add_client_error("complete_lifecycle_action", service_error_code=code,
                               http_status_code=status)
         with pytest.raises(BackendUnavailable, match=code):
-            await Lifecycle(client).complete(event_attributes=HOOK, instance_id="i-0123456789abcdef0")
+            await Lifecycle(client).complete(HOOK, instance_id="i-0123456789abcdef0")
 
 
 async def test_an_auto_scaling_request_botocore_refuses_is_permanent() -> None:
@@ -183,7 +186,7 @@ async def test_an_auto_scaling_request_botocore_refuses_is_permanent() -> None:
                                           aws_secret_access_key="testing",
                                           endpoint_url="http://127.0.0.1:9") as client:
         with pytest.raises(PermanentError, match="invalid request"):
-            await Lifecycle(client).complete(event_attributes={**HOOK, "lifecycle_hook_name": 7},
+            await Lifecycle(client).complete(replace(HOOK, lifecycle_hook_name=7),  # type: ignore[arg-type]
                                              instance_id="i-0123456789abcdef0")
 
 

@@ -10,13 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from resilienced.capacity import (
-    Capacity,
-    CapacityOffering,
-    CapacityPolicy,
-    Pool,
-    decide,
-)
+from resilienced.capacity.decision import Pool, decide
+from resilienced.capacity.policy import CapacityPolicy
+from resilienced.model import Capacity, CapacityOffering
 from resilienced.errors import ConfigError
 from resilienced.capacity.decision import Selectable
 from resilienced.ports import CapacityReservation

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 import resilienced.capacity.ec2 as ec2_module
-from resilienced.capacity import CapacityOffering, Ec2Capacity
+from resilienced.capacity.ec2 import Ec2Capacity
+from resilienced.model import CapacityOffering
 from resilienced.capacity.ec2 import IAM_ACTIONS, PURCHASE_KEY_TAG, block_duration_hours
 from resilienced.errors import BackendUnavailable, PermanentError
 from resilienced.ports import CapacitySource

@@ -8,11 +8,14 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from resilienced.capacity import Capacity, CapacityPlanner, CapacityPolicy, Pool
-from resilienced.capacity.static import StaticCapacity
+from resilienced.capacity.decision import Pool
+from resilienced.capacity.planner import CapacityPlanner
+from resilienced.capacity.policy import CapacityPolicy
+from resilienced.model import Capacity
+from resilienced.local.capacity import StaticCapacity
 from resilienced.model import Event, Kind, RunFacts, Target
 from resilienced.ports import CapacityReservation
-from resilienced.replay import target_cell
+from resilienced.app.replay import target_cell
 
 pytestmark = pytest.mark.unit
 

@@ -6,7 +6,10 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from resilienced.capacity import Capacity, CapacityRequest, InterruptionHistory, Pool, UnavailableCache
+from resilienced.capacity.decision import Pool
+from resilienced.capacity.history import InterruptionHistory, UnavailableCache
+from resilienced.capacity.request import CapacityRequest
+from resilienced.model import Capacity
 from resilienced.model import Event, Kind, RunFacts, Target
 
 pytestmark = pytest.mark.unit

@@ -6,9 +6,13 @@ from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 from decimal import Decimal
 
-from resilienced.capacity import Capacity, CapacityPlanner, CapacityPolicy, Ec2Capacity, Pool
+from resilienced.capacity.decision import Pool
+from resilienced.capacity.ec2 import Ec2Capacity
+from resilienced.capacity.planner import CapacityPlanner
+from resilienced.capacity.policy import CapacityPolicy
+from resilienced.model import Capacity
 from resilienced.capacity.ec2 import PURCHASE_KEY_TAG
-from resilienced.capacity.static import StaticCapacity
+from resilienced.local.capacity import StaticCapacity
 from resilienced.model import Event, Kind, RunFacts, Target
 import pytest
 

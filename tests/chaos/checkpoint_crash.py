@@ -115,7 +115,7 @@ def _manifest_time(root: Path, step: int) -> datetime:
     import json
 
     text = (root / f"step-{step}" / "manifest.json").read_text()
-    return datetime.fromisoformat(json.loads(text)["time"].replace("Z", "+00:00"))
+    return datetime.fromisoformat(json.loads(text)["time"])
 
 
 # --------------------------------------------------------------------------- one trial

@@ -9,7 +9,7 @@ of step ``at``:
 ``shard-mid-write``  inside ``dcp.save``: after the ``1 + nth``-th tensor of this rank's shard file
                      is on disk (torch's ``filesystem._write_item``, wrapped here)
 ``files-written``    every rank: shards and RNG files durable, no manifest (the Checkpointer's
-                     ``phase_hook``)
+                     ``CheckpointStore.at_phase``, filled by ``tests.support.crashing``)
 ``manifest-torn``    rank 0: ``manifest.json.tmp`` written, not renamed
 ``manifest-written`` rank 0: ``manifest.json`` in place, ``step-<at>.partial`` not renamed
 ``async-in-flight``  ``async_save``: the background write of step ``at`` holds after the
@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 
+from tests.support.crashing import crashing
 from trainer.resilience import Checkpointer
 
 #: phases of a save, in the order they happen; ``committed`` is the control
@@ -85,14 +86,10 @@ def train_and_die(rank: int, world_size: int, root: str, phase: str, at: int, ev
     if phase in ("shard-mid-write", "async-in-flight"):
         _wrap_shard_writes(at, nth, hold=in_flight)
 
-    def hook(at_phase: str, step: int) -> None:
-        if (at_phase, step) == (phase, at):
-            _die()
-
+    kind = crashing(phase, at, die=_die) if phase in HOOK_PHASES else Checkpointer
     model = _model()
     state = {"model": model}
-    ckpt = Checkpointer(root, every=every, keep=100, async_save=in_flight, agree_interval_s=0.0,
-                        phase_hook=hook if phase in HOOK_PHASES else None)
+    ckpt = kind(root, every=every, keep=100, async_save=in_flight, agree_interval_s=0.0)
     step = ckpt.restore(state)
     while step < at + 1:
         step += 1

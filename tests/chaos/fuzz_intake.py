@@ -13,7 +13,7 @@ import sys
 import atheris
 
 with atheris.instrument_imports(include=["resilienced", "handlers"]):
-    from resilienced import intake
+    from resilienced.intake import pipeline as intake
     from resilienced.model import Kind
     from resilienced.settings import IntakeSettings
 

@@ -28,7 +28,7 @@ later instead: once the node is drained, while the replica waits for the checkpo
   draining with the same or an earlier deadline);
 * the checkpoint verified: the run claim (``run/<event id>/<GCS address>`` in the GCS KV) done,
   its record saying ``durable.verified``;
-* the requeue: a plain ``run --mode ray`` has no node provider (resilienced/wiring.py: only the
+* the requeue: a plain ``run --mode ray`` has no node provider (resilienced/app/runtime.py: only the
   drill passes one), so its requeue step is recorded in the run's record without launching
   anything; counted are the ``recovery`` log lines carrying a ``requeue`` step for the event
   (one wanted), and the run claim done once;
@@ -416,7 +416,7 @@ def gcs_trial(rw: RayWorld, n: int, name: str, *, step: int) -> dict[str, Any]:
             "draining_deadline_ms": draining,
             # from the fault's end to the decision line of the run's message (written once it is
             # deleted, the run claim done), and to that seen here (polled every 0.5 s)
-            "decided_s": round((datetime.fromisoformat(final[0]["timestamp"].replace("Z", "+00:00"))
+            "decided_s": round((datetime.fromisoformat(final[0]["timestamp"])
                                 - resumed_at).total_seconds(), 2) if final else None,
             "recover_s": round(took, 1),
             "readyz": {"polls": len(seen), "unready": len(unready),
@@ -424,7 +424,7 @@ def gcs_trial(rw: RayWorld, n: int, name: str, *, step: int) -> dict[str, Any]:
 
 
 def _deadline_ms(text: str) -> int:
-    return int(datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp() * 1000)
+    return int(datetime.fromisoformat(text).timestamp() * 1000)
 
 
 def check_trial(rw: RayWorld, name: str, seen: dict[str, Any], tally: Tally) -> None:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from resilienced import cli
+from resilienced.app import cli
 
 pytestmark = pytest.mark.integration
 

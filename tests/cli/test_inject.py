@@ -6,7 +6,7 @@ import json
 
 import boto3
 
-from resilienced import cli
+from resilienced.app import cli
 from resilienced.local import demo
 from resilienced.model import Kind
 from tests.intake import payloads as p
@@ -100,7 +100,7 @@ def test_inject_needs_exactly_one_target(capsys):
 
 
 def test_injected_events_are_what_the_daemon_reads(aws, tmp_path):
-    from resilienced import intake
+    from resilienced.intake import pipeline as intake
     from resilienced.settings import IntakeSettings
     queues = make_queues(aws)
     events = boto3.client("events", region_name=REGION, endpoint_url=aws.endpoint_url)

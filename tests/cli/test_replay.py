@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import resilienced
-from resilienced import cli
+from resilienced.app import cli
 
 pytestmark = pytest.mark.integration
 

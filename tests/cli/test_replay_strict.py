@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from resilienced import cli
-from resilienced.replay import EXIT_STRICT
+from resilienced.app import cli
+from resilienced.app.replay import EXIT_STRICT
 
 from .test_replay import SAMPLES, replay, write
 import pytest

@@ -2,7 +2,7 @@
 
 Kubernetes mode runs against the emulated API server over HTTP with the real kubernetes_asyncio
 client (a kubeconfig written by the emulator's helper); replay runs in-process through
-``resilienced.cli.main`` on a worker thread (it has its own event loop) while the emulator serves
+``resilienced.app.cli.main`` on a worker thread (it has its own event loop) while the emulator serves
 on the test's loop.  EC2 is botocore's Stubber behind replay's ``ec2_client`` seam (moto has no
 capacity calls), or a port nobody listens on.  The GCS side is a real local Ray cluster
 (``LocalRayCluster``, a worker at 127.0.0.2 so that its pod IP tells it apart) in the e2e tests,
@@ -27,8 +27,8 @@ import pytest
 from aiobotocore.session import AioSession
 from botocore.stub import Stubber
 
-from resilienced import cli
-from resilienced import replay as replay_module
+from resilienced.app import cli
+from resilienced.app import replay as replay_module
 from resilienced.local.aws import FAKE_CREDENTIALS
 from resilienced.local.raycluster import LocalRayCluster
 from tests.intake import payloads

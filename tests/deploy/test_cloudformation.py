@@ -16,16 +16,16 @@ from typing import Any
 import boto3
 import pytest
 
-import handlers
+from handlers import registry
 from handlers import asg_lifecycle, scheduled_change, state_change
 from resilienced.aws.sqs import SqsQueue
 from resilienced.capacity.ec2 import PURCHASE_KEY_TAG
 from resilienced.capacity.policy import CapacityPolicy
 from resilienced.claims import MemoryClaims
-from resilienced.consumer import Consumer
+from resilienced.consumer.loop import Consumer
 from resilienced.local.aws import MotoServer
 from resilienced.model import Kind, Result, Verdict
-from resilienced.permissions import IAM_ACTIONS
+from resilienced.ops.permissions import IAM_ACTIONS
 from resilienced.recovery.plan_only import PlanLogger
 from resilienced.settings import IntakeSettings, QueueSettings
 
@@ -60,18 +60,18 @@ def test_one_rule_per_handler_and_only_what_the_handler_acts_on() -> None:
     for name, rule in rules.items():
         pattern = rule["Properties"]["EventPattern"]
         (source,) = pattern["source"]
-        modules = {handlers.lookup(source, dt) for dt in pattern["detail-type"]}
+        modules = {registry.lookup(source, dt) for dt in pattern["detail-type"]}
         assert len(modules) == 1 and None not in modules, f"{name} matches no or several handlers"
         by_module.setdefault(modules.pop().__name__, []).append(name)
         target = rule["Properties"]["Targets"]
         assert target == [{"Id": "resilienced-queue", "Arn": {"Fn::GetAtt": ["Queue", "Arn"]}}]
         assert rule["Properties"]["State"] == "ENABLED"
-    assert sorted(by_module) == sorted(m.__name__ for m in handlers.MODULES)
+    assert sorted(by_module) == sorted(m.__name__ for m in registry.MODULES)
     assert all(len(names) == 1 for names in by_module.values()), by_module
     # Every kind a handler produces has its rule (UNKNOWN/INVALID are verdicts, not kinds to route).
-    assert {m.KIND for m in handlers.MODULES} == set(Kind) - {Kind.UNKNOWN, Kind.INVALID}
+    assert {m.KIND for m in registry.MODULES} == set(Kind) - {Kind.UNKNOWN, Kind.INVALID}
 
-    patterns = {handlers.lookup(r["Properties"]["EventPattern"]["source"][0],
+    patterns = {registry.lookup(r["Properties"]["EventPattern"]["source"][0],
                                 r["Properties"]["EventPattern"]["detail-type"][0]): r["Properties"]["EventPattern"]
                 for r in rules.values()}
     # Narrowed to what the handler acts on, with the handler's own constants.
@@ -187,7 +187,7 @@ def test_the_stack_deploys_with_its_queue_dlq_rules_and_policy(aws: MotoServer, 
 
     events = boto3.client("events", endpoint_url=aws.endpoint_url, region_name=REGION)
     rules = events.list_rules(NamePrefix="resilienced-")["Rules"]
-    assert len(rules) == len(handlers.MODULES)
+    assert len(rules) == len(registry.MODULES)
     for rule in rules:
         (target,) = events.list_targets_by_rule(Rule=rule["Name"])["Targets"]
         assert target["Arn"] == stack["QueueArn"]

@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
+from resilienced.options import ENV_PREFIX
 from resilienced.settings import (
-    ENV_PREFIX,
     HttpSettings,
     NotifySettings,
     QueueSettings,

@@ -23,8 +23,8 @@ from typing import Any
 import pytest
 import yaml
 
-from resilienced.metrics import Metrics
-from resilienced.wiring import metric_groups
+from resilienced.ops.metrics import Metrics
+from resilienced.app.runtime import metric_groups
 
 from .tools import KUBERNETES, REPO, run, tool
 

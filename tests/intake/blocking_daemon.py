@@ -12,7 +12,8 @@ import asyncio
 import os
 import sys
 
-from resilienced import daemon, log
+from resilienced import log
+from resilienced.app import daemon
 from resilienced.model import Outcome, Plan
 from resilienced.settings import Settings
 

@@ -11,9 +11,9 @@ import pytest
 
 from resilienced.aws.sqs import SqsQueue
 from resilienced.claims import MemoryClaims
-from resilienced.consumer import Consumer
+from resilienced.consumer.loop import Consumer
 from resilienced.local.aws import MotoServer
-from resilienced.metrics import Metrics
+from resilienced.ops.metrics import Metrics
 from resilienced.model import Outcome, Plan, Result
 from resilienced.settings import IntakeSettings, QueueSettings
 

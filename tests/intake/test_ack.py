@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from resilienced import ack
-from resilienced.ack import DeadLetterAction
+from resilienced.intake import ack_policy
+from resilienced.intake.ack_policy import DeadLetterAction
 from resilienced.model import Outcome, Result, Verdict
 
 pytestmark = pytest.mark.unit
@@ -23,7 +23,7 @@ VERDICTS = [
 
 @pytest.mark.parametrize("result, expected", VERDICTS, ids=[r.value for r, _ in VERDICTS])
 def test_verdict(result, expected):
-    assert ack.verdict(Outcome(result=result, event=None)) is expected
+    assert ack_policy.verdict(Outcome(result=result, event=None)) is expected
 
 
 def test_the_table_covers_every_result():
@@ -44,7 +44,7 @@ DEAD_LETTER = [
 @pytest.mark.parametrize("receive_count, max_receive_count, expected", [d[1:] for d in DEAD_LETTER],
                          ids=[d[0] for d in DEAD_LETTER])
 def test_dead_letter_action(receive_count, max_receive_count, expected):
-    assert ack.dead_letter_action(receive_count=receive_count, max_receive_count=max_receive_count,
+    assert ack_policy.dead_letter_action(receive_count=receive_count, max_receive_count=max_receive_count,
                                   max_receives_without_dlq=5) is expected
 
 
@@ -53,5 +53,5 @@ def test_dead_letter_action(receive_count, max_receive_count, expected):
     (5.0, 1, 5.0), (5.0, 3, 20.0), (0.0, 2, 120.0), (None, 30, 900.0),
 ])
 def test_a_backend_failure_backs_off_with_the_receive_count(suggested, receive_count, expected):
-    assert ack.backend_retry_delay(suggested=suggested, visibility_timeout=60.0,
+    assert ack_policy.backend_retry_delay(suggested=suggested, visibility_timeout=60.0,
                                    receive_count=receive_count) == expected

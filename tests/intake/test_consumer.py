@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 import boto3
 import pytest
 
-import handlers
+from handlers import registry
 from resilienced.claims import MemoryClaims
 from resilienced.errors import BackendUnavailable, PermanentError, TemporaryError
 from resilienced.model import Kind, Outcome, Plan, Result, Wrapping
@@ -34,7 +34,7 @@ async def run_until(consumer, count: int, *, passes: int = 20) -> list[Outcome]:
 # --------------------------------------------------------------------------- end to end
 async def test_eventbridge_rules_route_every_kind_to_the_queue_and_each_is_decided(queues, make_consumer):
     events = boto3.client("events", region_name=REGION, endpoint_url=queues.endpoint_url)
-    for module in handlers.MODULES:
+    for module in registry.MODULES:
         name = f"rule-{module.KIND.value}"
         events.put_rule(Name=name, EventPattern=json.dumps(
             {"source": [module.SOURCE], "detail-type": list(module.DETAIL_TYPES)}))

@@ -9,7 +9,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from resilienced import cli
+from resilienced.app import cli
 from resilienced.local.aws import free_port
 
 from . import payloads as p

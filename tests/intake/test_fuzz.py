@@ -7,7 +7,7 @@ import json
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from resilienced import intake
+from resilienced.intake import pipeline as intake
 from resilienced.model import Kind
 from resilienced.settings import IntakeSettings
 

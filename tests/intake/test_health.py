@@ -25,7 +25,8 @@ import aiohttp
 import pytest
 import yaml
 
-from resilienced import daemon, wiring
+from resilienced.app import daemon
+from resilienced.app import runtime
 from resilienced.aws.sqs import SqsQueue
 from resilienced.kube import cache
 from resilienced.kube.followups import KubeFollowUps
@@ -77,7 +78,7 @@ class Daemon:
 @pytest.fixture
 async def running(queues: Queues, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Daemon]:
     monkeypatch.setattr(daemon, "PING_INTERVAL", 0.2)  # the loops come round within the test
-    monkeypatch.setattr(wiring, "SWEEP_INTERVAL_S", 0.2)
+    monkeypatch.setattr(runtime, "SWEEP_INTERVAL_S", 0.2)
     async with KubeApiServer() as kubeapi:
         for kind in KARPENTER_RESOURCES:
             kubeapi.register(kind)

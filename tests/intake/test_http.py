@@ -6,8 +6,8 @@ import json
 
 import aiohttp
 
-from resilienced.http import HttpServer, Readiness
-from resilienced.metrics import Metrics
+from resilienced.ops.http import HttpServer, Readiness
+from resilienced.ops.metrics import Metrics
 
 from . import payloads as p
 from .conftest import Recorder

@@ -6,8 +6,9 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-import handlers
-from resilienced import intake
+from handlers import registry
+from handlers.asg_lifecycle import LifecycleAction
+from resilienced.intake import pipeline as intake
 from resilienced.model import Kind, Step, Wrapping
 from resilienced.settings import IntakeSettings
 
@@ -140,10 +141,16 @@ def test_rebalance_plan_follows_the_policy(policy, steps, has_deadline):
 def test_asg_deadline_follows_the_setting_and_keeps_the_hook_fields():
     plan = read(p.asg(), IntakeSettings(asg_deadline_seconds=900)).plan
     assert plan.deadline == T0 + timedelta(seconds=900)
-    attributes = plan.event.attributes
-    assert attributes["lifecycle_action_token"] == "0befcbdb-6ecd-498a-9ff7-ae9b54447cd6"
-    assert attributes["auto_scaling_group_name"] == "gpu-workers"
-    assert attributes["lifecycle_hook_name"] == "resilienced"
+    action = plan.event.detail
+    assert isinstance(action, LifecycleAction)
+    assert action.lifecycle_action_token == "0befcbdb-6ecd-498a-9ff7-ae9b54447cd6"
+    assert action.auto_scaling_group_name == "gpu-workers"
+    assert action.lifecycle_hook_name == "resilienced"
+    assert plan.event.detail_json() == {  # what the plan line's attributes show
+        "lifecycle_transition": "autoscaling:EC2_INSTANCE_TERMINATING",
+        "lifecycle_action_token": "0befcbdb-6ecd-498a-9ff7-ae9b54447cd6",
+        "auto_scaling_group_name": "gpu-workers", "lifecycle_hook_name": "resilienced",
+        "deadline_from": "time+900s (--asg-deadline-seconds)"}
 
 
 @pytest.mark.parametrize("payload, wrapping", [
@@ -161,9 +168,9 @@ def test_direct_asg_event_id_is_the_request_id():
 
 
 def test_every_kind_but_unknown_and_invalid_has_exactly_one_documented_handler_module():
-    kinds = {module.KIND for module in handlers.MODULES}
+    kinds = {module.KIND for module in registry.MODULES}
     assert kinds == set(Kind) - {Kind.UNKNOWN, Kind.INVALID}
-    assert len(kinds) == len(handlers.MODULES)
-    for (source, detail_type), module in handlers.REGISTRY.items():
+    assert len(kinds) == len(registry.MODULES)
+    for (source, detail_type), module in registry.REGISTRY.items():
         assert source == module.SOURCE and detail_type in module.DETAIL_TYPES
         assert f'"source": "{module.SOURCE}"' in module.__doc__  # opens with a real payload

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from resilienced import intake
+from resilienced.intake import pipeline as intake
 from resilienced.model import Kind
 from resilienced.settings import IntakeSettings
 

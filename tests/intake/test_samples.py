@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 import resilienced
-from resilienced import intake
+from resilienced.intake import pipeline as intake
 from resilienced.local import demo
 from resilienced.model import Kind
 from resilienced.settings import IntakeSettings

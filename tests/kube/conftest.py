@@ -18,7 +18,8 @@ import pytest
 from kubernetes_asyncio import client as k8s
 
 from resilienced.errors import BackendUnavailable, RayAuthError
-from resilienced.kube import CacheOptions, KubeCluster, KubeOptions
+from resilienced.kube.cache import CacheOptions
+from resilienced.kube.cluster import KubeCluster, KubeOptions
 from resilienced.ports import DrainResult, RayNode
 from tests.support.kubeapi import KubeApiServer, ResourceType
 

@@ -8,7 +8,8 @@ import pytest
 from kubernetes_asyncio import client as k8s
 
 from resilienced.errors import BackendUnavailable
-from resilienced.kube import CacheOptions, Informer, KubeCluster, KubeOptions
+from resilienced.kube.cache import CacheOptions, Informer
+from resilienced.kube.cluster import KubeCluster, KubeOptions
 from resilienced.kube.cache import Source
 from .conftest import FAST, GcsFactory, eventually, instance, node, ray_node, ray_pod, raycluster
 from tests.support.kubeapi import KubeApiServer

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime, timezone
 
-from resilienced.kube import DEADLINE_ANNOTATION, TAINT_KEY, KubeCluster
+from resilienced.kube.cluster import DEADLINE_ANNOTATION, KubeCluster, TAINT_KEY
 from resilienced.model import Target
 from .conftest import eventually, instance, node
 from tests.support.kubeapi import KubeApiServer

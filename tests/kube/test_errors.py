@@ -9,7 +9,7 @@ import pytest
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from resilienced.errors import BackendUnavailable, PermanentError, ResilienceError
-from resilienced.kube import KubeCluster, KubeOptions
+from resilienced.kube.cluster import KubeCluster, KubeOptions
 from resilienced.kube.api import KubeStatusError, translate
 from resilienced.model import Target
 from .conftest import FAST, GcsFactory, node
@@ -125,7 +125,7 @@ async def test_an_unreachable_api_server_is_backend_unavailable(gcs: GcsFactory)
 async def test_connect_reads_a_kubeconfig(kubeapi: KubeApiServer, tmp_path) -> None:
     from kubernetes_asyncio import client as k8s
 
-    from resilienced.kube import connect
+    from resilienced.kube.api import connect
 
     kubeapi.create(node("n1", None))
     client = await connect(kubeconfig=kubeapi.write_kubeconfig(tmp_path / "config"))
@@ -135,7 +135,7 @@ async def test_connect_reads_a_kubeconfig(kubeapi: KubeApiServer, tmp_path) -> N
 
 async def test_connect_without_credentials_is_a_config_error(tmp_path) -> None:
     from resilienced.errors import ConfigError
-    from resilienced.kube import connect
+    from resilienced.kube.api import connect
 
     with pytest.raises(ConfigError) as err:
         await connect(kubeconfig=tmp_path / "absent")

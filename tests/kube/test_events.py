@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from kubernetes_asyncio import client as k8s
 
-from resilienced.kube import EventRecorder, KubeCluster
+from resilienced.kube.cluster import KubeCluster
+from resilienced.kube.events import EventRecorder
 from resilienced.kube.events import ObjectRef
 from resilienced.model import Target
 from .conftest import instance, node, raycluster, rayjob

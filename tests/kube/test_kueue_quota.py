@@ -18,15 +18,15 @@ from decimal import Decimal
 import pytest
 from kubernetes_asyncio import client as k8s
 
-from resilienced.capacity import Capacity, CapacityDecision
+from resilienced.model import Capacity, CapacityDecision
 from resilienced.capacity.planner import CapacityPlanner
 from resilienced.capacity.policy import CapacityPolicy
-from resilienced.capacity.static import StaticCapacity
-from resilienced.kube import KubeCluster
+from resilienced.local.capacity import StaticCapacity
+from resilienced.kube.cluster import KubeCluster
 from resilienced.kube.kueue import QueueCheck, closed_capacities, quantity, worker_needs
 from resilienced.model import Event, Kind, Target
 from resilienced.ports import CapacityReservation
-from resilienced.requeue import KueueRequeuer
+from resilienced.requeue.kueue import KueueRequeuer
 from tests.requeue.kueue_sim import KueueSim, workload_for
 from tests.requeue.objects import cluster_spec
 from tests.support.kubeapi import KubeApiServer

@@ -9,7 +9,7 @@ from datetime import datetime, timedelta, timezone
 import pytest
 from kubernetes_asyncio import client as k8s
 
-from resilienced.kube import KubeLeaseClaims, lease_name
+from resilienced.kube.leases import KubeLeaseClaims, lease_name
 from resilienced.ports import ClaimStore
 from tests.support.kubeapi import KubeApiServer
 

@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from resilienced.errors import BackendUnavailable
-from resilienced.kube import KubeCluster, KubeOptions
+from resilienced.kube.cluster import KubeCluster, KubeOptions
 from resilienced.kube.locate import elastic_facts
 from .conftest import (
     GcsFactory,

@@ -16,14 +16,15 @@ from datetime import datetime, timedelta, timezone
 import pytest
 from kubernetes_asyncio import client as k8s
 
-from resilienced.capacity import Capacity, CapacityRequest
+from resilienced.capacity.request import CapacityRequest
+from resilienced.model import Capacity
 from resilienced.capacity.planner import CapacityPlanner
 from resilienced.capacity.policy import CapacityPolicy
-from resilienced.capacity.static import StaticCapacity
-from resilienced.kube import KubeCluster
+from resilienced.local.capacity import StaticCapacity
+from resilienced.kube.cluster import KubeCluster
 from resilienced.model import Event, Kind, Target
 from resilienced.ports import CapacityReservation
-from resilienced.requeue import KubeRayRequeuer
+from resilienced.requeue.kuberay import KubeRayRequeuer
 from resilienced.requeue.elastic import current_capacity
 from tests.support.kubeapi import KubeApiServer
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from resilienced.errors import RayAuthError
-from resilienced.kube import KubeCluster, KubeOptions
+from resilienced.kube.cluster import KubeCluster, KubeOptions
 from resilienced.local.raycluster import LocalRayCluster
 from resilienced.model import Target
 from resilienced.ray.gcs import RayGcs

@@ -7,7 +7,10 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from resilienced.errors import PermanentError
-from resilienced.kube import RBAC_RULES, EventRecorder, KubeCluster, KubeLeaseClaims, requested_verbs
+from resilienced.kube.cluster import KubeCluster
+from resilienced.kube.events import EventRecorder
+from resilienced.kube.leases import KubeLeaseClaims
+from resilienced.kube.rbac import RBAC_RULES, requested_verbs
 from resilienced.kube.events import ObjectRef
 from resilienced.kube.rbac import AUTH_SECRETS
 from resilienced.model import Target

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from resilienced.errors import RayAuthError
-from resilienced.kube import KubeCluster, KubeOptions, auth_mode, auth_secret_name
+from resilienced.kube.cluster import KubeCluster, KubeOptions
+from resilienced.kube.tokens import auth_mode, auth_secret_name
 from .conftest import FAST, GcsFactory, instance, node, ray_node, ray_pod, raycluster
 from tests.support.kubeapi import KubeApiServer
 

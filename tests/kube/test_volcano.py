@@ -17,12 +17,12 @@ from kubernetes_asyncio import client as k8s
 
 from resilienced.capacity.planner import CapacityPlanner
 from resilienced.capacity.policy import CapacityPolicy
-from resilienced.capacity.static import StaticCapacity
-from resilienced.kube import KubeCluster
+from resilienced.local.capacity import StaticCapacity
+from resilienced.kube.cluster import KubeCluster
 from resilienced.kube.cluster import VOLCANO_JOBS
 from resilienced.kube.locate import volcano_job_of
 from resilienced.model import Event, Kind
-from resilienced.requeue.router import KubernetesRequeuer
+from resilienced.requeue.router import RequeueRouter
 from resilienced.requeue.volcano import command_name
 from tests.support.kubeapi import KubeApiServer
 
@@ -100,7 +100,7 @@ async def test_a_notice_for_a_node_of_a_volcano_jobs_ray_pods_restarts_the_job_w
 
         planner = CapacityPlanner(source=StaticCapacity(), policy=CapacityPolicy(interruption_threshold=1))
         _, decision = await planner.plan_for(target, event=event)
-        result = await KubernetesRequeuer(api).requeue(target, decision=decision, event=event)
+        result = await RequeueRouter(api).requeue(target, decision=decision, event=event)
         await kube.record(target, reason="Requeued", message="restarted")
 
     assert result.kind == "volcano" and result.changed

@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 
 import pytest
 
-from resilienced.capacity import Capacity
+from resilienced.model import Capacity
 from resilienced.model import RunFacts, Target
 from resilienced.ports import ProvidedNode, RayNode
 from resilienced.ray.cluster import CAPACITY_TYPE_LABEL, RESERVATION_LABEL

@@ -8,8 +8,11 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from resilienced.capacity import Capacity, CapacityDecision, CapacityPlanner, CapacityPolicy, CapacityRequest
-from resilienced.capacity.static import StaticCapacity
+from resilienced.capacity.planner import CapacityPlanner
+from resilienced.capacity.policy import CapacityPolicy
+from resilienced.capacity.request import CapacityRequest
+from resilienced.model import Capacity, CapacityDecision
+from resilienced.local.capacity import StaticCapacity
 from resilienced.local.provider import LocalNodeProvider
 from resilienced.local.raycluster import LocalRayCluster
 from resilienced.model import Event, Kind, RunFacts, Target

@@ -11,13 +11,14 @@ from pathlib import Path
 
 import pytest
 
-from resilienced import cli, intake
+from resilienced.app import cli
+from resilienced.intake import pipeline as intake
 from resilienced.local.raycluster import LocalRayCluster
 from resilienced.model import Result
 from resilienced.ray.claims import RayKvClaims
 from resilienced.ray.cluster import RayModeCluster
 from resilienced.recovery.responder import Recovery
-from resilienced.runs import FIELDS
+from resilienced.ops.run_record import FIELDS
 from resilienced.settings import IntakeSettings
 
 from .conftest import WORKER_INSTANCE

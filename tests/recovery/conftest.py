@@ -1,6 +1,6 @@
 """A small world for the responder: KubeRay objects on the emulated API server, S3 on moto.
 
-The emulated API server enforces exactly the RBAC of ``resilienced.permissions`` (the ClusterRole
+The emulated API server enforces exactly the RBAC of ``resilienced.ops.permissions`` (the ClusterRole
 plus the daemon-namespace Role and a token Role in the run's namespace), so every test here also
 proves that the daemon's whole path needs no more than the manifests grant.  The world has one
 RayJob (``ml/train``, annotated with its checkpoint URI) owning a RayCluster (``ml/train-rc``)
@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 from aiobotocore.session import get_session
 
-from resilienced import permissions
+from resilienced.ops import permissions
 from resilienced.ports import DrainResult, RayNode
 from tests.support.kubeapi import KubeApiServer, RbacRule
 

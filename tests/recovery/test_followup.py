@@ -26,14 +26,15 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
-from resilienced import cli, intake
+from resilienced.app import cli
+from resilienced.intake import pipeline as intake
 from resilienced.aws.s3 import S3Store
 from resilienced.capacity.planner import CapacityPlanner
 from resilienced.capacity.policy import CapacityPolicy
-from resilienced.capacity.static import StaticCapacity
+from resilienced.local.capacity import StaticCapacity
 from resilienced.errors import TemporaryError
 from resilienced.followup import Bounds
-from resilienced.kube import KubeCluster
+from resilienced.kube.cluster import KubeCluster
 from resilienced.kube.followups import KubeFollowUps
 from resilienced.kube.leases import KubeLeaseClaims
 from resilienced.model import Result
@@ -41,7 +42,7 @@ from resilienced.recovery.followup import Follower, FollowUpMetrics, FollowUpOpt
 from resilienced.recovery.responder import Recovery, RecoveryOptions
 from resilienced.requeue.kueue import KueueRequeuer
 from resilienced.requeue.progress import KubeProgress
-from resilienced.requeue.router import KubernetesRequeuer, Requeue
+from resilienced.requeue.router import ReportingRequeuer, RequeueRouter
 from resilienced.settings import IntakeSettings
 from tests.requeue.kuberay_sim import KubeRaySim
 from tests.requeue.kueue_sim import FLAVORS, KueueSim, workload_for
@@ -82,7 +83,7 @@ class Follow:
         self.planner = CapacityPlanner(source=StaticCapacity([block()]), clock=now,
                                        policy=policy or CapacityPolicy(prefer_blocks=True))
         self.kueue = KueueRequeuer(api, poll_interval_s=0.02, settle_timeout_s=10)
-        self.requeue = Requeue(KubernetesRequeuer(api, kueue=self.kueue), cluster=self.cluster)
+        self.requeue = ReportingRequeuer(RequeueRouter(api, kueue=self.kueue), cluster=self.cluster)
         self.registry = CollectorRegistry()
         self.follower = Follower(
             store=KubeFollowUps(api, namespace=DAEMON_NS), claims=self.claims, cluster=self.cluster,
@@ -322,7 +323,7 @@ async def test_a_workload_pending_for_quota_falls_back_to_a_flavor_with_quota(ap
 class DiesAfterTheMove:
     """A replica killed mid-follow-up: its requeue applies the move, then the replica never returns."""
 
-    def __init__(self, inner: Requeue) -> None:
+    def __init__(self, inner: ReportingRequeuer) -> None:
         self.inner = inner
         self.kind = inner.kind
         self.applied = asyncio.Event()

@@ -135,7 +135,7 @@ def test_the_follow_up_settings_have_their_documented_defaults_and_ranges() -> N
 
 
 def test_a_follow_up_notification_says_how_the_run_came_back() -> None:
-    from resilienced.notify import render, slack_body
+    from resilienced.ops.notify import render, slack_body
 
     facts = {"event_id": "ev-1", "kind": "spot_interruption", "run": "ml/job", "outcome": "resumed",
              "stage": "training", "capacity": "on-demand", "checkpoint_step": 27, "seconds_from_notice": 45}
@@ -150,7 +150,7 @@ async def test_a_new_move_replaces_the_open_follow_up_and_a_redelivery_keeps_it(
     from prometheus_client import CollectorRegistry
 
     from resilienced.claims import MemoryClaims
-    from resilienced.followups import MemoryFollowUps
+    from tests.support.followups import MemoryFollowUps
     from resilienced.model import Capacity, Event, Kind, RequeueResult
     from resilienced.recovery.followup import Follower, FollowUpMetrics
 

@@ -32,16 +32,16 @@ from resilienced.aws.s3 import S3Store
 from resilienced.aws.sqs import SqsQueue
 from resilienced.capacity.planner import CapacityPlanner
 from resilienced.capacity.policy import CapacityPolicy
-from resilienced.capacity.static import StaticCapacity
-from resilienced.consumer import Consumer
-from resilienced.kube import KubeCluster
+from resilienced.local.capacity import StaticCapacity
+from resilienced.consumer.loop import Consumer
+from resilienced.kube.cluster import KubeCluster
 from resilienced.kube.leases import KubeLeaseClaims
 from resilienced.local.aws import create_queue_with_dlq
 from resilienced.local.raycluster import LocalRayCluster
-from resilienced.metrics import Metrics
+from resilienced.ops.metrics import Metrics
 from resilienced.ray.gcs import RayGcs
 from resilienced.recovery.responder import Recovery, RecoveryMetrics, RecoveryOptions
-from resilienced.requeue.router import KubernetesRequeuer, Requeue, RequeueMetrics
+from resilienced.requeue.router import ReportingRequeuer, RequeueMetrics, RequeueRouter
 from resilienced.settings import IntakeSettings, QueueSettings
 from tests.support.kubeapi import KubeApiServer
 from tests.support.ray import busy
@@ -82,7 +82,7 @@ class Replica:
         recovery = Recovery(
             cluster=self.cluster, claims=claims, ray_control=self.cluster.ray_control,
             store=S3Store(client=s3), planner=planner,
-            requeue=Requeue(KubernetesRequeuer(self.api), cluster=self.cluster,
+            requeue=ReportingRequeuer(RequeueRouter(self.api), cluster=self.cluster,
                             metrics=RequeueMetrics(self.metrics.registry)),
             options=RecoveryOptions(durable_grace_seconds=30, durable_poll_seconds=0.2),
             metrics=RecoveryMetrics(self.metrics.registry))

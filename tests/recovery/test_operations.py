@@ -23,9 +23,9 @@ import pytest
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
-from resilienced import cli
+from resilienced.app import cli
 from resilienced.model import Result
-from resilienced.notify import Notifier, NotifyMetrics, load_template
+from resilienced.ops.notify import Notifier, NotifyMetrics, load_template
 
 from .conftest import NS, instance
 from .test_recovery import World, body, plan_of, save_after_the_drain, world  # noqa: F401  (fixture)
@@ -190,7 +190,7 @@ async def status(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, l
 
 def status_rows(out: str) -> list[dict[str, Any]]:
     """The rows in ``status --json`` output (log lines of the test's own recovery set aside)."""
-    from resilienced.runs import FIELDS
+    from resilienced.ops.run_record import FIELDS
 
     parsed = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
     return [row for row in parsed if set(row) == set(FIELDS)]
@@ -216,7 +216,7 @@ async def test_status_shows_what_a_real_recovery_did(world: World, tmp_path: Pat
         "spot_interruption", [instance(1)], f"{NS}/train", "done")
     assert (row["checkpoint_step"], row["durable"], row["capacity"]) == (41, True, "capacity-block")
     assert row["drained"] == ["01" * 28]
-    assert datetime.fromisoformat(row["time"].replace("Z", "+00:00")) <= datetime.now(timezone.utc)
+    assert datetime.fromisoformat(row["time"]) <= datetime.now(timezone.utc)
 
     code = await asyncio.to_thread(cli.main, ["status", *args])
     out, _ = capsys.readouterr()
@@ -243,12 +243,12 @@ async def test_status_names_a_bad_since_and_needs_a_mode(capsys: pytest.CaptureF
 
 
 def test_a_record_written_before_the_event_fields_existed_is_summarised_with_what_it_has() -> None:
-    from resilienced.runs import summary
+    from resilienced.ops.run_record import RunRecord
 
     old = {"run": "ml/train", "instances": [instance(1)],
            "durable": {"verified": False, "resume_step": 10, "steps_lost": 5, "reason": "deadline passed"},
            "requeue": {"capacity": "on-demand", "reason": "no Spot"}}
-    row = summary(old, key="run/7e9d2f6c-0000-4000-8000-000000000001/ml/train")
+    row = RunRecord.from_json(old).summary(key="run/7e9d2f6c-0000-4000-8000-000000000001/ml/train")
     assert row["event_id"] == "7e9d2f6c-0000-4000-8000-000000000001" and row["kind"] is None
     assert (row["checkpoint_step"], row["durable"], row["steps_lost"]) == (10, False, 5)
     assert (row["capacity"], row["outcome"], row["reason"]) == ("on-demand", "done", "deadline passed")

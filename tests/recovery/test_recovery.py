@@ -19,20 +19,21 @@ from botocore.stub import Stubber
 from prometheus_client import CollectorRegistry
 from aiobotocore.session import get_session
 
-from resilienced import intake
+from resilienced.intake import pipeline as intake
 from resilienced.aws.s3 import S3Store
 from resilienced.capacity.planner import CapacityPlanner
 from resilienced.capacity.policy import CapacityPolicy
-from resilienced.capacity.static import StaticCapacity
+from resilienced.local.capacity import StaticCapacity
 from resilienced.errors import BackendUnavailable, PermanentError, TemporaryError
-from resilienced.kube import KubeCluster, KubeOptions
+from resilienced.kube.cluster import KubeCluster, KubeOptions
 from resilienced.kube.cache import CacheOptions
 from resilienced.kube.leases import KubeLeaseClaims
 from resilienced.model import Result
 from resilienced.ports import CapacityReservation
+from handlers.asg_lifecycle import LifecycleAction
 from resilienced.aws.autoscaling import Lifecycle
 from resilienced.recovery.responder import Recovery, RecoveryMetrics, RecoveryOptions
-from resilienced.requeue.router import KubernetesRequeuer, Requeue
+from resilienced.requeue.router import ReportingRequeuer, RequeueRouter
 from resilienced.settings import IntakeSettings
 from tests.support.kubeapi import KubeApiServer
 
@@ -83,7 +84,7 @@ class World:
         self.recovery = Recovery(
             cluster=self.cluster, claims=self.claims, ray_control=self.cluster.ray_control,
             store=S3Store(client=s3), planner=self.planner,
-            requeue=Requeue(KubernetesRequeuer(api), cluster=self.cluster), capacity=capacity,
+            requeue=ReportingRequeuer(RequeueRouter(api), cluster=self.cluster), capacity=capacity,
             options=RecoveryOptions(durable_grace_seconds=grace, durable_poll_seconds=0.1))
 
     def events(self, reason: str) -> list[dict[str, Any]]:
@@ -348,13 +349,14 @@ async def test_an_asg_hook_is_completed_even_when_no_ray_run_is_on_the_instance(
 async def test_completing_a_hook_translates_what_auto_scaling_answers(autoscaling: Any, code: str, message: str,
                                                                       expected: Any) -> None:
     lifecycle = Lifecycle(autoscaling)
-    attributes = {"lifecycle_hook_name": "drain-first", "auto_scaling_group_name": "gpu-asg",
-                  "lifecycle_action_token": ASG_DETAIL["LifecycleActionToken"]}
+    action = LifecycleAction(lifecycle_transition="autoscaling:EC2_INSTANCE_TERMINATING",
+                             lifecycle_hook_name="drain-first", auto_scaling_group_name="gpu-asg",
+                             lifecycle_action_token=ASG_DETAIL["LifecycleActionToken"])
     with Stubber(autoscaling) as stub:
         stub.add_client_error("complete_lifecycle_action", service_error_code=code, service_message=message,
                               http_status_code=400, expected_params=EXPECTED)
         if isinstance(expected, str):
-            assert await lifecycle.complete(event_attributes=attributes, instance_id=instance(7)) == expected
+            assert await lifecycle.complete(action, instance_id=instance(7)) == expected
         else:
             with pytest.raises(expected):
-                await lifecycle.complete(event_attributes=attributes, instance_id=instance(7))
+                await lifecycle.complete(action, instance_id=instance(7))

@@ -13,7 +13,7 @@ import pytest
 from aiobotocore.session import AioSession
 from botocore.stub import Stubber
 
-from resilienced import intake
+from resilienced.intake import pipeline as intake
 from resilienced.capacity.ec2 import Ec2Capacity
 from resilienced.errors import PermanentError
 from resilienced.model import Plan, Target

@@ -12,10 +12,13 @@ from datetime import datetime, timezone
 
 from kubernetes_asyncio import client as k8s
 
-from resilienced.capacity import Capacity, CapacityDecision, CapacityRequest
+from resilienced.capacity.request import CapacityRequest
+from resilienced.model import Capacity, CapacityDecision
 from resilienced.kube.locate import instance_id_of
 from resilienced.model import Event, Kind, RunFacts, Target
-from resilienced.requeue import KubeRayRequeuer, KubernetesRequeuer, KueueRequeuer, Requeue
+from resilienced.requeue.kuberay import KubeRayRequeuer
+from resilienced.requeue.kueue import KueueRequeuer
+from resilienced.requeue.router import ReportingRequeuer, RequeueRouter
 from resilienced.requeue.elastic import LostWorker, plan_groups
 from resilienced.requeue.placement import Placement
 from tests.requeue.kuberay_sim import KubeRaySim
@@ -224,7 +227,7 @@ async def test_no_capacity_the_run_goes_on_smaller_and_the_decision_is_recorded(
     lost = iid(kubeapi, "spot-1")
     recorder = Recorder()
     recorded = recorder.events
-    requeue = Requeue(KubernetesRequeuer(api), cluster=recorder)
+    requeue = ReportingRequeuer(RequeueRouter(api), cluster=recorder)
     result = await requeue.requeue(target(lost), decision=WAIT, event=event("ev-1", lost))
     assert result.capacity is Capacity.WAIT and "smaller size" in result.reason and "nothing evicted" in result.reason
     assert writes(kubeapi) == []  # no group scaled, no pod deleted
@@ -281,7 +284,7 @@ async def test_kueue_elastic_cluster_is_not_evicted(api: k8s.ApiClient, kubeapi:
     seed_kueue(kubeapi, elastic_workload=True)
     lost = iid(kubeapi, "spot-1")
     kubeapi.reset_log()
-    result = await KubernetesRequeuer(api).requeue(target(lost, job=False), decision=BLOCK, event=event("ev-1", lost))
+    result = await RequeueRouter(api).requeue(target(lost, job=False), decision=BLOCK, event=event("ev-1", lost))
 
     assert result.kind == "kueue" and result.changed and result.details["elastic"], result.reason
     assert result.details["groups_elsewhere"] == ["gpu"] and "new PodSet" in result.reason
@@ -290,7 +293,7 @@ async def test_kueue_elastic_cluster_is_not_evicted(api: k8s.ApiClient, kubeapi:
     assert wl["spec"]["active"] is True  # never deactivated
     assert set(groups(kubeapi)) == {"gpu", "cpu"} and groups(kubeapi)["gpu"]["replicas"] == 2
     kubeapi.reset_log()
-    again = await KubernetesRequeuer(api).requeue(target(lost, job=False), decision=BLOCK, event=event("ev-2", lost))
+    again = await RequeueRouter(api).requeue(target(lost, job=False), decision=BLOCK, event=event("ev-2", lost))
     assert again.changes == () and writes(kubeapi) == []
 
 
@@ -328,7 +331,7 @@ async def test_a_malformed_elastic_annotation_is_a_gang_and_the_event_says_why(
     lost = iid(kubeapi, "spot-1")
     problem = "annotation resilienced.io/elastic='yes' on RayJob ml/job must be \"true\" or \"false\""
     recorder = Recorder()
-    result = await Requeue(KubernetesRequeuer(api), cluster=recorder).requeue(
+    result = await ReportingRequeuer(RequeueRouter(api), cluster=recorder).requeue(
         target(lost, elastic=False, elastic_error=problem), decision=BLOCK, event=event("ev-1", lost))
     assert result.details["elastic_fallback"] == problem and pods(kubeapi) == {"train-head"}
     [(reason, message, _warning)] = recorder.events

@@ -7,10 +7,10 @@ from datetime import datetime, timezone
 import pytest
 from kubernetes_asyncio import client as k8s
 
-from resilienced.capacity import Capacity, CapacityDecision
+from resilienced.model import Capacity, CapacityDecision
 from resilienced.errors import BackendUnavailable, PermanentError
 from resilienced.model import Event, Kind, Target
-from resilienced.requeue import KubeRayRequeuer
+from resilienced.requeue.kuberay import KubeRayRequeuer
 from resilienced.requeue.rbac import requested_verbs
 from tests.requeue.kuberay_sim import KubeRaySim
 from tests.requeue.objects import NS, SPOT_AFFINITY, node, ray_pod, raycluster, rayjob

@@ -13,10 +13,10 @@ from collections.abc import Callable
 import pytest
 from kubernetes_asyncio import client as k8s
 
-from resilienced.capacity import Capacity, CapacityDecision
+from resilienced.model import Capacity, CapacityDecision
 from resilienced.errors import PermanentError, TemporaryError
 from resilienced.model import Event, Kind, Target
-from resilienced.requeue import KueueRequeuer
+from resilienced.requeue.kueue import KueueRequeuer
 from resilienced.requeue.kueue import DEACTIVATED_FOR, discover_workload_version
 from resilienced.requeue.rbac import requested_verbs
 from tests.requeue.conftest import kueue_serving
@@ -295,9 +295,9 @@ async def test_the_daemon_takes_the_served_workload_version_at_start_up(
     """open_runtime in kubernetes mode: discovery unless --kueue-api-version forces a version."""
     from dataclasses import replace
 
-    from resilienced.metrics import Metrics
+    from resilienced.ops.metrics import Metrics
     from resilienced.settings import Settings
-    from resilienced.wiring import open_runtime
+    from resilienced.app.runtime import open_runtime
     from tests.support.kubeapi import RESOURCES
 
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")  # clients are made, never called here

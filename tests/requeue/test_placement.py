@@ -6,7 +6,7 @@ import copy
 
 import pytest
 
-from resilienced.capacity import Capacity, CapacityDecision
+from resilienced.model import Capacity, CapacityDecision
 from resilienced.requeue.placement import Placement
 
 pytestmark = pytest.mark.unit

@@ -7,12 +7,12 @@ from collections.abc import AsyncIterator
 import pytest
 from kubernetes_asyncio import client as k8s
 
-from resilienced.capacity import Capacity, CapacityDecision
+from resilienced.model import Capacity, CapacityDecision
 from resilienced.kube.events import EventRecorder, ObjectRef
 from resilienced.kube.rbac import RBAC_RULES as KUBE_RULES
-from resilienced.metrics import Metrics
+from resilienced.ops.metrics import Metrics
 from resilienced.model import Event, Kind, RunFacts, Target
-from resilienced.requeue import KubernetesRequeuer, Requeue, RequeueMetrics
+from resilienced.requeue.router import ReportingRequeuer, RequeueMetrics, RequeueRouter
 from tests.requeue.conftest import rbac_of_requeue
 from tests.requeue.objects import NS, ray_pod, raycluster, rayjob
 from tests.support.kubeapi import KubeApiServer, RbacRule
@@ -66,7 +66,7 @@ async def kubeapi() -> AsyncIterator[KubeApiServer]:
 async def test_each_target_goes_to_its_requeuer(api: k8s.ApiClient, kubeapi: KubeApiServer, labels: dict,
                                                 facts: dict, expected: str) -> None:
     kubeapi.create(rayjob(labels=labels))
-    applier = await KubernetesRequeuer(api).applier_for(target(**facts))
+    applier = await RequeueRouter(api).applier_for(target(**facts))
     assert applier.kind == expected
 
 
@@ -76,14 +76,14 @@ async def test_a_cluster_of_a_kueue_rayjob_goes_through_the_rayjob(api: k8s.ApiC
                                      "uid": job["metadata"]["uid"], "controller": True}))
     only_cluster = Target(instance_id="i-0aaa", node=None, ray_cluster=f"{NS}/train", ray_job=None,
                           ray_node_ids=(), checkpoint_uri=None)
-    applier, resolved = await KubernetesRequeuer(api).resolve(only_cluster)
+    applier, resolved = await RequeueRouter(api).resolve(only_cluster)
     assert applier.kind == "kueue" and resolved.ray_job == f"{NS}/job"
 
 
 async def test_a_requeue_is_counted_and_recorded_once(api: k8s.ApiClient, kubeapi: KubeApiServer) -> None:
     kubeapi.seed(rayjob(), raycluster(), ray_pod("train-gpu-a"))
     metrics = Metrics()
-    requeue = Requeue(KubernetesRequeuer(api), cluster=EventsOnTheRun(api, kubeapi),
+    requeue = ReportingRequeuer(RequeueRouter(api), cluster=EventsOnTheRun(api, kubeapi),
                       metrics=RequeueMetrics(metrics.registry))
     first = await requeue.requeue(target(), decision=BLOCK, event=EVENT)
     assert first.changed
@@ -102,7 +102,7 @@ async def test_a_requeue_is_counted_and_recorded_once(api: k8s.ApiClient, kubeap
 async def test_a_wait_is_counted_and_warned_about(api: k8s.ApiClient, kubeapi: KubeApiServer) -> None:
     kubeapi.seed(rayjob(), raycluster())
     metrics = Metrics()
-    requeue = Requeue(KubernetesRequeuer(api), cluster=EventsOnTheRun(api, kubeapi),
+    requeue = ReportingRequeuer(RequeueRouter(api), cluster=EventsOnTheRun(api, kubeapi),
                       metrics=RequeueMetrics(metrics.registry))
     wait = CapacityDecision(Capacity.WAIT, "On-Demand is not allowed")
     result = await requeue.requeue(target(), decision=wait, event=EVENT)
@@ -115,7 +115,7 @@ async def test_a_wait_is_counted_and_warned_about(api: k8s.ApiClient, kubeapi: K
 async def test_a_dry_run_is_neither_counted_nor_recorded(api: k8s.ApiClient, kubeapi: KubeApiServer) -> None:
     kubeapi.seed(rayjob(), raycluster(), ray_pod("train-gpu-a"))
     metrics = Metrics()
-    requeue = Requeue(KubernetesRequeuer(api), cluster=EventsOnTheRun(api, kubeapi),
+    requeue = ReportingRequeuer(RequeueRouter(api), cluster=EventsOnTheRun(api, kubeapi),
                       metrics=RequeueMetrics(metrics.registry))
     result = await requeue.requeue(target(), decision=BLOCK, event=EVENT, dry_run=True)
     assert result.changes and result.dry_run
@@ -129,7 +129,7 @@ async def test_a_refused_requeue_is_warned_about_and_not_counted(api: k8s.ApiCli
     cluster["spec"]["upgradeStrategy"] = {"type": "Recreate"}
     kubeapi.seed(rayjob(), cluster, ray_pod("train-gpu-a"))
     metrics = Metrics()
-    requeue = Requeue(KubernetesRequeuer(api), cluster=EventsOnTheRun(api, kubeapi),
+    requeue = ReportingRequeuer(RequeueRouter(api), cluster=EventsOnTheRun(api, kubeapi),
                       metrics=RequeueMetrics(metrics.registry))
     result = await requeue.requeue(target(), decision=BLOCK, event=EVENT)
     assert result.refused and result.kind == "kuberay"
@@ -142,7 +142,7 @@ async def test_a_recreate_rayjob_under_kueue_goes_through_kueue(api: k8s.ApiClie
     job = rayjob(labels={"kueue.x-k8s.io/queue-name": "training"})
     job["spec"]["rayClusterSpec"]["upgradeStrategy"] = {"type": "Recreate"}
     kubeapi.seed(job, raycluster())
-    applier, _ = await KubernetesRequeuer(api).resolve(target())
+    applier, _ = await RequeueRouter(api).resolve(target())
     # templates change only while Kueue holds the RayJob suspended.  (KubeRay v1.6+ would refuse this
     # spec, ValidateRayClusterUpgradeOptions: upgradeStrategy is not for a RayJob's cluster; the
     # routing holds whatever the spec says.)
@@ -162,7 +162,7 @@ async def test_a_rayjob_with_a_cluster_selector_is_not_kueues_and_its_cluster_mo
     # Kueue skips such a RayJob (kubernetes-sigs/kueue v0.19.2 pkg/controller/jobs/rayjob/rayjob_controller.go
     # Skip(): len(spec.clusterSelector) > 0; v0.14 refuses the label in its webhook): no Workload ever exists.
     kubeapi.seed(cluster_selector_job(), raycluster(), ray_pod("train-gpu-a"))
-    result = await KubernetesRequeuer(api).requeue(target(), decision=BLOCK, event=EVENT)
+    result = await RequeueRouter(api).requeue(target(), decision=BLOCK, event=EVENT)
     assert result.kind == "kuberay" and result.changed, result.reason
     cluster = kubeapi.get("rayclusters", "train", namespace=NS)
     assert all(g["template"]["spec"]["nodeSelector"]["karpenter.k8s.aws/capacity-reservation-id"] == "cr-0block"
@@ -173,5 +173,5 @@ async def test_a_rayjob_with_a_cluster_selector_is_not_kueues_and_its_cluster_mo
 async def test_a_rayjob_with_a_cluster_selector_on_a_queued_cluster_goes_through_the_cluster(
         api: k8s.ApiClient, kubeapi: KubeApiServer) -> None:
     kubeapi.seed(cluster_selector_job(), raycluster(labels={"kueue.x-k8s.io/queue-name": "training"}))
-    applier, resolved = await KubernetesRequeuer(api).resolve(target())
+    applier, resolved = await RequeueRouter(api).resolve(target())
     assert applier.kind == "kueue" and resolved.ray_job is None and resolved.ray_cluster == f"{NS}/train"

@@ -8,10 +8,10 @@ from datetime import datetime, timedelta, timezone
 import pytest
 from kubernetes_asyncio import client as k8s
 
-from resilienced.capacity import Capacity, CapacityDecision
+from resilienced.model import Capacity, CapacityDecision
 from resilienced.errors import PermanentError
 from resilienced.model import Event, Kind, RunFacts, Target
-from resilienced.requeue import VolcanoRequeuer
+from resilienced.requeue.volcano import VolcanoRequeuer
 from resilienced.requeue.rbac import requested_verbs
 from resilienced.requeue.volcano import command_name
 from tests.requeue.objects import NS, pod_template

@@ -307,5 +307,5 @@ def _filters(params: Mapping[str, str]) -> list[tuple[str, list[str]]]:
 
 
 def _time(value: str) -> datetime:
-    parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    parsed = datetime.fromisoformat(value)
     return parsed if parsed.tzinfo else parsed.replace(tzinfo=timezone.utc)

@@ -25,7 +25,8 @@ from typing import Any
 
 import pytest
 
-from resilienced.local.raycluster import CAPACITY_TYPE_LABEL, INSTANCE_ID_LABEL, LocalRayCluster, LocalRayNode
+from resilienced.local.raycluster import LocalRayCluster, LocalRayNode
+from resilienced.ray.cluster import CAPACITY_TYPE_LABEL, INSTANCE_ID_LABEL
 
 REPO = Path(__file__).resolve().parents[2]
 

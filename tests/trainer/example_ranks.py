@@ -6,7 +6,6 @@ own that imports only torch, the trainer and the example.
 
 from __future__ import annotations
 
-import functools
 import os
 import sys
 from pathlib import Path
@@ -18,6 +17,7 @@ sys.path.insert(0, str(REPO / "examples"))
 import resilient_train as example  # noqa: E402
 
 from trainer.errors import EXIT_CRASHED  # noqa: E402
+from tests.support.crashing import crashing  # noqa: E402
 from trainer.resilience import Checkpointer  # noqa: E402
 
 
@@ -35,11 +35,7 @@ def train(rank: int, world_size: int, cfg: dict) -> None:
 def train_and_crash(rank: int, world_size: int, cfg: dict, phase: str, step: int) -> None:
     """The example's train function, every rank exiting abruptly at a save phase of a step."""
 
-    def crash(at_phase: str, at_step: int) -> None:
-        if (at_phase, at_step) == (phase, step):
-            os._exit(EXIT_CRASHED)
-
-    example.Checkpointer = functools.partial(Checkpointer, phase_hook=crash)
+    example.Checkpointer = crashing(phase, step, die=lambda: os._exit(EXIT_CRASHED))
     example.train_func(cfg)
 
 

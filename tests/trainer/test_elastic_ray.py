@@ -24,7 +24,8 @@ from collections.abc import Iterator
 import pytest
 
 from conftest import DRAIN_TIMEOUT_S, SMALL, TrainerRun, node_labels
-from resilienced.local.raycluster import INSTANCE_ID_LABEL, LocalRayCluster, LocalRayNode
+from resilienced.local.raycluster import LocalRayCluster, LocalRayNode
+from resilienced.ray.cluster import INSTANCE_ID_LABEL
 from trainer import replacement, restarts
 
 pytestmark = pytest.mark.e2e

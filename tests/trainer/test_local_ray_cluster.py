@@ -8,12 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from resilienced.local.raycluster import (
-    CAPACITY_TYPE_LABEL,
-    INSTANCE_ID_LABEL,
-    LocalRayCluster,
-    LocalRayError,
-)
+from resilienced.local.raycluster import LocalRayCluster, LocalRayError
+from resilienced.ray.cluster import CAPACITY_TYPE_LABEL, INSTANCE_ID_LABEL
 
 pytestmark = pytest.mark.e2e
 

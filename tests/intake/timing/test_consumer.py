@@ -17,9 +17,9 @@ from typing import Any
 import pytest
 
 from resilienced.claims import MemoryClaims
-from resilienced.consumer import Consumer
+from resilienced.consumer.loop import Consumer
 from resilienced.errors import BackendUnavailable, TemporaryError
-from resilienced.metrics import Metrics
+from resilienced.ops.metrics import Metrics
 from resilienced.model import Outcome, Plan, Result
 from resilienced.settings import IntakeSettings, QueueSettings
 from tests.support.virtualtime import MemoryQueue

@@ -1,4 +1,4 @@
-"""``tasks.Supervisor``: owns the daemon's long-lived tasks, keeps which died and why.
+"""``supervisor.Supervisor``: owns the daemon's long-lived tasks, keeps which died and why.
 
 The daemon-level check (each long-lived task killed, ``/healthz`` 503 naming it over HTTP) is
 tests/intake/test_health.py.
@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from resilienced.tasks import Supervisor
+from resilienced.supervisor import Supervisor
 
 pytestmark = pytest.mark.unit
 

@@ -26,16 +26,17 @@ import json
 import string
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 import aiohttp
 from prometheus_client import CollectorRegistry, Counter
 
-from resilienced import log
+from resilienced import log, retry
 from resilienced.errors import ConfigError
+from resilienced.model import JsonValue
+from resilienced.retry import Backoff
 
 #: The facts of one notification (the template's placeholders), with a sample of each.
-FACTS: dict[str, Any] = {
+FACTS: dict[str, JsonValue] = {
     "event_id": "0b3e2a8c-1111-2222-3333-444455556666",
     "kind": "spot_interruption",
     "time": "2026-01-01T00:00:00+00:00",
@@ -87,15 +88,15 @@ def load_template(path: str | None) -> str | None:
     return text
 
 
-def render(template: str, facts: Mapping[str, Any]) -> Any:
+def render(template: str, facts: Mapping[str, JsonValue]) -> JsonValue:
     """The body a template gives for ``facts`` (parsed JSON); KeyError / ValueError when it cannot."""
     escaped = {k: json.dumps("" if v is None else str(v))[1:-1] for k, v in facts.items()}
     return json.loads(string.Template(template).substitute(escaped))
 
 
-def flat(facts: Mapping[str, Any]) -> dict[str, str]:
+def flat(facts: Mapping[str, JsonValue]) -> dict[str, str]:
     """Facts as strings (lists joined by commas, booleans as yes/no, None as '-')."""
-    def text(value: Any) -> str:
+    def text(value: object) -> str:
         if value is None or value == []:
             return "-"
         if isinstance(value, bool):
@@ -120,7 +121,7 @@ def headline_of(f: Mapping[str, str]) -> str:
             f"steps lost {f['steps_lost']}, capacity {f['capacity']}")
 
 
-def slack_body(facts: Mapping[str, Any]) -> dict[str, Any]:
+def slack_body(facts: Mapping[str, JsonValue]) -> dict[str, JsonValue]:
     """The default body: Slack's ``text`` (fallback, and what other chat webhooks show) and blocks."""
     f = flat(facts)
     headline = headline_of(f)
@@ -129,7 +130,7 @@ def slack_body(facts: Mapping[str, Any]) -> dict[str, Any]:
               ("Durable", "durable"), ("Steps lost", "steps_lost"), ("Capacity", "capacity"),
               ("Capacity reason", "capacity_reason"), ("Outcome", "outcome"), ("Stage", "stage"),
               ("Seconds from the notice", "seconds_from_notice")]
-    blocks: list[dict[str, Any]] = [
+    blocks: list[dict[str, JsonValue]] = [
         {"type": "section", "text": {"type": "mrkdwn", "text": f"*resilienced*: {headline}"}},
         {"type": "section", "fields": [{"type": "mrkdwn", "text": f"*{title}*\n{f[key]}"}
                                        for title, key in fields]},
@@ -152,17 +153,17 @@ class Notifier:
         self.retries = retries
         self.metrics = metrics
         self.backoff_s = backoff_s
-        self._queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue(maxsize=queue_size)
+        self._queue: asyncio.Queue[dict[str, JsonValue]] = asyncio.Queue(maxsize=queue_size)
         self._task: asyncio.Task[None] | None = None
         self._session: aiohttp.ClientSession | None = None
         self._log = log.get("resilienced.notify")
 
-    def body(self, facts: Mapping[str, Any]) -> Any:
+    def body(self, facts: Mapping[str, JsonValue]) -> JsonValue:
         if self.template is None:
             return slack_body(facts)
         return render(self.template, flat(facts))
 
-    def submit(self, facts: Mapping[str, Any]) -> None:
+    def submit(self, facts: Mapping[str, JsonValue]) -> None:
         """Queue one notification; returns at once (drops and counts it when the queue is full)."""
         if self._task is None:
             self._task = asyncio.get_running_loop().create_task(self._worker(),
@@ -205,14 +206,12 @@ class Notifier:
             finally:
                 self._queue.task_done()
 
-    async def _send(self, facts: Mapping[str, Any]) -> None:
+    async def _send(self, facts: Mapping[str, JsonValue]) -> None:
         if self._session is None:
             self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.timeout_s))
         payload = json.dumps(self.body(facts)).encode()
-        error = ""
-        for attempt in range(self.retries + 1):
-            if attempt:
-                await asyncio.sleep(self.backoff_s * 2 ** (attempt - 1))
+        error, attempt = "", 0
+        async for attempt in retry.attempts(self.retries + 1, backoff=Backoff(self.backoff_s)):
             try:
                 async with self._session.post(self.url, data=payload,
                                               headers={"Content-Type": "application/json"}) as resp:

@@ -21,17 +21,17 @@ import json
 import os
 import uuid
 from collections.abc import Sequence
-from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
 
 
-from resilienced import intake, validate
+from resilienced.intake import pipeline as intake
+from resilienced.intake import validate
 from resilienced.aws.clients import open_client
 from resilienced.aws.errors import translate
 from resilienced.aws.sqs import SqsQueue
+from resilienced.clock import utcnow
 from resilienced.errors import BackendUnavailable, ConfigError, EventError
-from resilienced.model import Wrapping
+from resilienced.model import Envelope, JsonValue, Wrapping
 from resilienced.settings import QueueSettings
 
 
@@ -75,7 +75,7 @@ def _read(name: str) -> bytes:
         raise ConfigError(name, f"cannot read: {e.strerror or e}") from None
 
 
-def _eventbridge(name: str, body: bytes) -> Any:
+def _eventbridge(name: str, body: bytes) -> Envelope:
     try:
         envelope = intake.decode(body)
     except EventError as e:
@@ -91,10 +91,10 @@ def _eventbridge(name: str, body: bytes) -> Any:
     return envelope
 
 
-def entry(name: str, body: bytes, *, bus: str, fresh: bool) -> dict[str, Any]:
+def entry(name: str, body: bytes, *, bus: str, fresh: bool) -> dict[str, JsonValue]:
     """The PutEvents entry for one file (ConfigError when the file is not an EventBridge event)."""
     envelope = _eventbridge(name, body)
-    item: dict[str, Any] = {"EventBusName": bus, "Source": envelope.source,
+    item: dict[str, JsonValue] = {"EventBusName": bus, "Source": envelope.source,
                             "DetailType": envelope.detail_type, "Detail": json.dumps(envelope.detail)}
     if envelope.resources is not None:
         if not isinstance(envelope.resources, list) or not all(isinstance(r, str) for r in envelope.resources):
@@ -115,7 +115,7 @@ def refresh(name: str, body: bytes) -> str:
         raise ConfigError(name, "--fresh rewrites EventBridge events only, not SNS notifications")
     event = dict(envelope.raw)
     event["id"] = str(uuid.uuid4())
-    event["time"] = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    event["time"] = utcnow().strftime("%Y-%m-%dT%H:%M:%SZ")
     return json.dumps(event)
 
 
@@ -125,7 +125,7 @@ async def _send(messages: Sequence[tuple[str, str]], *, queue_url: str, region: 
         return [(name, await queue.send(body)) for name, body in messages]
 
 
-async def _put_events(entries: Sequence[tuple[str, dict[str, Any]]], *, region: str,
+async def _put_events(entries: Sequence[tuple[str, dict[str, JsonValue]]], *, region: str,
                       endpoint_url: str | None) -> list[tuple[str, str]]:
     sent = []
     async with open_client("events", region=region, endpoint_url=endpoint_url) as client:

@@ -6,11 +6,11 @@
 mode        cluster / claims / GCS              requeue
 ==========  ==================================  ================================================
 plan        none: :class:`PlanLogger` only      none
-kubernetes  ``KubeCluster`` (watch caches),     ``KubernetesRequeuer`` (Kueue, KubeRay, Volcano)
+kubernetes  ``KubeCluster`` (watch caches),     ``RequeueRouter`` (Kueue, KubeRay, Volcano)
             ``KubeLeaseClaims``, a ``RayGcs``
             per RayCluster (token per cluster)
 ray         ``RayModeCluster`` on one ``RayGcs``, ``RayModeRequeuer`` when a node provider is
-            ``RayKvClaims`` on its GCS KV         given (the local drill's); else no capacity
+            ``RayKvClaims`` on its GCS KV         given (:class:`StandIns`: the drill's); else no capacity
                                                   decision is made: the requeue step is
                                                   recorded as "no capacity planner or requeuer
                                                   configured", and Ray's autoscaler replaces
@@ -23,7 +23,7 @@ and progress probe (``KubeProgress``; ``RayProgress``), started as the long-live
 ``resilienced.follow-up`` and stopped with the runtime.
 
 Long-lived tasks (the follow-up, kubernetes mode's watch caches and Lease sweeper
-``resilienced.lease-sweep``) are spawned on the daemon's ``tasks.Supervisor`` (``open_runtime``'s
+``resilienced.lease-sweep``) are spawned on the daemon's ``supervisor.Supervisor`` (``open_runtime``'s
 ``supervisor``), in scopes closed before the clients they use, so ``/healthz`` sees one die.
 
 S3 (durable), EC2 (Capacity Blocks, DescribeInstances), FSx (export tasks) and Auto Scaling
@@ -40,22 +40,27 @@ from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
+
+from aiobotocore.client import AioBaseClient
+from prometheus_client import Counter
 
 from resilienced import log
 from resilienced.aws.autoscaling import Lifecycle
 from resilienced.aws.clients import open_client
 from resilienced.claims import MemoryClaims
 from resilienced.errors import ConfigError, ResilienceError
-from resilienced.metrics import Metrics
+from resilienced.ops.metrics import Metrics
 from resilienced.model import Target
-from resilienced.notify import Notifier, NotifyMetrics, load_template
+from resilienced.ops.notify import Notifier, NotifyMetrics, load_template
 from resilienced.ports import (
     CapacitySource,
     ClaimStore,
     Cluster,
+    ExportTasks,
     FollowUpStore,
     NodeProvider,
+    ObjectStore,
     Progress,
     Planner,
     RayControl,
@@ -66,7 +71,11 @@ from resilienced.recovery.followup import Follower, FollowUpMetrics, FollowUpOpt
 from resilienced.recovery.plan_only import PlanLogger
 from resilienced.recovery.responder import Recovery, RecoveryMetrics, RecoveryOptions
 from resilienced.settings import Mode, Settings
-from resilienced.tasks import Supervisor
+from resilienced.supervisor import Supervisor
+
+if TYPE_CHECKING:  # imported where used: the kubernetes client is loaded in kubernetes mode only
+    from resilienced.kube.leases import KubeLeaseClaims
+    from resilienced.requeue.router import RequeueMetrics
 
 #: how the recovery reaches a run's Ray GCS (kubernetes mode: per RayCluster; ray mode: the one GCS)
 RayControlFor = Callable[[Target], Awaitable[RayControl]]
@@ -89,8 +98,8 @@ class MetricGroups:
     """Every metric group the daemon registers besides :class:`Metrics`' own, on its registry."""
 
     recovery: RecoveryMetrics
-    requeue: Any  # resilienced.requeue.router.RequeueMetrics (imported lazily: kubernetes client)
-    interruptions: Any  # prometheus_client.Counter, resilienced_interruptions_total
+    requeue: RequeueMetrics
+    interruptions: Counter  # resilienced_interruptions_total
     notify: NotifyMetrics
     follow_up: FollowUpMetrics
 
@@ -104,6 +113,22 @@ def metric_groups(metrics: Metrics) -> MetricGroups:
     return MetricGroups(recovery=RecoveryMetrics(r), requeue=RequeueMetrics(r),
                         interruptions=interruption_counter(r), notify=NotifyMetrics(r),
                         follow_up=FollowUpMetrics(r))
+
+
+@dataclass(frozen=True)
+class StandIns:
+    """Adapters given instead of those the settings would open: the seam ``resilienced/local/``
+    (the drill) and tests fill, as Karpenter's operator takes the providers its tests replace
+    with ``pkg/fake``.  The daemon itself passes none.
+
+    ``capacity``: the source of Capacity Blocks instead of EC2 (the drill's static blocks,
+    ``resilienced.local.capacity``); ``node_provider``: ray mode's replacement nodes (the drill's
+    local provider; without one, Ray's autoscaler replaces the nodes and the requeue only records
+    the capacity decision).
+    """
+
+    capacity: CapacitySource | None = None
+    node_provider: NodeProvider | None = None
 
 
 @dataclass
@@ -131,7 +156,7 @@ def read_token(path: str | None) -> str | None:
 SWEEP_INTERVAL_S = 3600.0
 
 
-async def _sweep_leases(claims: Any, *, older_than: float) -> None:
+async def _sweep_leases(claims: KubeLeaseClaims, *, older_than: float) -> None:
     """Delete done claim Leases past the dedupe window, now and then every hour."""
     logger = log.get("resilienced.claims")
     while True:
@@ -157,7 +182,7 @@ def _notifier(settings: Settings, metrics: NotifyMetrics) -> Notifier | None:
                     timeout_s=ns.notify_timeout_seconds, retries=ns.notify_retries, metrics=metrics)
 
 
-def _recovery_options(settings: Settings, *, export: Any | None) -> RecoveryOptions:
+def _recovery_options(settings: Settings, *, export: ExportTasks | None) -> RecoveryOptions:
     rs = settings.recovery
     return RecoveryOptions(
         durable_grace_seconds=rs.durable_grace_seconds,
@@ -180,7 +205,7 @@ async def _kubernetes(settings: Settings, stack: AsyncExitStack, *, replica: str
     from resilienced.ray.gcs import RayGcs
     from resilienced.requeue.kueue import KueueRequeuer, discover_workload_version
     from resilienced.requeue.progress import KubeProgress
-    from resilienced.requeue.router import KubernetesRequeuer
+    from resilienced.requeue.router import RequeueRouter
 
     api = await connect(kubeconfig=settings.mode.kubeconfig, context=settings.mode.kube_context)
     stack.push_async_callback(api.close)
@@ -196,13 +221,13 @@ async def _kubernetes(settings: Settings, stack: AsyncExitStack, *, replica: str
     if workload_version == "auto":
         workload_version = await discover_workload_version(api)
     kueue = KueueRequeuer(api, workload_version=workload_version)
-    return ModeParts(cluster=cluster, claims=claims, requeuer=KubernetesRequeuer(api, kueue=kueue),
+    return ModeParts(cluster=cluster, claims=claims, requeuer=RequeueRouter(api, kueue=kueue),
                      ray_control=cluster.ray_control,
                      follow_ups=KubeFollowUps(api, namespace=settings.mode.claims_namespace),
                      progress=KubeProgress(api, kueue=kueue))
 
 
-def _ray_mode(settings: Settings, *, ec2: Any, planner: Planner, provider: NodeProvider | None) -> ModeParts:
+def _ray_mode(settings: Settings, *, ec2: AioBaseClient, planner: Planner, provider: NodeProvider | None) -> ModeParts:
     """ray mode's adapters (no requeuer without a node provider)."""
     from resilienced.ray.claims import RayKvClaims
     from resilienced.ray.cluster import RayModeCluster
@@ -227,7 +252,7 @@ def _ray_mode(settings: Settings, *, ec2: Any, planner: Planner, provider: NodeP
 
 
 def _follower(settings: Settings, parts: ModeParts, *, planner: Planner, requeue: Requeuer | None,
-              store: Any, metrics: FollowUpMetrics, notifier: Notifier | None, replica: str) -> Follower | None:
+              store: ObjectStore, metrics: FollowUpMetrics, notifier: Notifier | None, replica: str) -> Follower | None:
     """The follow-up of ``settings.follow_up`` (None when off, or when nothing is requeued)."""
     from resilienced.followup import Bounds
 
@@ -252,20 +277,19 @@ async def open_runtime(
     *,
     metrics: Metrics,
     replica: str,
-    provider: NodeProvider | None = None,
-    capacity_source: CapacitySource | None = None,
+    stand_ins: StandIns = StandIns(),
     supervisor: Supervisor | None = None,
 ) -> AsyncIterator[Runtime]:
     """The responder and claim store for ``settings.mode``; every adapter is closed on exit.
 
-    ``provider`` (ray mode): a node provider for replacement nodes (the drill's local one).
-    ``capacity_source``: overrides EC2 as the source of Capacity Blocks (the drill's static one).
-    ``supervisor``: owns the long-lived tasks started here (the daemon's; else one of its own).
+    ``stand_ins``: adapters given instead of EC2's Capacity Blocks and ray mode's (absent) node
+    provider (:class:`StandIns`).  ``supervisor``: owns the long-lived tasks started here (the
+    daemon's; else one of its own).
     """
     from resilienced.aws.s3 import S3Store
     from resilienced.capacity.ec2 import Ec2Capacity
     from resilienced.capacity.planner import CapacityPlanner
-    from resilienced.requeue.router import Requeue
+    from resilienced.requeue.router import ReportingRequeuer
 
     mode = settings.mode.kind
     groups = metric_groups(metrics)  # in every mode: the same series for dashboards and alerts
@@ -277,13 +301,13 @@ async def open_runtime(
     region = settings.queue.effective_region
     endpoint = settings.queue.endpoint_url
     async with AsyncExitStack() as stack:
-        async def client(service: str) -> Any:
+        async def client(service: str) -> AioBaseClient:
             return await stack.enter_async_context(open_client(service, region=region,
                                                                endpoint_url=endpoint))
 
         store = S3Store(client=await client("s3"))
         ec2 = await client("ec2")
-        capacity = capacity_source if capacity_source is not None else Ec2Capacity(ec2)
+        capacity = stand_ins.capacity if stand_ins.capacity is not None else Ec2Capacity(ec2)
         planner = CapacityPlanner(source=capacity, policy=settings.capacity,
                                   interruptions=groups.interruptions)
         lifecycle = Lifecycle(await client("autoscaling"))
@@ -304,8 +328,8 @@ async def open_runtime(
         if mode is Mode.KUBERNETES:
             parts = await _kubernetes(settings, stack, replica=replica, supervisor=supervisor)
         else:
-            parts = _ray_mode(settings, ec2=ec2, planner=planner, provider=provider)
-        requeue = (Requeue(parts.requeuer, cluster=parts.cluster, metrics=groups.requeue)
+            parts = _ray_mode(settings, ec2=ec2, planner=planner, provider=stand_ins.node_provider)
+        requeue = (ReportingRequeuer(parts.requeuer, cluster=parts.cluster, metrics=groups.requeue)
                    if parts.requeuer is not None else None)
         follower = _follower(settings, parts, planner=planner, requeue=requeue, store=store,
                              metrics=groups.follow_up, notifier=notifier, replica=replica)

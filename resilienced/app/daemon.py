@@ -4,29 +4,35 @@ Start-up checks, once: settings are valid; the queue answers; it has a redrive p
 unless ``--allow-no-dlq``.  Then the consumer loop runs until SIGTERM or SIGINT, which stop
 receiving and drain within ``--shutdown-timeout``; the process then exits 0.
 
-The responder and the claim store come from :func:`resilienced.wiring.open_runtime` for the
+The responder and the claim store come from :func:`resilienced.app.runtime.open_runtime` for the
 configured ``--mode`` (plan: :class:`~resilienced.recovery.plan_only.PlanLogger`; kubernetes or ray:
 :class:`~resilienced.recovery.responder.Recovery` with that mode's adapters); :func:`serve` takes them.
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import os
 import signal
-from typing import Any
+from typing import TYPE_CHECKING
 
 from resilienced import log
 from resilienced.aws.sqs import SqsQueue
 from resilienced.claims import MemoryClaims
-from resilienced.consumer import Consumer, Observer
+from resilienced.consumer.loop import Consumer
+from resilienced.consumer.settle import Observer
 from resilienced.errors import BackendUnavailable, ConfigError, ResilienceError
-from resilienced.http import HttpServer, Readiness
-from resilienced.metrics import QUEUE_STATES, Metrics
-from resilienced.ports import CapacitySource, ClaimStore, NodeProvider, Responder
+from resilienced.ops.http import HttpServer, Readiness
+from resilienced.log import Logger
+from resilienced.ops.metrics import QUEUE_STATES, Metrics
+from resilienced.ports import ClaimStore, Responder
 from resilienced.recovery.plan_only import PlanLogger
 from resilienced.settings import Settings
-from resilienced.tasks import Supervisor
+from resilienced.supervisor import Supervisor
+
+if TYPE_CHECKING:
+    from resilienced.app.runtime import StandIns
 
 #: Seconds between readiness pings of the queue (receives also count).
 PING_INTERVAL = 15.0
@@ -45,13 +51,13 @@ async def serve(settings: Settings, *, responder: Responder | None = None,
                 supervisor: Supervisor | None = None) -> int:
     """Run the daemon until SIGTERM/SIGINT (or ``stop`` is set); return the exit status (0 after a clean stop).
 
-    ``observer`` is called once per settled message (see :data:`resilienced.consumer.Observer`).
+    ``observer`` is called once per settled message (see :data:`resilienced.consumer.settle.Observer`).
     With ``stop`` the caller owns the signals (the drill): no signal handler is installed.
     ``supervisor`` owns the long-lived tasks (:func:`run` passes the daemon's, which also owns the
     runtime's); the consumer loop, the pinger and the stop waiter run in a scope of it that ends
     with this call.  ``/healthz`` answers 503 naming any of its tasks that died.
     """
-    logger = log.get("resilienced.daemon")
+    logger = log.get("resilienced.daemon")  # the lines keep their logger name (docs/operations.md)
     qs = settings.queue
     metrics = metrics if metrics is not None else Metrics()
     supervisor = supervisor if supervisor is not None else Supervisor()
@@ -133,12 +139,12 @@ async def _stop_on(stop: asyncio.Event, consumer: Consumer) -> None:
     consumer.stop()
 
 
-def _on_signal(consumer: Consumer, logger: Any, sig: signal.Signals) -> None:
+def _on_signal(consumer: Consumer, logger: Logger, sig: signal.Signals) -> None:
     logger.info("signal", signal=sig.name)
     consumer.stop()
 
 
-async def _ping(queue: SqsQueue, readiness: Readiness, logger: Any, metrics: Metrics) -> None:
+async def _ping(queue: SqsQueue, readiness: Readiness, logger: Logger, metrics: Metrics) -> None:
     """Ping the queue every PING_INTERVAL; at most once a DEPTH_INTERVAL the ping reads its depth."""
     loop = asyncio.get_running_loop()
     depth_due = loop.time()
@@ -160,28 +166,28 @@ async def _ping(queue: SqsQueue, readiness: Readiness, logger: Any, metrics: Met
 
 
 # --------------------------------------------------------------------------- the `run` command
-def configure(parser: Any) -> None:
+def configure(parser: argparse.ArgumentParser) -> None:
     Settings.add_arguments(parser)
 
 
-def main(args: Any) -> int:
+def main(args: argparse.Namespace) -> int:
     settings = Settings.from_args(args, os.environ).validate()
     log.configure(level=settings.log.log_level)
     return asyncio.run(run(settings))
 
 
-async def run(settings: Settings, *, ready: asyncio.Event | None = None, provider: NodeProvider | None = None,
-              capacity_source: CapacitySource | None = None, observer: Observer | None = None,
-              stop: asyncio.Event | None = None) -> int:
-    """Open the mode's adapters (:func:`resilienced.wiring.open_runtime`), then :func:`serve`."""
-    from resilienced.consumer import replica_name
-    from resilienced.wiring import open_runtime
+async def run(settings: Settings, *, ready: asyncio.Event | None = None, observer: Observer | None = None,
+              stop: asyncio.Event | None = None, stand_ins: StandIns | None = None) -> int:
+    """Open the mode's adapters (:func:`resilienced.app.runtime.open_runtime`; ``stand_ins``: those
+    given instead, the drill's), then :func:`serve`."""
+    from resilienced.consumer.flight import replica_name
+    from resilienced.app.runtime import StandIns, open_runtime
 
     metrics = Metrics()
     replica = replica_name()
     async with Supervisor() as supervisor:  # every long-lived task: the runtime's and serve's
-        async with open_runtime(settings, metrics=metrics, replica=replica, provider=provider,
-                                capacity_source=capacity_source, supervisor=supervisor) as runtime:
+        async with open_runtime(settings, metrics=metrics, replica=replica, stand_ins=stand_ins or StandIns(),
+                                supervisor=supervisor) as runtime:
             return await serve(settings, responder=runtime.responder, claims=runtime.claims,
                                ready=ready, metrics=metrics, replica=replica, observer=observer,
                                stop=stop, supervisor=supervisor)

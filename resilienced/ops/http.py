@@ -1,7 +1,7 @@
 """The HTTP server: ``/metrics`` (Prometheus), ``/healthz`` (liveness), ``/readyz`` (readiness).
 
 - ``/healthz``: 200 while the event loop answers and every long-lived task runs; 503 naming
-  each long-lived task that died and why (``resilienced.tasks.Supervisor.dead``), so the
+  each long-lived task that died and why (``resilienced.supervisor.Supervisor.dead``), so the
   kubelet's livenessProbe (deploy/kubernetes/base/deployment.yaml) restarts the pod.
 - ``/readyz``: 200 when the queue answered recently (:class:`Readiness`), else 503 with the
   last error.  A replica that cannot reach SQS is not ready.
@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping
 
 from aiohttp import web
 
-from resilienced.metrics import Metrics
+from resilienced.ops.metrics import Metrics
 
 
 class Readiness:

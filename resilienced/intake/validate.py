@@ -11,10 +11,11 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from datetime import datetime, timedelta, timezone
-from typing import Any
 
+from resilienced.clock import parse_time
 from resilienced.errors import InvalidEventError
-from resilienced.settings import ACCOUNT_RE, REGION_RE
+from resilienced.model import JsonValue
+from resilienced.options import ACCOUNT_RE, REGION_RE
 
 #: ``i-`` and 8 (older) or 17 lowercase hex digits.
 INSTANCE_ID_RE = re.compile(r"i-(?:[0-9a-f]{8}|[0-9a-f]{17})")
@@ -32,7 +33,7 @@ MAX_TEXT = 1024
 EVENT_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,255}")
 
 
-def show(value: Any) -> str:
+def show(value: object) -> str:
     """A short, safe rendering of a value for a reason string."""
     if isinstance(value, Mapping):
         return f"an object of {len(value)} keys"
@@ -46,7 +47,7 @@ def invalid(field: str, message: str) -> InvalidEventError:
     return InvalidEventError(message, field=field)
 
 
-def mapping(value: Any, *, field: str) -> Mapping[str, Any]:
+def mapping(value: object, *, field: str) -> Mapping[str, JsonValue]:
     if value is None:
         raise invalid(field, "missing")
     if not isinstance(value, Mapping):
@@ -54,7 +55,7 @@ def mapping(value: Any, *, field: str) -> Mapping[str, Any]:
     return value
 
 
-def text(value: Any, *, field: str, required: bool = True) -> str | None:
+def text(value: object, *, field: str, required: bool = True) -> str | None:
     """A non-empty string of at most MAX_TEXT characters (None allowed when not required)."""
     if value is None:
         if required:
@@ -69,7 +70,7 @@ def text(value: Any, *, field: str, required: bool = True) -> str | None:
     return value
 
 
-def _shaped(value: Any, *, field: str, pattern: re.Pattern[str], what: str) -> str:
+def _shaped(value: object, *, field: str, pattern: re.Pattern[str], what: str) -> str:
     """A string of ``text`` that also matches ``pattern`` in full, else invalid naming ``what``."""
     value = text(value, field=field)
     if not pattern.fullmatch(value):
@@ -77,22 +78,22 @@ def _shaped(value: Any, *, field: str, pattern: re.Pattern[str], what: str) -> s
     return value
 
 
-def event_id(value: Any, *, field: str) -> str:
+def event_id(value: object, *, field: str) -> str:
     return _shaped(value, field=field, pattern=EVENT_ID_RE,
                    what="an event id (1-256 letters, digits and -_.:, starting with a letter or digit)")
 
 
-def instance_id(value: Any, *, field: str) -> str:
+def instance_id(value: object, *, field: str) -> str:
     return _shaped(value, field=field, pattern=INSTANCE_ID_RE,
                    what="an EC2 instance id (i- and 8 or 17 lowercase hex digits)")
 
 
-def reservation_id(value: Any, *, field: str) -> str:
+def reservation_id(value: object, *, field: str) -> str:
     return _shaped(value, field=field, pattern=RESERVATION_ID_RE,
                    what="a capacity reservation id (cr- and 17 lowercase hex digits)")
 
 
-def account(value: Any, *, field: str, allowed: tuple[str, ...]) -> str | None:
+def account(value: object, *, field: str, allowed: tuple[str, ...]) -> str | None:
     """A 12-digit account id; required and in the list when an allow-list is set."""
     if value is None:
         if allowed:
@@ -106,7 +107,7 @@ def account(value: Any, *, field: str, allowed: tuple[str, ...]) -> str | None:
     return value
 
 
-def region(value: Any, *, field: str, allowed: tuple[str, ...]) -> str | None:
+def region(value: object, *, field: str, allowed: tuple[str, ...]) -> str | None:
     """An AWS region name; required and in the list when an allow-list is set."""
     if value is None:
         if allowed:
@@ -119,12 +120,12 @@ def region(value: Any, *, field: str, allowed: tuple[str, ...]) -> str | None:
     return value
 
 
-def iso_time(value: Any, *, field: str) -> datetime:
+def iso_time(value: object, *, field: str) -> datetime:
     """An ISO-8601 time with a zone, as UTC (``2024-01-01T00:00:00Z``)."""
     value = text(value, field=field)
     if len(value) <= 40 and _ISO_RE.fullmatch(value):
         try:
-            parsed = datetime.fromisoformat(value)
+            parsed = parse_time(value)
         except ValueError:
             parsed = None
         if parsed is not None:
@@ -134,7 +135,7 @@ def iso_time(value: Any, *, field: str) -> datetime:
     raise invalid(field, f"{show(value)} is not an ISO-8601 time")
 
 
-def health_time(value: Any, *, field: str) -> datetime:
+def health_time(value: object, *, field: str) -> datetime:
     """A time as AWS Health writes it: RFC 1123 (``Sat, 05 Jun 2016 15:10:09 GMT``) or ISO-8601."""
     value = text(value, field=field)
     if RFC1123_RE.fullmatch(value):

@@ -1,7 +1,7 @@
 """``resilienced status``: what the daemon did, read back from where it records it.
 
 Every run the daemon handles for an event ends in a done claim ``run/<event id>/<run>`` whose
-details are the run's record (:mod:`resilienced.runs`): in kubernetes mode a Lease in
+details are the run's record (:mod:`resilienced.ops.run_record`): in kubernetes mode a Lease in
 ``--claims-namespace`` (annotation ``resilienced.io/details``), in ray mode a record in the Ray
 cluster's GCS KV.  ``status`` lists them, one row per (event, run): time, kind, instance(s),
 run, outcome, the run's stage since the requeue (its follow-up, :mod:`resilienced.followup`:
@@ -29,11 +29,12 @@ import os
 import re
 import sys
 from collections.abc import Mapping, Sequence
-from datetime import datetime, timedelta, timezone
-from typing import Any
+from datetime import datetime, timedelta
 
+from resilienced.clock import parse_time, utcnow
 from resilienced.errors import ConfigError
-from resilienced.runs import RUN_PREFIX, summary
+from resilienced.model import JsonValue
+from resilienced.ops.run_record import RUN_PREFIX, RunRecord
 from resilienced.settings import Mode, ModeSettings
 
 MODE_FLAGS = ("mode", "kubeconfig", "kube_context", "claims_namespace", "ray_address",
@@ -55,12 +56,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def since(value: str, *, now: datetime | None = None) -> datetime:
     """The cutoff a ``--since`` value means (argparse type: a ValueError is a usage error)."""
-    now = now or datetime.now(timezone.utc)
+    now = now or utcnow()
     match = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([smhd]?)\s*", value)
     if match:
         return now - timedelta(seconds=float(match.group(1)) * _UNITS[match.group(2) or "s"])
     try:
-        moment = datetime.fromisoformat(value.strip().replace("Z", "+00:00"))
+        moment = parse_time(value.strip())
     except ValueError:
         raise argparse.ArgumentTypeError(
             f"expected an age (90s, 30m, 2h, 7d) or an ISO-8601 time, got {value!r}") from None
@@ -86,7 +87,7 @@ def mode_settings(args: argparse.Namespace, environ: Mapping[str, str]) -> ModeS
     return mode
 
 
-async def records(mode: ModeSettings) -> tuple[list[tuple[str, dict[str, Any]]], list[dict[str, Any]]]:
+async def records(mode: ModeSettings) -> tuple[list[tuple[str, dict[str, JsonValue]]], list[dict[str, JsonValue]]]:
     """(claim key, details) of every done run claim in the mode's claim store, and every follow-up."""
     if mode.kind is Mode.KUBERNETES:
         from resilienced.kube.api import connect
@@ -105,7 +106,7 @@ async def records(mode: ModeSettings) -> tuple[list[tuple[str, dict[str, Any]]],
         from resilienced.ray.claims import RayKvClaims
         from resilienced.ray.followups import RayKvFollowUps
         from resilienced.ray.gcs import RayGcs
-        from resilienced.wiring import read_token
+        from resilienced.app.runtime import read_token
 
         ray = RayGcs(mode.ray_address, token=read_token(mode.ray_token_file))
         claims = await RayKvClaims(kv=ray).done(RUN_PREFIX)
@@ -113,14 +114,14 @@ async def records(mode: ModeSettings) -> tuple[list[tuple[str, dict[str, Any]]],
     return [(claim.key, dict(claim.details)) for claim in claims], [record for record, _ in follow_ups]
 
 
-def stage_of(record: Mapping[str, Any]) -> str:
+def stage_of(record: Mapping[str, JsonValue]) -> str:
     """A follow-up's stage as status shows it: the stage while followed, else how it ended."""
     state = record.get("state") or "following"
     return str(record.get("stage")) if state == "following" else str(state)
 
 
-def rows(found: Sequence[tuple[str, Mapping[str, Any]]], *, after: datetime | None = None,
-         follow_ups: Sequence[Mapping[str, Any]] = ()) -> list[dict[str, Any]]:
+def rows(found: Sequence[tuple[str, Mapping[str, JsonValue]]], *, after: datetime | None = None,
+         follow_ups: Sequence[Mapping[str, JsonValue]] = ()) -> list[dict[str, JsonValue]]:
     """One summary per record, oldest first; ``after``: only those done at or after it.
 
     A row whose (event, run) has a follow-up gets its ``stage``, ``training_again_s`` (notice ->
@@ -130,7 +131,7 @@ def rows(found: Sequence[tuple[str, Mapping[str, Any]]], *, after: datetime | No
     followed = {(r.get("event_id"), r.get("run")): r for r in follow_ups}
     out = []
     for key, details in found:
-        row = summary(details, key=key)
+        row = RunRecord.from_json(details).summary(key=key)
         record = followed.get((row["event_id"], row["run"]))
         row["stage"] = stage_of(record) if record else None
         row["training_again_s"] = _training_again(record) if record else None
@@ -142,24 +143,24 @@ def rows(found: Sequence[tuple[str, Mapping[str, Any]]], *, after: datetime | No
     return sorted(out, key=lambda r: (r["time"] or "", r["run"] or ""))
 
 
-def _training_again(record: Mapping[str, Any]) -> float | None:
+def _training_again(record: Mapping[str, JsonValue]) -> float | None:
     trained = _parse((record.get("reached") or {}).get("training"))
     notice = _parse(record.get("notice_at"))
     return None if trained is None or notice is None else round((trained - notice).total_seconds(), 3)
 
 
-def _parse(value: Any) -> datetime | None:
+def _parse(value: object) -> datetime | None:
     if not isinstance(value, str):
         return None
     try:
-        return datetime.fromisoformat(value.replace("Z", "+00:00"))
+        return parse_time(value)
     except ValueError:
         return None
 
 
 def main(args: argparse.Namespace) -> int:
     from resilienced import log
-    from resilienced.replay import table
+    from resilienced.app.replay import table
 
     mode = mode_settings(args, os.environ)
     log.configure(level="warning", stream=sys.stderr)

@@ -9,7 +9,7 @@
       │                allow-lists), then the handler registered for (source, detail-type)
       │                                                             -> Event (kind INVALID or
       │                                                                UNKNOWN with a reason)
-      └─ handlers.plan()  pure: what must happen to which instances by when  -> Plan
+      └─ registry.plan()  pure: what must happen to which instances by when  -> Plan
       └─ judge()       as of a time: a notice too old or from the future is not actionable
 
 :func:`read` does the first three and never raises for any input: it is what the consumer and
@@ -24,12 +24,11 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
-from typing import Any
 
-import handlers
-from resilienced import validate
+from handlers import registry
+from resilienced.intake import validate
 from resilienced.errors import DecodeError, InvalidEventError
-from resilienced.model import Envelope, Event, Kind, Plan, Wrapping
+from resilienced.model import Envelope, Event, JsonValue, Kind, Plan, Wrapping
 from resilienced.settings import IntakeSettings
 
 #: The largest body accepted, in bytes of UTF-8: EventBridge's maximum event size (256 KiB).
@@ -63,7 +62,7 @@ class Reading:
 
 
 # --------------------------------------------------------------------------- decode
-def decode(body: Any) -> Envelope:
+def decode(body: object) -> Envelope:
     """Decode an SQS body into an Envelope, or raise DecodeError saying why not."""
     obj = _load(body, field="body")
     if "detail-type" not in obj and obj.get("Type") == "Notification" and "Message" in obj:
@@ -76,7 +75,7 @@ def decode(body: Any) -> Envelope:
     return _envelope(obj, sns=False)
 
 
-def _load(body: Any, *, field: str) -> Mapping[str, Any]:
+def _load(body: object, *, field: str) -> Mapping[str, JsonValue]:
     if isinstance(body, (bytes, bytearray, memoryview)):
         raw = bytes(body)
         if len(raw) > MAX_BODY_BYTES:
@@ -109,7 +108,7 @@ def _load(body: Any, *, field: str) -> Mapping[str, Any]:
     return obj
 
 
-def _depth(obj: Any) -> int:
+def _depth(obj: object) -> int:
     """Nesting depth of objects and arrays, without recursion."""
     deepest, stack = 0, [(obj, 1)]
     while stack:
@@ -122,7 +121,7 @@ def _depth(obj: Any) -> int:
     return deepest
 
 
-def _json_type(value: Any) -> str:
+def _json_type(value: object) -> str:
     return {list: "array", str: "string", bool: "boolean", int: "number", float: "number",
             type(None): "null"}.get(type(value), type(value).__name__)
 
@@ -131,7 +130,7 @@ def _first_line(error: Exception) -> str:
     return str(error).splitlines()[0][:120] if str(error) else type(error).__name__
 
 
-def _envelope(obj: Mapping[str, Any], *, sns: bool) -> Envelope:
+def _envelope(obj: Mapping[str, JsonValue], *, sns: bool) -> Envelope:
     wrapping = Wrapping.SNS if sns else Wrapping.EVENTBRIDGE
     if "detail-type" not in obj and (
         "LifecycleTransition" in obj or obj.get("Event") == "autoscaling:TEST_NOTIFICATION"
@@ -171,7 +170,7 @@ def interpret(envelope: Envelope, settings: IntakeSettings) -> Event:
         base = _common(envelope, settings)
     except InvalidEventError as e:
         return Event(kind=Kind.INVALID, reason=str(e), **known)
-    handler = handlers.lookup(base.source, base.detail_type)
+    handler = registry.lookup(base.source, base.detail_type)
     if handler is None:
         return replace(base, kind=Kind.UNKNOWN, reason=(
             f"no handler for source {base.source!r} and detail-type {base.detail_type!r}"))
@@ -181,9 +180,9 @@ def interpret(envelope: Envelope, settings: IntakeSettings) -> Event:
         return replace(base, kind=Kind.INVALID, reason=str(e))
 
 
-def _known_fields(envelope: Envelope) -> dict[str, Any]:
+def _known_fields(envelope: Envelope) -> dict[str, JsonValue]:
     """What can be said about an event that breaks a rule (strings only)."""
-    def as_text(value: Any) -> str | None:
+    def as_text(value: object) -> str | None:
         return value if isinstance(value, str) and 0 < len(value) <= validate.MAX_TEXT else None
     return {"event_id": as_text(envelope.id), "source": as_text(envelope.source),
             "detail_type": as_text(envelope.detail_type), "wrapping": envelope.wrapping}
@@ -228,7 +227,7 @@ _ASG_FIELDS = {"id": "RequestId", "account": "AccountId", "time": "Time"}
 
 
 # --------------------------------------------------------------------------- read
-def read(body: Any, settings: IntakeSettings) -> Reading:
+def read(body: object, settings: IntakeSettings) -> Reading:
     """Decode, interpret and plan one body.  Never raises for any body."""
     try:
         envelope = decode(body)
@@ -236,7 +235,7 @@ def read(body: Any, settings: IntakeSettings) -> Reading:
         event = Event(kind=Kind.INVALID, event_id=None, reason=str(e))
         return Reading(plan=Plan(event=event, actionable=False, reason=event.reason), decoded=False)
     event = interpret(envelope, settings)
-    return Reading(plan=handlers.plan(event, settings))
+    return Reading(plan=registry.plan(event, settings))
 
 
 # --------------------------------------------------------------------------- judge

@@ -29,10 +29,10 @@ ENTRY_POINT_GROUP = "resilienced.commands"
 
 #: name -> (module, one-line help): the daemon's own commands.  Adding one is one line here.
 COMMANDS: dict[str, tuple[str, str]] = {
-    "run": ("resilienced.daemon", "the daemon: consume the queue until SIGTERM"),
-    "replay": ("resilienced.replay", "say what the daemon would decide for message bodies in files"),
-    "status": ("resilienced.status", "what the daemon did to which run, read back from its claims"),
-    "inject": ("resilienced.inject", "put events on a queue or an event bus, as AWS would (game days)"),
+    "run": ("resilienced.app.daemon", "the daemon: consume the queue until SIGTERM"),
+    "replay": ("resilienced.app.replay", "say what the daemon would decide for message bodies in files"),
+    "status": ("resilienced.app.status", "what the daemon did to which run, read back from its claims"),
+    "inject": ("resilienced.app.inject", "put events on a queue or an event bus, as AWS would (game days)"),
 }
 
 

@@ -21,7 +21,7 @@ also gets ``targets``, the runs on its instances, and ``unresolved``, why the ot
 have none, found through the daemon's own resolve -> locate -> group
 (:func:`resilienced.recovery.targets.find_targets`, as ``Recovery``, asked to record failures
 instead of raising).  :func:`open_lookup` builds the read-only adapters the way
-:func:`resilienced.wiring.open_runtime` does for the daemon (``KubeCluster`` on watch caches, or
+:func:`resilienced.app.runtime.open_runtime` does for the daemon (``KubeCluster`` on watch caches, or
 ``RayModeCluster`` on one GCS; ``Ec2Capacity`` for the capacity decision, on a client from the
 same :func:`resilienced.aws.clients.open_client`), but never the acting
 ones: no claims, no S3, no requeuer, no Auto Scaling.  The Ray and EC2 adapters are wrapped in
@@ -47,27 +47,32 @@ import sys
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import TYPE_CHECKING, NoReturn, TextIO
 
-from resilienced import intake, log
+from resilienced import log
+from resilienced.intake import pipeline as intake
 from resilienced.capacity.policy import CapacityPolicy
+from resilienced.clock import parse_time, utcnow
 from resilienced.errors import (
     BackendUnavailable,
     ConfigError,
     PermanentError,
     ResilienceError,
 )
-from resilienced.intake import Reading
-from resilienced.model import Plan, Step, Target
-from resilienced.ports import CapacityReservation, Cluster, DrainResult, RayNode, Responder
+from resilienced.intake.pipeline import Reading
+from resilienced.model import CapacityOffering, JsonValue, Plan, Step, Target
+from resilienced.ports import CapacityReservation, Cluster, DrainResult, RayControl, RayNode, Responder
 from resilienced.recovery.plan_only import PlanLogger
 from resilienced.recovery.targets import find_targets
 from resilienced.settings import IntakeSettings, Mode, ModeSettings, QueueSettings
-from resilienced.validate import isoformat
+from resilienced.intake.validate import isoformat
 
 if TYPE_CHECKING:  # imported where it is built (its dependencies load on use)
+    from aiobotocore.client import AioBaseClient
+
+    from resilienced.capacity.ec2 import Ec2Capacity
     from resilienced.capacity.planner import CapacityPlanner
 
 #: The ModeSettings flags replay takes: where the runs are (the mode follows from which is given).
@@ -139,9 +144,9 @@ class LookupSettings:
 def parse_at(text: str) -> datetime:
     """``--at``: ``now`` (the current time) or an ISO-8601 time with a zone."""
     if text.strip().lower() == "now":
-        return datetime.now(timezone.utc)
+        return utcnow()
     try:
-        moment = datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
+        moment = parse_time(text.strip())
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not `now` or an ISO-8601 time "
                                          "(2024-01-01T00:10:00Z)") from None
@@ -209,7 +214,7 @@ def collect(paths: Sequence[str]) -> list[tuple[str, bytes]]:
 
 async def replay(files: Sequence[tuple[str, bytes]], *, settings: IntakeSettings,
                  responder: Responder | None, lookup: LookupSettings | None = None,
-                 at: datetime | None = None) -> list[dict[str, Any]]:
+                 at: datetime | None = None) -> list[dict[str, JsonValue]]:
     """One row per file; with ``lookup``, actionable rows get their targets (read only).
 
     Each event is judged (stale, from the future) at ``at``, or as of its own time when None.
@@ -233,11 +238,11 @@ async def replay(files: Sequence[tuple[str, bytes]], *, settings: IntakeSettings
 class Found:
     """What the lookup found for one plan: target entries, and why other instances have none."""
 
-    targets: list[dict[str, Any]]
+    targets: list[dict[str, JsonValue]]
     unresolved: dict[str, str] = field(default_factory=dict)
 
 
-def row(source_file: str, reading: Reading, *, found: Found | None = None) -> dict[str, Any]:
+def row(source_file: str, reading: Reading, *, found: Found | None = None) -> dict[str, JsonValue]:
     """The replay record of one input (the CLI contract; add new fields here).
 
     ``found`` (a dry run with a cluster, actionable plans only) adds ``targets`` and
@@ -284,7 +289,7 @@ class ReadOnlyRay:
     ``ray_node_ids``); otherwise the error is raised.  ``timeout_s`` bounds one listing.
     """
 
-    def __init__(self, inner: Any, *, timeout_s: float, errors: dict[str, str] | None = None) -> None:
+    def __init__(self, inner: RayControl, *, timeout_s: float, errors: dict[str, str] | None = None) -> None:
         self._inner = inner
         self._timeout_s = timeout_s
         self._errors = errors
@@ -326,18 +331,19 @@ class ReadOnlyRay:
 class ReadOnlyCapacity:
     """The capacity source of replay's decisions: Describe* only; ``purchase`` refuses.
 
-    ``inner`` is ``Ec2Capacity`` when a region is configured, else an empty source with
-    ``missing`` saying why.  A reservation listing that fails is taken as empty; every such gap
-    is appended to :attr:`notes`, which the caller adds to the decision's reason.
+    ``inner`` is ``Ec2Capacity`` when a region is configured, else None with ``missing`` saying
+    why (no Capacity Blocks are known then).  A reservation listing that fails is taken as
+    empty; every such gap is appended to :attr:`notes`, which the caller adds to the decision's
+    reason.
     """
 
-    def __init__(self, inner: Any, *, missing: str | None = None) -> None:
+    def __init__(self, inner: Ec2Capacity | None, *, missing: str = "no EC2") -> None:
         self._inner = inner
         self.missing = missing
         self.notes: list[str] = []
 
     async def reservations(self, *, instance_type: str | None = None) -> list[CapacityReservation]:
-        if self.missing:
+        if self._inner is None:
             self.notes.append(f"{self.missing}: decided with no Capacity Blocks known")
             return []
         try:
@@ -347,21 +353,24 @@ class ReadOnlyCapacity:
             return []
 
     async def reservation_instances(self, *, reservation_id: str) -> list[str]:
-        if self.missing:
+        if self._inner is None:
             raise PermanentError(self.missing)
         return await self._inner.reservation_instances(reservation_id=reservation_id)
 
-    async def offerings(self, **query: Any) -> list[Any]:
-        if self.missing or not hasattr(self._inner, "offerings"):
-            self.notes.append(f"{self.missing or 'no EC2'}: no Capacity Block offerings known")
+    async def offerings(self, *, instance_type: str, instance_count: int, duration: timedelta,
+                        start_after: datetime, start_before: datetime) -> list[CapacityOffering]:
+        if self._inner is None:
+            self.notes.append(f"{self.missing}: no Capacity Block offerings known")
             return []
         try:
-            return await self._inner.offerings(**query)
+            return await self._inner.offerings(instance_type=instance_type, instance_count=instance_count,
+                                               duration=duration, start_after=start_after,
+                                               start_before=start_before)
         except ResilienceError as e:
             self.notes.append(f"EC2 did not answer ({e}): no Capacity Block offerings known")
             return []
 
-    async def purchase(self, offering: Any, **_: Any) -> Any:
+    async def purchase(self, offering: CapacityOffering, **_: object) -> NoReturn:
         raise PermanentError(f"replay only reads: it does not buy {offering.offering_id}")
 
 
@@ -397,7 +406,7 @@ class Finder:
             targets.append(entry)
         return Found(targets=targets, unresolved=found.unresolved)
 
-    async def _decide(self, plan: Plan, run: Target) -> dict[str, Any]:
+    async def _decide(self, plan: Plan, run: Target) -> dict[str, JsonValue]:
         """``capacity`` (or None) and ``reason`` for one run (a gang), plus the decision's extras."""
         if Step.REQUEUE not in plan.steps:
             steps = ", ".join(s.value for s in plan.steps)
@@ -421,7 +430,7 @@ KUBE_READY_TIMEOUT_S = 15.0
 
 
 @asynccontextmanager
-async def ec2_client(*, region: str, endpoint_url: str | None) -> AsyncIterator[Any]:
+async def ec2_client(*, region: str, endpoint_url: str | None) -> AsyncIterator[AioBaseClient]:
     """An aiobotocore ``ec2`` client for ``region``, made as the daemon's (the seam tests replace
     with a Stubber's)."""
     from resilienced.aws.clients import open_client
@@ -440,9 +449,8 @@ async def open_lookup(settings: LookupSettings) -> AsyncIterator[Finder]:
     """
     from resilienced.capacity.ec2 import Ec2Capacity
     from resilienced.capacity.planner import CapacityPlanner
-    from resilienced.capacity.static import StaticCapacity
     from resilienced.ray.gcs import RayGcs
-    from resilienced.wiring import read_token
+    from resilienced.app.runtime import read_token
 
     mode = settings.mode
     region = settings.aws.effective_region
@@ -452,10 +460,10 @@ async def open_lookup(settings: LookupSettings) -> AsyncIterator[Finder]:
             ec2 = await stack.enter_async_context(ec2_client(region=region, endpoint_url=settings.aws.endpoint_url))
             capacity = ReadOnlyCapacity(Ec2Capacity(ec2))
         else:
-            capacity = ReadOnlyCapacity(StaticCapacity(), missing="EC2 not configured (no --region)")
+            capacity = ReadOnlyCapacity(None, missing="EC2 not configured (no --region)")
         planner = CapacityPlanner(source=capacity, policy=settings.capacity)
         gcs_errors: dict[str, str] = {}
-        cluster: Any
+        cluster: Cluster
         if mode.kind is Mode.KUBERNETES:
             from resilienced.kube.api import connect
             from resilienced.kube.cluster import KubeCluster, KubeOptions
@@ -493,7 +501,7 @@ COLUMNS = (("FILE", "source_file"), ("KIND", "kind"), ("ACT", "actionable"),
 TARGET_COLUMNS = (*COLUMNS[:-1], ("TARGETS", "targets"), ("UNRESOLVED", "unresolved"), COLUMNS[-1])
 
 
-def write(rows: Sequence[dict[str, Any]], *, as_json: bool, stream: TextIO,
+def write(rows: Sequence[dict[str, JsonValue]], *, as_json: bool, stream: TextIO,
           columns: Sequence[tuple[str, str]] = COLUMNS) -> None:
     """JSON lines, or a table of ``columns`` (title, key)."""
     if as_json:
@@ -502,9 +510,9 @@ def write(rows: Sequence[dict[str, Any]], *, as_json: bool, stream: TextIO,
     stream.write(table(rows, columns))
 
 
-def table(rows: Sequence[dict[str, Any]], columns: Sequence[tuple[str, str]] = COLUMNS) -> str:
+def table(rows: Sequence[dict[str, JsonValue]], columns: Sequence[tuple[str, str]] = COLUMNS) -> str:
     """A plain-text table (the last column is not padded)."""
-    def cell(value: Any) -> str:
+    def cell(value: object) -> str:
         if value is None or value == [] or value == {}:
             return "-"
         if isinstance(value, dict):
@@ -523,7 +531,7 @@ def table(rows: Sequence[dict[str, Any]], columns: Sequence[tuple[str, str]] = C
     return "\n".join(lines) + "\n"
 
 
-def target_cell(target: Mapping[str, Any]) -> str:
+def target_cell(target: Mapping[str, JsonValue]) -> str:
     """``instance>run:capacity``, then the fallback chain a stalled recovery would try:
     ``[then on-demand>wait]``."""
     run = target.get("ray_job") or target.get("ray_cluster") or target.get("node") or "?"

@@ -20,9 +20,12 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Coroutine
-from typing import Any
+from typing import TypeVar
 
 from resilienced import log
+from resilienced.log import Logger
+
+T = TypeVar("T")
 
 
 class Supervisor:
@@ -33,19 +36,19 @@ class Supervisor:
     the tasks spawned on it and ends them when it closes; deaths in it are recorded here.
     """
 
-    def __init__(self, *, logger: Any | None = None, parent: Supervisor | None = None) -> None:
+    def __init__(self, *, logger: Logger | None = None, parent: Supervisor | None = None) -> None:
         self._log = logger or (parent._log if parent is not None else log.get("resilienced.tasks"))
         self._root: Supervisor = parent._root if parent is not None else self
         self._parent = parent
-        self._tasks: dict[asyncio.Task[Any], Callable[[], bool] | None] = {}
+        self._tasks: dict[asyncio.Task[object], Callable[[], bool] | None] = {}
         self._scopes: list[Supervisor] = []
         self._dead: dict[str, str] = {}
         self._closing = False
         if parent is not None:
             parent._scopes.append(self)
 
-    def spawn(self, coro: Coroutine[Any, Any, Any], *, name: str,
-              may_end: Callable[[], bool] | None = None) -> asyncio.Task[Any]:
+    def spawn(self, coro: Coroutine[object, None, T], *, name: str,
+              may_end: Callable[[], bool] | None = None) -> asyncio.Task[T]:
         """Start ``coro`` as the long-lived task ``name``.
 
         It must run until it is cancelled: an error, or a return while ``may_end()`` is not
@@ -90,7 +93,7 @@ class Supervisor:
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
-    def _ended(self, task: asyncio.Task[Any]) -> None:
+    def _ended(self, task: asyncio.Task[object]) -> None:
         may_end = self._tasks.pop(task, None)
         if task.cancelled():  # its owner stopped it
             return
@@ -106,12 +109,12 @@ class Supervisor:
         self._root._dead[task.get_name()] = why
 
 
-def spawn(coro: Coroutine[Any, Any, Any], *, name: str, logger: Any | None = None) -> asyncio.Task[Any]:
+def spawn(coro: Coroutine[object, None, T], *, name: str, logger: Logger | None = None) -> asyncio.Task[T]:
     """Start ``coro`` as a named task nobody supervises; its error is logged (``task died``)."""
-    logger = logger or log.get("resilienced.tasks")
+    logger = logger or log.get("resilienced.tasks")  # the logger name of before the rename: lines unchanged
     task = asyncio.get_running_loop().create_task(coro, name=name)
 
-    def guard(done: asyncio.Task[Any]) -> None:
+    def guard(done: asyncio.Task[T]) -> None:
         if not done.cancelled() and done.exception() is not None:
             error = done.exception()
             logger.error("task died", task=done.get_name(), error=f"{type(error).__name__}: {error}",
