@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 
 import pytest
 
+from resilienced.local import raycluster
 from resilienced.local.raycluster import LocalRayCluster, LocalRayError
 from resilienced.ray.cluster import CAPACITY_TYPE_LABEL, INSTANCE_ID_LABEL
 
@@ -49,6 +51,40 @@ def test_stop_leaves_no_process_and_no_temp_dir_also_after_a_failed_start() -> N
             assert cluster.processes()  # the head's GCS, raylet, agents...
         assert cluster.processes() == [] and not (workdir / "b" / "ray").exists()
         cluster.stop()  # idempotent
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def ray_start_that_gives_up_on_its_raylet(real_popen, *, times: int):
+    """``LocalRayCluster._popen`` whose first ``times`` worker starts exit as ``ray start`` does when
+    its raylet did not register within Ray's 30 s (ray/_private/node.py), then real ones."""
+    failed = []
+
+    def popen(cmd, environment, log_path):
+        if "--head" not in cmd and len(failed) < times:
+            failed.append(log_path.name)
+            cmd = [sys.executable, "-c", "import sys; sys.exit('Exception: The current node timed out during startup."
+                   " This could happen because some of the raylet failed to startup or the GCS has become overloaded.')"]
+        return real_popen(cmd, environment, log_path)
+
+    return popen, failed
+
+
+@pytest.mark.parametrize("times", [raycluster.WORKER_START_ATTEMPTS - 1, raycluster.WORKER_START_ATTEMPTS])
+def test_a_worker_whose_raylet_ray_gave_up_on_is_started_again_a_bounded_number_of_times(times: int) -> None:
+    workdir = Path(tempfile.mkdtemp(prefix="lr", dir="/tmp"))
+    try:
+        with LocalRayCluster(workdir=workdir / "c") as cluster:
+            cluster._popen, failed = ray_start_that_gives_up_on_its_raylet(cluster._popen, times=times)
+            if times < raycluster.WORKER_START_ATTEMPTS:
+                node = cluster.add_node(labels={"k": "v"})
+                assert node.running() and [n.node_id for n in cluster.nodes() if n.alive and not n.is_head] == [node.node_id]
+                assert cluster.workers == [node]
+            else:
+                with pytest.raises(LocalRayError, match="timed out during startup"):
+                    cluster.add_node(labels={"k": "v"})
+                assert cluster.workers == []
+            assert len(failed) == times
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
 
