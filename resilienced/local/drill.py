@@ -74,6 +74,9 @@ from resilienced.settings import (
 
 if TYPE_CHECKING:  # imported where used: `resilienced drill --help` does not load the daemon's adapters
     from resilienced.app.runtime import StandIns
+    from resilienced.model import Capacity, JsonValue
+    from resilienced.ports import NodeProvider, ProvidedNode
+    from resilienced.local.raycluster import LocalRayNode
 
 REGION = "us-east-1"
 BUCKET = "resilienced-drill"
@@ -207,7 +210,7 @@ class Timeline:
     out: TextIO
     started: float = field(default_factory=time.time)
     notice: float | None = None
-    entries: list[dict[str, Any]] = field(default_factory=list)
+    entries: list[dict[str, JsonValue]] = field(default_factory=list)
 
     def add(self, who: str, what: str, *, at: float | None = None) -> None:
         at = time.time() if at is None else at
@@ -227,9 +230,9 @@ class JsonLines:
         self.path = path
         self._offset = 0
         self._partial = b""
-        self.lines: list[dict[str, Any]] = []
+        self.lines: list[dict[str, JsonValue]] = []
 
-    def read_new(self) -> list[dict[str, Any]]:
+    def read_new(self) -> list[dict[str, JsonValue]]:
         try:
             with open(self.path, "rb") as f:
                 f.seek(self._offset)
@@ -251,7 +254,7 @@ class JsonLines:
 
 
 # --------------------------------------------------------------------------- events to put
-def _event(detail_type: str, detail: dict[str, Any], *, instance_id: str, when: datetime) -> dict[str, Any]:
+def _event(detail_type: str, detail: dict[str, JsonValue], *, instance_id: str, when: datetime) -> dict[str, JsonValue]:
     return {
         "Source": "aws.ec2",
         "DetailType": detail_type,
@@ -262,18 +265,18 @@ def _event(detail_type: str, detail: dict[str, Any], *, instance_id: str, when: 
     }
 
 
-def rebalance(instance_id: str, when: datetime) -> dict[str, Any]:
+def rebalance(instance_id: str, when: datetime) -> dict[str, JsonValue]:
     return _event("EC2 Instance Rebalance Recommendation", {"instance-id": instance_id},
                   instance_id=instance_id, when=when)
 
 
-def spot_notice(instance_id: str, when: datetime) -> dict[str, Any]:
+def spot_notice(instance_id: str, when: datetime) -> dict[str, JsonValue]:
     return _event("EC2 Spot Instance Interruption Warning",
                   {"instance-id": instance_id, "instance-action": "terminate"},
                   instance_id=instance_id, when=when)
 
 
-def state_change(instance_id: str, state: str, when: datetime) -> dict[str, Any]:
+def state_change(instance_id: str, state: str, when: datetime) -> dict[str, JsonValue]:
     return _event("EC2 Instance State-change Notification",
                   {"instance-id": instance_id, "state": state}, instance_id=instance_id, when=when)
 
@@ -291,12 +294,12 @@ class ResumeFacts:
     interrupted_at: int | None  # the last step of the first attempt
     checkpoint_step: int | None  # the step the attempt after the notice resumed from
     resumed_at: int | None  # that attempt's first step
-    after: list[dict[str, Any]]  # that attempt's metrics
-    heard: dict[str, Any] | None  # the trainer's first preemption_notice event after the notice
-    committed: list[dict[str, Any]]  # the checkpoints committed after it, at or beyond its step
+    after: list[dict[str, JsonValue]]  # that attempt's metrics
+    heard: dict[str, JsonValue] | None  # the trainer's first preemption_notice event after the notice
+    committed: list[dict[str, JsonValue]]  # the checkpoints committed after it, at or beyond its step
 
 
-def resume_facts(*, metrics: list[dict[str, Any]], events: list[dict[str, Any]], notice: float | None) -> ResumeFacts:
+def resume_facts(*, metrics: list[dict[str, JsonValue]], events: list[dict[str, JsonValue]], notice: float | None) -> ResumeFacts:
     """The first attempt's last step, the resumed attempt's checkpoint and first step, and the
     checkpoint holding the step the notice reached the trainer at (spot): the first committed after
     the notice at or beyond that step (a periodic save of it counts); abrupt: none."""
@@ -317,12 +320,12 @@ def resume_facts(*, metrics: list[dict[str, Any]], events: list[dict[str, Any]],
 
 
 def report_from(
-    *, options: DrillOptions, metrics: list[dict[str, Any]], events: list[dict[str, Any]],
+    *, options: DrillOptions, metrics: list[dict[str, JsonValue]], events: list[dict[str, JsonValue]],
     reference: dict[int, float], notice: float | None, durable_at: float | None, capacity: str | None,
     trainer_exit: int | None, node_spans: Sequence[tuple[float, float | None]] = (),
-    fixed_reference: dict[int, float] | None = None, replacement: dict[str, Any] | None = None,
-    follow_up: Mapping[str, Any] | None = None,
-) -> dict[str, Any]:
+    fixed_reference: dict[int, float] | None = None, replacement: dict[str, JsonValue] | None = None,
+    follow_up: Mapping[str, JsonValue] | None = None,
+) -> dict[str, JsonValue]:
     """The drill's report, from what the trainer, the daemon and the reference wrote.
 
     ``reference``: the uninterrupted run's losses with the run's world sizes (its
@@ -384,14 +387,14 @@ def report_from(
     }
 
 
-def follow_up_facts(options: DrillOptions, record: Mapping[str, Any] | None) -> tuple[dict[str, Any], dict[str, bool]]:
+def follow_up_facts(options: DrillOptions, record: Mapping[str, JsonValue] | None) -> tuple[dict[str, JsonValue], dict[str, bool]]:
     """What the daemon itself recorded of the run's way back (its follow-up), and the checks on it.
 
     ``daemon_training_again_s``: notice -> the first step trained again, as the daemon recorded it
     (the trainer's resume record); ``recovery_stages``: stage -> seconds from the notice;
     ``fallbacks``: ``{from, to, reason}`` of each move the follow-up made (empty: none).
     """
-    facts: dict[str, Any] = {"daemon_training_again_s": None, "recovery_stages": {}, "fallbacks": []}
+    facts: dict[str, JsonValue] = {"daemon_training_again_s": None, "recovery_stages": {}, "fallbacks": []}
     if record is None:
         return facts, {}
     if record:
@@ -409,8 +412,8 @@ def follow_up_facts(options: DrillOptions, record: Mapping[str, Any] | None) -> 
     return facts, checks
 
 
-def loss_facts(options: DrillOptions, metrics: list[dict[str, Any]], reference: dict[int, float],
-               fixed: dict[int, float] | None = None) -> dict[str, Any]:
+def loss_facts(options: DrillOptions, metrics: list[dict[str, JsonValue]], reference: dict[int, float],
+               fixed: dict[int, float] | None = None) -> dict[str, JsonValue]:
     """What the losses say, against the uninterrupted runs.
 
     ``losses_match_uninterrupted``: every line's loss (a step trained twice too) equals, bit for
@@ -438,7 +441,7 @@ def loss_facts(options: DrillOptions, metrics: list[dict[str, Any]], reference: 
     }
 
 
-def world_size_schedule(metrics: list[dict[str, Any]]) -> list[tuple[int, int]]:
+def world_size_schedule(metrics: list[dict[str, JsonValue]]) -> list[tuple[int, int]]:
     """The world size each step was trained at, as segments ``(world size, last step)``.
 
     A step trained twice counts at its last line (the one the run went on from).
@@ -453,8 +456,8 @@ def world_size_schedule(metrics: list[dict[str, Any]]) -> list[tuple[int, int]]:
     return segments
 
 
-def restart_facts(*, metrics: list[dict[str, Any]], events: list[dict[str, Any]],
-                  node_spans: Sequence[tuple[float, float | None]]) -> list[dict[str, Any]]:
+def restart_facts(*, metrics: list[dict[str, JsonValue]], events: list[dict[str, JsonValue]],
+                  node_spans: Sequence[tuple[float, float | None]]) -> list[dict[str, JsonValue]]:
     """How long each restart took: from what it waited for to the new attempt's first step.
 
     For every attempt after the first: ``after`` is the last of what happened between the previous
@@ -463,7 +466,7 @@ def restart_facts(*, metrics: list[dict[str, Any]], events: list[dict[str, Any]]
     joined: a gang, or an elastic run that waited for it); ``seconds`` runs from it to the end of the
     first step (the metric line).
     """
-    by_attempt: dict[Any, list[dict[str, Any]]] = {}
+    by_attempt: dict[Any, list[dict[str, JsonValue]]] = {}
     for m in sorted(metrics, key=lambda m: m["time"]):
         by_attempt.setdefault(m.get("attempt"), []).append(m)
     attempts = sorted(by_attempt.values(), key=lambda lines: lines[0]["time"])
@@ -480,9 +483,9 @@ def restart_facts(*, metrics: list[dict[str, Any]], events: list[dict[str, Any]]
     return out
 
 
-def restart_report(*, metrics: list[dict[str, Any]], events: list[dict[str, Any]],
+def restart_report(*, metrics: list[dict[str, JsonValue]], events: list[dict[str, JsonValue]],
                    node_spans: Sequence[tuple[float, float | None]],
-                   replacement: dict[str, Any] | None) -> dict[str, Any]:
+                   replacement: dict[str, JsonValue] | None) -> dict[str, JsonValue]:
     """The world sizes and the restarts: as the drill saw them, as the run measured them
     (``restarted`` events), the elastic run's shrink-or-wait decision and the daemon's estimate."""
     return {
@@ -496,8 +499,8 @@ def restart_report(*, metrics: list[dict[str, Any]], events: list[dict[str, Any]
     }
 
 
-def _replacement_facts(announced: dict[str, Any] | None,
-                       node_spans: Sequence[tuple[float, float | None]]) -> dict[str, Any] | None:
+def _replacement_facts(announced: dict[str, JsonValue] | None,
+                       node_spans: Sequence[tuple[float, float | None]]) -> dict[str, JsonValue] | None:
     """The daemon's estimate of the replacement's join, and the join (seconds after it was asked for)."""
     if not announced or announced.get("asked_at") is None:
         return None
@@ -507,8 +510,8 @@ def _replacement_facts(announced: dict[str, Any] | None,
             "joined_s": round(joined - asked, 1) if joined is not None else None}
 
 
-def elastic_checks(options: DrillOptions, *, idle: dict[str, Any], trained_twice: int,
-                   events: Sequence[dict[str, Any]] = ()) -> dict[str, bool]:
+def elastic_checks(options: DrillOptions, *, idle: dict[str, JsonValue], trained_twice: int,
+                   events: Sequence[dict[str, JsonValue]] = ()) -> dict[str, bool]:
     """The elastic story's checks.  The run either shrank (resumed at ``--workers`` - 1) or, when
     its replacement was due before shrinking would pay, waited for it and resumed at full size
     (its ``restarted`` event says which, ``trainer.replacement``)."""
@@ -523,13 +526,13 @@ def elastic_checks(options: DrillOptions, *, idle: dict[str, Any], trained_twice
     }
 
 
-def training_spans(metrics: list[dict[str, Any]]) -> list[tuple[float, float, int]]:
+def training_spans(metrics: list[dict[str, JsonValue]]) -> list[tuple[float, float, int]]:
     """(start, end, world size) of each attempt's training, from its metric lines.
 
     A line is written when a step ends; the attempt trained from one step (the median step time)
     before its first line to its last line.
     """
-    by_attempt: dict[Any, list[dict[str, Any]]] = {}
+    by_attempt: dict[Any, list[dict[str, JsonValue]]] = {}
     for m in metrics:
         by_attempt.setdefault(m.get("attempt"), []).append(m)
     spans = []
@@ -545,8 +548,8 @@ def _overlap(a: tuple[float, float], b: tuple[float, float]) -> float:
     return max(0.0, min(a[1], b[1]) - max(a[0], b[0]))
 
 
-def idle_facts(*, options: DrillOptions, metrics: list[dict[str, Any]], notice: float | None,
-               node_spans: Sequence[tuple[float, float | None]]) -> dict[str, Any]:
+def idle_facts(*, options: DrillOptions, metrics: list[dict[str, JsonValue]], notice: float | None,
+               node_spans: Sequence[tuple[float, float | None]]) -> dict[str, JsonValue]:
     """What an interruption cost in worker time, from the notice until the run is back at full size.
 
     ``worker_seconds_idle``: the seconds worker nodes were up (the lost one until it went, the
@@ -557,7 +560,7 @@ def idle_facts(*, options: DrillOptions, metrics: list[dict[str, Any]], notice: 
     spans = training_spans(metrics)
     after = [s for s in spans if notice is not None and s[0] >= notice]
     full = next((s for s in after if s[2] == options.workers), None)
-    facts: dict[str, Any] = {"resumed_world_size": after[0][2] if after else None,
+    facts: dict[str, JsonValue] = {"resumed_world_size": after[0][2] if after else None,
                              "back_to_full_s": None, "worker_seconds_idle": None}
     if notice is None or full is None:
         return facts
@@ -569,7 +572,7 @@ def idle_facts(*, options: DrillOptions, metrics: list[dict[str, Any]], notice: 
     return facts
 
 
-def table(report: dict[str, Any]) -> str:
+def table(report: dict[str, JsonValue]) -> str:
     keys = ("ok", "scenario", "interrupted_at_step", "checkpoint_step", "resumed_at_step",
             "steps_lost", "steps_trained_twice", "notice_to_trainer_s", "notice_to_checkpoint_s",
             "notice_to_durable_s",
@@ -601,18 +604,18 @@ class BootingProvider:
     so that the replacement joins after the lost node is gone, as it does on AWS.
     """
 
-    def __init__(self, inner: Any, *, boot_seconds: float) -> None:
+    def __init__(self, inner: NodeProvider, *, boot_seconds: float) -> None:
         self._inner = inner
         self._boot_seconds = boot_seconds
-        self._booting: dict[str, tuple[Any, asyncio.Task[Any]]] = {}
+        self._booting: dict[str, tuple[ProvidedNode, asyncio.Task[None]]] = {}
 
-    async def available(self, capacity: Any) -> int | None:
+    async def available(self, capacity: Capacity) -> int | None:
         have = await self._inner.available(capacity)
         booting = sum(1 for node, _ in self._booting.values() if node.capacity == capacity)
         return None if have is None else max(0, have - booting)
 
-    async def launch(self, *, capacity: Any, node_labels: Sequence[Mapping[str, str]],
-                     reservation_id: str | None = None) -> list[Any]:
+    async def launch(self, *, capacity: Capacity, node_labels: Sequence[Mapping[str, str]],
+                     reservation_id: str | None = None) -> list[ProvidedNode]:
         from resilienced.ports import ProvidedNode
 
         n = min(len(node_labels), await self.available(capacity) or 0)
@@ -626,7 +629,7 @@ class BootingProvider:
             started.append(node)
         return started
 
-    async def _boot(self, node: Any, reservation_id: str | None) -> None:
+    async def _boot(self, node: ProvidedNode, reservation_id: str | None) -> None:
         try:
             await asyncio.sleep(self._boot_seconds)
             await self._inner.launch(capacity=node.capacity, node_labels=[node.labels], reservation_id=reservation_id)
@@ -637,10 +640,10 @@ class BootingProvider:
         finally:
             self._booting.pop(node.instance_id, None)
 
-    async def nodes(self) -> list[Any]:
+    async def nodes(self) -> list[ProvidedNode]:
         return [*await self._inner.nodes(), *(node for node, _ in self._booting.values())]
 
-    async def release(self, nodes: Sequence[Any]) -> None:
+    async def release(self, nodes: Sequence[ProvidedNode]) -> None:
         started = []
         for node in nodes:
             entry = self._booting.pop(node.instance_id, None)
@@ -661,16 +664,16 @@ class StallingProvider:
     Releasing it gives it back.  Every other capacity is the inner provider's.
     """
 
-    def __init__(self, inner: Any, *, stalled: Sequence[str]) -> None:
+    def __init__(self, inner: NodeProvider, *, stalled: Sequence[str]) -> None:
         self._inner = inner
         self._stalled = set(stalled)
-        self._hanging: dict[str, Any] = {}
+        self._hanging: dict[str, ProvidedNode] = {}
 
-    async def available(self, capacity: Any) -> int | None:
+    async def available(self, capacity: Capacity) -> int | None:
         return await self._inner.available(capacity)
 
-    async def launch(self, *, capacity: Any, node_labels: Sequence[Mapping[str, str]],
-                     reservation_id: str | None = None) -> list[Any]:
+    async def launch(self, *, capacity: Capacity, node_labels: Sequence[Mapping[str, str]],
+                     reservation_id: str | None = None) -> list[ProvidedNode]:
         from resilienced.ports import ProvidedNode
 
         if getattr(capacity, "value", capacity) not in self._stalled:
@@ -682,10 +685,10 @@ class StallingProvider:
                                           nodes=[n.instance_id for n in nodes])
         return nodes
 
-    async def nodes(self) -> list[Any]:
+    async def nodes(self) -> list[ProvidedNode]:
         return [*await self._inner.nodes(), *self._hanging.values()]
 
-    async def release(self, nodes: Sequence[Any]) -> None:
+    async def release(self, nodes: Sequence[ProvidedNode]) -> None:
         inner = [n for n in nodes if self._hanging.pop(n.instance_id, None) is None]
         if inner:
             await self._inner.release(inner)
@@ -703,16 +706,16 @@ class Drill:
         self.metrics = JsonLines(self.workdir / "metrics.jsonl")
         self.events = JsonLines(self.workdir / "events.jsonl")
         self.instance_ids = made_up_ids(options.workers, seed=options.seed)
-        self.decisions: list[dict[str, Any]] = []
+        self.decisions: list[dict[str, JsonValue]] = []
         self.durable_at: float | None = None
         self.capacity: str | None = None
-        self.replacement: dict[str, Any] | None = None  # what the daemon told the elastic run
+        self.replacement: dict[str, JsonValue] | None = None  # what the daemon told the elastic run
         self._trainer: asyncio.subprocess.Process | None = None
-        self._nodes: dict[str, Any] = {}
+        self._nodes: dict[str, LocalRayNode] = {}
         self._cluster: Any = None
         self._spans: dict[str, list[float | None]] = {}  # worker node name -> [joined, gone]
         self.terminated = False  # stopped by SIGTERM
-        self.follow_up: dict[str, Any] | None = None  # the daemon's follow-up of the run, as last read
+        self.follow_up: dict[str, JsonValue] | None = None  # the daemon's follow-up of the run, as last read
 
     # ------------------------------------------------------------------ parts
     def _trainer_args(self, *, ray_address: str, checkpoint_dir: Path, metrics: Path,
@@ -754,7 +757,7 @@ class Drill:
             await s3.create_bucket(Bucket=BUCKET)
         return queue_url
 
-    async def _put(self, endpoint: str, entry: dict[str, Any], what: str) -> None:
+    async def _put(self, endpoint: str, entry: dict[str, JsonValue], what: str) -> None:
         from aiobotocore.session import get_session
 
         async with get_session().create_client("events", region_name=REGION, endpoint_url=endpoint) as ev:
@@ -857,7 +860,7 @@ class Drill:
             await asyncio.sleep(0.2)
 
     # ------------------------------------------------------------------ the story
-    async def run(self) -> dict[str, Any]:
+    async def run(self) -> dict[str, JsonValue]:
         """The story (:meth:`_play`); SIGTERM stops it as Ctrl-C does: everything started is stopped."""
         loop, me = asyncio.get_running_loop(), asyncio.current_task()
         assert me is not None
@@ -871,7 +874,7 @@ class Drill:
         self.terminated = True
         task.cancel()
 
-    async def _play(self) -> dict[str, Any]:
+    async def _play(self) -> dict[str, JsonValue]:
         from resilienced.local.aws import FAKE_CREDENTIALS, MotoServer
 
         for key, value in FAKE_CREDENTIALS.items():  # the drill's AWS is a local moto
@@ -1146,7 +1149,7 @@ class Drill:
             self.follow_up = record
             await asyncio.sleep(0.5)
 
-    async def _followed(self, daemon_task: asyncio.Task[int]) -> dict[str, Any]:
+    async def _followed(self, daemon_task: asyncio.Task[int]) -> dict[str, JsonValue]:
         """The daemon's follow-up of the run once it ended (resumed or stuck); ``{}`` when it kept
         none.  Waits (bounded) for the follower to see the run train again."""
         end = time.monotonic() + 60
