@@ -30,13 +30,15 @@ REQUEST = ".resize-request"
 SAVED = ".resize-saved"
 
 
-def _write(path: Path, data: dict[str, Any]) -> None:
+def write_json_file(path: Path, data: dict[str, Any]) -> None:
+    """Write ``data`` as JSON in one rename: a reader sees the old file or the new one, never half."""
     tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
     tmp.write_text(json.dumps(data))
     tmp.replace(path)
 
 
-def _read(path: Path) -> dict[str, Any] | None:
+def read_json_file(path: Path) -> dict[str, Any] | None:
+    """The JSON object in ``path``; None when there is none (missing, torn, or not an object)."""
     try:
         data = json.loads(path.read_text())
     except (FileNotFoundError, ValueError):
@@ -48,7 +50,7 @@ def request(root: str | os.PathLike[str], *, request_id: str, workers: int) -> N
     """Ask the ranks of the run under ``root`` to save the step they are on (the controller)."""
     root = Path(root)
     (root / SAVED).unlink(missing_ok=True)
-    _write(root / REQUEST, {"id": request_id, "workers": workers, "at": time.time()})
+    write_json_file(root / REQUEST, {"id": request_id, "workers": workers, "at": time.time()})
 
 
 def pending(root: str | os.PathLike[str]) -> str | None:
@@ -56,10 +58,10 @@ def pending(root: str | os.PathLike[str]) -> str | None:
     root = Path(root)
     if not (root / REQUEST).exists():  # the usual case: one stat
         return None
-    data = _read(root / REQUEST)
+    data = read_json_file(root / REQUEST)
     if data is None or not isinstance(data.get("id"), str):
         return None
-    answer = _read(root / SAVED)
+    answer = read_json_file(root / SAVED)
     if answer is not None and answer.get("id") == data["id"]:
         return None
     return data["id"]
@@ -67,12 +69,12 @@ def pending(root: str | os.PathLike[str]) -> str | None:
 
 def answer(root: str | os.PathLike[str], *, request_id: str, step: int) -> None:
     """Say that the step is saved (rank 0, after the commit)."""
-    _write(Path(root) / SAVED, {"id": request_id, "step": step, "at": time.time()})
+    write_json_file(Path(root) / SAVED, {"id": request_id, "step": step, "at": time.time()})
 
 
 def answered(root: str | os.PathLike[str], request_id: str) -> int | None:
     """The step saved for the request, or None while there is no answer (the controller)."""
-    data = _read(Path(root) / SAVED)
+    data = read_json_file(Path(root) / SAVED)
     if data is None or data.get("id") != request_id or not isinstance(data.get("step"), int):
         return None
     return data["step"]

@@ -33,12 +33,13 @@ nodes are compared: they are NTP-synchronised on any cloud, and a skew shows in 
 
 from __future__ import annotations
 
-import json
 import os
 import time
 import uuid
 from pathlib import Path
 from typing import Any
+
+from trainer.resize import read_json_file, write_json_file
 
 BEGAN = ".restart"
 COST = ".restart-cost"
@@ -48,25 +49,11 @@ CONTROLLER_MARKS = ("group_start", "actors_ready", "group_ready", "launched")
 RANK_MARKS = ("checkpointer_init", "checkpointer_ready", "restore_start", "restore_end", "first_step")
 
 
-def _write(path: Path, data: dict[str, Any]) -> None:
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(data))
-    tmp.replace(path)
-
-
-def _read(path: Path) -> dict[str, Any] | None:
-    try:
-        data = json.loads(path.read_text())
-    except (FileNotFoundError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
-
-
 def begin(root: str | os.PathLike[str], *, kind: str, workers: int, decision: dict[str, Any] | None = None,
           at: float | None = None) -> str:
     """A size was decided: the clock of this (re)start runs from ``at`` (default now).  The controller."""
     restart_id = uuid.uuid4().hex
-    _write(Path(root) / BEGAN, {"id": restart_id, "at": time.time() if at is None else at, "kind": kind,
+    write_json_file(Path(root) / BEGAN, {"id": restart_id, "at": time.time() if at is None else at, "kind": kind,
                                 "workers": workers, "decision": decision, "marks": {}})
     return restart_id
 
@@ -74,10 +61,10 @@ def begin(root: str | os.PathLike[str], *, kind: str, workers: int, decision: di
 def mark(root: str | os.PathLike[str], name: str) -> None:
     """A milestone of the worker group's start (one of :data:`CONTROLLER_MARKS`).  The controller."""
     path = Path(root) / BEGAN
-    data = _read(path)
+    data = read_json_file(path)
     if data is not None:
         data.setdefault("marks", {})[name] = time.time()
-        _write(path, data)
+        write_json_file(path, data)
 
 
 def measure(root: str | os.PathLike[str], *, marks: dict[str, float], world_size: int) -> dict[str, Any] | None:
@@ -88,10 +75,10 @@ def measure(root: str | os.PathLike[str], *, marks: dict[str, float], world_size
     (:data:`RANK_MARKS`), unix seconds.
     """
     root = Path(root)
-    began = _read(root / BEGAN)
+    began = read_json_file(root / BEGAN)
     if began is None or not isinstance(began.get("at"), (int, float)):
         return None
-    measured = _read(root / COST)
+    measured = read_json_file(root / COST)
     if measured is not None and measured.get("id") == began.get("id"):
         return None
     at = float(began["at"])
@@ -101,7 +88,7 @@ def measure(root: str | os.PathLike[str], *, marks: dict[str, float], world_size
             "kind": began.get("kind"), "workers": world_size, "at": time.time(),
             "phases": phases(at=at, marks={**(began.get("marks") or {}), **marks}),
             "decision": began.get("decision")}
-    _write(root / COST, cost)
+    write_json_file(root / COST, cost)
     return cost
 
 
@@ -123,7 +110,7 @@ def phases(*, at: float, marks: dict[str, float]) -> dict[str, float]:
 
 def last_cost(root: str | os.PathLike[str]) -> float | None:
     """Seconds the run's last measured (re)start took, or None (none measured)."""
-    cost = _read(Path(root) / COST)
+    cost = read_json_file(Path(root) / COST)
     seconds = cost.get("seconds") if cost else None
     return float(seconds) if isinstance(seconds, (int, float)) else None
 
