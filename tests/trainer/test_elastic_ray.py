@@ -18,13 +18,16 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 
 import pytest
 
-from conftest import DRAIN_TIMEOUT_S, SMALL, TrainerRun, node_labels
-from resilienced.local.raycluster import LocalRayCluster, LocalRayNode
+from conftest import DRAIN_TIMEOUT_S, SMALL, TrainerRun, alive_workers, exactly_workers, node_labels
+from resilienced.local.raycluster import LocalRayCluster
 from resilienced.ray.cluster import INSTANCE_ID_LABEL
 from trainer import replacement, restarts
 
@@ -35,26 +38,26 @@ MODEL = [*SMALL, "--dropout", "0", "--batch-size", "12", "--checkpoint-every", "
 _serial = itertools.count(300)
 
 
-def workers_alive(cluster: LocalRayCluster) -> list[LocalRayNode]:
-    alive = {n.node_id for n in cluster.nodes() if n.alive and not n.draining}
-    return [n for n in cluster.workers if n.running() and n.node_id in alive]
-
-
-def exactly_workers(cluster: LocalRayCluster, count: int) -> None:
-    """The shared cluster with exactly ``count`` alive worker nodes (nothing spare: the other Ray
-    tests drain the first running worker and expect a rank on it)."""
-    while len(workers_alive(cluster)) < count:
-        cluster.add_node(labels=node_labels(next(_serial)))
-    for extra in workers_alive(cluster)[count:]:
-        cluster.kill_node(extra)
-    cluster.wait_for(lambda nodes: sum(1 for n in nodes if n.alive and not n.is_head) == count, timeout_s=60,
-                     what=f"{count} alive worker nodes")
+def forget_the_autoscaling_coordinator(cluster: LocalRayCluster) -> None:
+    """Ray Train sizes an elastic run from the AutoscalingCoordinator, a detached actor that reads
+    the cluster's nodes when it starts and then every 20 s (``TICK_INTERVAL_S`` in
+    ray/data/_internal/cluster_autoscaler/default_autoscaling_coordinator.py, Ray 2.60).  On the
+    shared cluster one left by an earlier run may not yet know the worker added for this test, and
+    the run would start at 2.  Ended here, the run starts a new one, which reads the nodes as they are."""
+    code = ("import ray, sys\nray.init(address=sys.argv[1])\n"
+            "try:\n    actor = ray.get_actor('AutoscalingCoordinator', namespace='AutoscalingCoordinator')\n"
+            "except ValueError:\n    sys.exit(0)\nray.kill(actor, no_restart=True)\n")
+    done = subprocess.run([sys.executable, "-c", code, cluster.address], env={**os.environ, **cluster.env},
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
 
 
 @pytest.fixture
 def three_workers(ray_cluster: LocalRayCluster) -> Iterator[LocalRayCluster]:
-    """Three alive worker nodes for the run's max; the session's two given back afterwards."""
+    """Three alive worker nodes for the run's max, known to the run's sizing; the session's two
+    given back afterwards."""
     exactly_workers(ray_cluster, 3)
+    forget_the_autoscaling_coordinator(ray_cluster)
     try:
         yield ray_cluster
     finally:
@@ -75,7 +78,7 @@ def test_an_elastic_run_goes_on_at_two_after_a_notice_and_grows_back_to_three(
                              env=env)
     run.wait_until(lambda r: len(r.metrics) >= 5, timeout=240, what="5 steps trained at world size 3")
 
-    victim = workers_alive(ray_cluster)[-1]
+    victim = alive_workers(ray_cluster)[-1]
     deadline = time.time() + DRAIN_TIMEOUT_S
     assert ray_cluster.drain_node(victim, deadline_ms=int(deadline * 1000))
     run.wait_until(lambda r: r.events_named("waiting_for_teardown"), timeout=DRAIN_TIMEOUT_S + 30,
@@ -137,7 +140,7 @@ def test_an_elastic_run_waits_for_a_replacement_due_before_shrinking_would_pay_a
     cost = run.checkpoint_dir / restarts.COST
     cost.write_text(json.dumps({**json.loads(cost.read_text()), "seconds": 120.0}))
 
-    victim = workers_alive(ray_cluster)[-1]
+    victim = alive_workers(ray_cluster)[-1]
     deadline = time.time() + DRAIN_TIMEOUT_S
     record = {"lost_instance_id": victim.labels[INSTANCE_ID_LABEL], "capacity": "on-demand", "asked_at": time.time(),
               "expected_join_s": DRAIN_TIMEOUT_S + 1.0, "basis": "test", "replacements": [], "joined_s": None}
