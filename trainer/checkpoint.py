@@ -430,31 +430,7 @@ class CheckpointStore:
             FileEntry(path.relative_to(partial).as_posix(), size, digest)
             for path, (size, digest) in zip(mine, _seal(mine), strict=True)
         ]
-        gathered: list[list[FileEntry]] | None = [[] for _ in range(self.world_size)] if self.rank == 0 else None
-        if self.world_size > 1:
-            dist.gather_object(entries, gathered, dst=0, group=self.group)
-        else:
-            gathered = [entries]
-        self.at_phase("files-written", step)
-        committed_path = step_dir(self.root, step)
-        total = 0
-        if self.rank == 0:
-            assert gathered is not None
-            manifest = build_manifest(
-                partial, step, world_size=self.world_size, reason=pending.reason,
-                hashed=tuple(e for rank_entries in gathered for e in rank_entries),
-            )
-            total = sum(f.size for f in manifest.files)
-            put_manifest(partial, manifest, torn=lambda: self.at_phase("manifest-torn", step))
-            self.at_phase("manifest-written", step)
-            if committed_path.exists():  # a stale commit of the same step from an older attempt
-                _remove_tree(committed_path)
-            partial.rename(committed_path)
-            _fsync_dir(self.root)
-        self._barrier()
-        self.at_phase("committed", step)
-        total = self._broadcast_int(total)
-        return Committed(step, pending.reason, committed_path, time.perf_counter() - pending.started, total)
+        return self._gather_and_commit(partial, entries, step=step, reason=pending.reason, started=pending.started)
 
     def save(self, state: dict[str, Any], *, step: int, reason: str) -> Committed:
         """A synchronous save and commit (collective)."""
@@ -498,6 +474,12 @@ class CheckpointStore:
         entries = [FileEntry(rel, size, digest)
                    for rel, (size, digest) in zip(mine, _seal([written / rel for rel in mine]) if mine else [],
                                                   strict=True)]
+        return self._gather_and_commit(written, entries, step=step, reason=reason, started=started)
+
+    def _gather_and_commit(self, directory: Path, entries: list[FileEntry], *, step: int, reason: str,
+                         started: float) -> Committed:
+        """Rank 0 gathers every rank's file entries, writes the manifest last and renames
+        ``directory`` to ``step-<N>/``; every rank returns the commit (collective)."""
         gathered: list[list[FileEntry]] | None = [[] for _ in range(self.world_size)] if self.rank == 0 else None
         if self.world_size > 1:
             dist.gather_object(entries, gathered, dst=0, group=self.group)
@@ -508,14 +490,14 @@ class CheckpointStore:
         total = 0
         if self.rank == 0:
             assert gathered is not None
-            manifest = build_manifest(written, step, world_size=self.world_size, reason=reason,
+            manifest = build_manifest(directory, step, world_size=self.world_size, reason=reason,
                                       hashed=tuple(e for rank_entries in gathered for e in rank_entries))
             total = sum(f.size for f in manifest.files)
-            put_manifest(written, manifest, torn=lambda: self.at_phase("manifest-torn", step))
+            put_manifest(directory, manifest, torn=lambda: self.at_phase("manifest-torn", step))
             self.at_phase("manifest-written", step)
             if committed_path.exists():  # a stale commit of the same step from an older attempt
                 _remove_tree(committed_path)
-            written.rename(committed_path)
+            directory.rename(committed_path)
             _fsync_dir(self.root)
         self._barrier()
         self.at_phase("committed", step)
