@@ -7,6 +7,7 @@ tests/support/layers.py checks that it follows from what the test starts."""
 from __future__ import annotations
 
 import os
+import signal
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -123,3 +124,16 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
                 reporter.write_line(f"  {problem}", red=True)
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
+
+
+@pytest.fixture
+def own_sigterm() -> Iterator[None]:
+    """A Checkpointer made in this process installs its SIGTERM flag: put pytest's handler back."""
+    from trainer.preemption import SIGTERM
+
+    previous = signal.getsignal(signal.SIGTERM)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        SIGTERM.clear()

@@ -40,11 +40,11 @@ import pytest
 from aiobotocore.session import get_session
 
 import framework_ranks
-from conftest import DRAIN_TIMEOUT_S, node_labels
+from conftest import DRAIN_TIMEOUT_S, alive_workers, node_labels
 from resilienced.aws.s3 import S3Store
 from resilienced.local.aws import MotoServer
 from resilienced.local.fsx import LocalExporter
-from resilienced.local.raycluster import LocalRayCluster, LocalRayNode
+from resilienced.local.raycluster import LocalRayCluster
 from resilienced.recovery.durable import wait_durable
 from tests.support.ranks import run_ranks
 
@@ -76,11 +76,6 @@ def preemption_saves(root: Path) -> dict[int, dict]:
         if data["reason"] == "preemption":
             out[data["step"]] = data
     return out
-
-
-def a_running_worker(cluster: LocalRayCluster) -> LocalRayNode:
-    alive = {n.node_id for n in cluster.nodes() if n.alive and not n.draining}
-    return next(n for n in cluster.workers if n.running() and n.node_id in alive)
 
 
 class Script:
@@ -148,7 +143,7 @@ def preempt_and_replace(cluster: LocalRayCluster, script: Script, aws: MotoServe
     are on and hold: the newest preemption save is the one the run resumes from, and the one the
     daemon's check must find durable.
     """
-    victim = a_running_worker(cluster)
+    victim = alive_workers(cluster)[0]
     noticed_at = datetime.now(timezone.utc) - timedelta(milliseconds=1)
     if how == "drain":
         deadline = time.time() + DRAIN_TIMEOUT_S

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import DRAIN_TIMEOUT_S, TrainerRun, node_labels
-from resilienced.local.raycluster import LocalRayCluster, LocalRayNode
+from conftest import DRAIN_TIMEOUT_S, TrainerRun, alive_workers, node_labels
+from resilienced.local.raycluster import LocalRayCluster
 
 pytestmark = pytest.mark.e2e
 
@@ -31,11 +31,6 @@ def ray_env(cluster: LocalRayCluster) -> dict[str, str]:
     """The cluster's env, and Ray Train's controller polling its workers every 0.5 s (not 2 s):
     it sees the deadline pass sooner, so the test waits less for the restart."""
     return {**cluster.env, "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.5"}
-
-
-def a_running_worker(cluster: LocalRayCluster) -> LocalRayNode:
-    alive = {n.node_id for n in cluster.nodes() if n.alive and not n.draining}
-    return next(n for n in cluster.workers if n.running() and n.node_id in alive)
 
 
 def start_training(cluster: LocalRayCluster, trainer_runs) -> TrainerRun:
@@ -88,7 +83,7 @@ def test_a_run_drained_then_sigterm_ed_saves_each_time_and_resumes_exactly_and_a
     drains the node itself); each node replaced.  Then a new driver on the same run (a RayJob
     retry) resumes where the run ended."""
     run = start_training(ray_cluster, trainer_runs)
-    victim = a_running_worker(ray_cluster)
+    victim = alive_workers(ray_cluster)[0]
     deadline = time.time() + DRAIN_TIMEOUT_S
     assert ray_cluster.drain_node(victim, deadline_ms=int(deadline * 1000))
 
@@ -101,7 +96,7 @@ def test_a_run_drained_then_sigterm_ed_saves_each_time_and_resumes_exactly_and_a
 
     run.wait_until(lambda r: len(r.events_named("started")) == 2 and r.metrics[-1]["step"] >= drained["step"] + 3,
                    timeout=240, what="3 steps trained after the first restart")
-    victim = a_running_worker(ray_cluster)
+    victim = alive_workers(ray_cluster)[0]
     signalled = time.time()
     ray_cluster.sigterm_node(victim)  # Ray drains the node itself (RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S)
     evicted = wait_for_the_last_save(run, preemptions=2)

@@ -10,7 +10,6 @@ test_your_trainer.py.
 from __future__ import annotations
 
 import json
-import signal
 from collections import Counter
 from pathlib import Path
 
@@ -20,7 +19,6 @@ import torch
 import example_ranks
 from tests.support.ranks import run_ranks
 from trainer.errors import CheckpointError, CorruptCheckpoint, StateError, UsageError
-from trainer.preemption import SIGTERM
 from trainer.resilience import Checkpointer, verify, write_manifest
 
 pytestmark = pytest.mark.unit
@@ -34,17 +32,6 @@ def read_losses(path: Path) -> tuple[list[dict], list[int]]:
 
 def train(world_size: int, cfg: dict, target=example_ranks.train, *args) -> list:
     return run_ranks(target, world_size, cfg, *args)
-
-
-@pytest.fixture
-def own_sigterm():
-    """A Checkpointer made in this process installs its SIGTERM flag: put pytest's handler back."""
-    previous = signal.getsignal(signal.SIGTERM)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-        SIGTERM.clear()
 
 
 # ---------------------------------------------------------------------- exactness (local ranks)

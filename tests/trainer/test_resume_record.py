@@ -4,7 +4,6 @@ Checkpointer writing it (one process, no process group; the Ray runs are the dri
 from __future__ import annotations
 
 import json
-import signal
 import time
 from pathlib import Path
 
@@ -13,21 +12,9 @@ import torch
 
 from trainer import resume
 from trainer.errors import UsageError
-from trainer.preemption import SIGTERM
 from trainer.resilience import Checkpointer
 
 pytestmark = pytest.mark.unit
-
-
-@pytest.fixture
-def own_sigterm():
-    """A Checkpointer made in this process installs its SIGTERM flag: put pytest's handler back."""
-    previous = signal.getsignal(signal.SIGTERM)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-        SIGTERM.clear()
 
 
 def small_state() -> dict:

@@ -24,8 +24,8 @@ from pathlib import Path
 import pytest
 
 import example_ranks
-from conftest import DRAIN_TIMEOUT_S, node_labels
-from resilienced.local.raycluster import LocalRayCluster, LocalRayNode
+from conftest import DRAIN_TIMEOUT_S, alive_workers, node_labels
+from resilienced.local.raycluster import LocalRayCluster
 from tests.support.ranks import run_ranks
 from trainer.resilience import verify
 
@@ -38,11 +38,6 @@ _serial = itertools.count(200)
 
 def lines(path: Path) -> list[dict]:
     return [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
-
-
-def a_running_worker(cluster: LocalRayCluster) -> LocalRayNode:
-    alive = {n.node_id for n in cluster.nodes() if n.alive and not n.draining}
-    return next(n for n in cluster.workers if n.running() and n.node_id in alive)
 
 
 def wait_for(predicate, *, timeout: float, what: str, proc: subprocess.Popen, log: Path) -> None:
@@ -83,7 +78,7 @@ def test_the_example_script_drained_on_ray_resumes_exactly_on_a_replacement(
     try:
         wait_for(lambda: sum("step" in x for x in lines(losses)) >= 3, timeout=240, what="3 steps on Ray",
                  proc=proc, log=log)
-        victim = a_running_worker(ray_cluster)
+        victim = alive_workers(ray_cluster)[0]
         deadline = time.time() + DRAIN_TIMEOUT_S
         assert ray_cluster.drain_node(victim, deadline_ms=int(deadline * 1000))
         wait_for(lambda: preemption_saves(root), timeout=DRAIN_TIMEOUT_S + 30, what="a preemption save",

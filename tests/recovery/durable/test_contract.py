@@ -11,8 +11,7 @@ manifest with its one definition, ``trainer/manifest.py``.
 from __future__ import annotations
 
 import shutil
-import signal
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
@@ -26,21 +25,9 @@ from resilienced.recovery.durable import DurableResult, wait_durable
 from tests.support.checkpoints import BUCKET, PREFIX, REGION, URI
 from trainer.errors import CorruptCheckpoint
 from trainer.manifest import MANIFEST, Manifest
-from trainer.preemption import SIGTERM
 from trainer.resilience import Checkpointer, verify, write_manifest
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture
-def own_sigterm() -> Iterator[None]:
-    """A Checkpointer made in this process installs its SIGTERM flag: put pytest's handler back."""
-    previous = signal.getsignal(signal.SIGTERM)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-        SIGTERM.clear()
 
 
 def train_and_save(root: Path) -> Path:
