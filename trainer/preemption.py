@@ -154,6 +154,7 @@ class DeadlinePlan:
         self.margin_s = margin_s
         self._saves: list[float] = []
         self._steps: collections.deque[float] = collections.deque(maxlen=window)
+        self._gap = 0  # steps between the last two boundaries (0: none proposed yet)
 
     def record_save(self, seconds: float) -> None:
         self._saves.append(seconds)
@@ -170,6 +171,20 @@ class DeadlinePlan:
     def mean_step_s(self) -> float:
         """The mean of the last steps (0 before any): the usual step, not the worst."""
         return sum(self._steps) / len(self._steps) if self._steps else 0.0
+
+    def next_boundary(self, step: int, *, interval_s: float) -> int:
+        """The step of the next agreement before a notice: about ``interval_s`` ahead at the mean
+        step, at most twice the last gap and 1000 steps, at least the next step.
+
+        The gap grows at most twofold per boundary (1, 2, 4, ...), so steps that were fast at
+        first (a first step without the data loader's wait, a loss logger that sleeps after the
+        guard's hook) cannot put the next boundary far ahead: a notice is heard within a few of
+        the steps as they are now.
+        """
+        estimate = self.mean_step_s()
+        ahead = 1 if estimate <= 0 else int(interval_s / estimate)
+        self._gap = max(1, min(1000, 2 * self._gap, ahead))
+        return step + self._gap
 
     def room_for_another_step(self, *, now: float, deadline_ms: int | None) -> bool:
         """True when ``now + step + save budget`` is not after the deadline (None: no limit)."""

@@ -354,11 +354,10 @@ class Checkpointer:
         return agreed
 
     def _propose_next(self, step: int) -> int:
-        """Rank 0: the step of the next boundary, about ``agree_interval_s`` ahead."""
-        estimate = self._plan.mean_step_s()
-        if self._noticed or estimate <= 0:
+        """Rank 0: the step of the next boundary (``DeadlinePlan.next_boundary``); after a notice, the next step."""
+        if self._noticed:
             return step + 1
-        return step + max(1, min(1000, int(self._agree_interval_s / estimate)))
+        return self._plan.next_boundary(step, interval_s=self._agree_interval_s)
 
     def _on_notice(self, agreed: Agreed, entries: dict[str, Any]) -> bool:
         """Take the agreed notice in; whether every rank is to stop training now."""

@@ -112,14 +112,35 @@ def write_files(where: Path) -> None:
     (where / "shards" / "__0_0.distcp").write_bytes(b"s" * 10)
 
 
-# 1000 s: steps 1 and 2 are boundaries (no step measured yet at step 1), the next one is 1000 steps on
-@pytest.mark.parametrize("interval, boundaries", [(0.0, 10), (1000.0, 2)], ids=["every-step", "rarely"])
+# 1000 s: the gap doubles from one step (1, 2, 4, 8), up to 1000 steps
+@pytest.mark.parametrize("interval, boundaries", [(0.0, 10), (1000.0, 4)], ids=["every-step", "rarely"])
 def test_before_a_notice_the_guard_agrees_only_at_boundaries(tmp_path: Path, sigterm_restored: None,
                                                             interval: float, boundaries: int) -> None:
     guard = PreemptionGuard(tmp_path, agree_interval_s=interval)
     guard.start(step=0, resumed=False)
     reasons = [guard.step_end(step, last=False) for step in range(1, 11)]
     assert reasons == [None] * 10 and guard.boundaries == boundaries
+
+
+def test_a_fast_first_step_does_not_put_the_next_boundary_out_of_reach(tmp_path: Path, sigterm_restored: None,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first step took 1 ms (the guard's hook runs before a logger that sleeps), the others
+    0.4 s: a notice after step 3 is heard at step 4. Planned from the first step alone, the next
+    boundary was 500 steps on, and a preempted Hugging Face run trained on to its deadline
+    without saving (the e2e test failed so on an idle machine)."""
+    now = [100.0]
+    monkeypatch.setattr(time, "perf_counter", lambda: now[0])
+    guard = PreemptionGuard(tmp_path, agree_interval_s=0.5, preemption=_config(sigterm_grace_s=60.0))
+    guard.start(step=0, resumed=False)
+    reasons = []
+    for step in range(1, 7):
+        now[0] += 0.001 if step == 1 else 0.4
+        if step == 4:
+            SIGTERM.received_at = time.time()
+        reasons.append(guard.step_end(step, last=False))
+        if reasons[-1] == "preemption":
+            break
+    assert reasons == [None, None, None, "preemption"]
 
 
 def test_a_sigterm_saves_the_step_then_holds_when_no_step_fits(tmp_path: Path, sigterm_restored: None) -> None:

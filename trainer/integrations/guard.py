@@ -150,10 +150,10 @@ class PreemptionGuard:
         return agreed
 
     def _propose_next(self, step: int) -> int:
-        estimate = self._plan.mean_step_s()
-        if self._noticed or estimate <= 0:
+        """Rank 0: the step of the next boundary (``DeadlinePlan.next_boundary``); after a notice, the next step."""
+        if self._noticed:
             return step + 1
-        return step + max(1, min(1000, int(self._agree_interval_s / estimate)))
+        return self._plan.next_boundary(step, interval_s=self._agree_interval_s)
 
     def _take_notice(self, agreed: Agreed) -> str | None:
         self._deadline_ms = agreed.deadline_ms
