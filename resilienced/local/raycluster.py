@@ -154,14 +154,20 @@ class LocalRayNode:
         return self.process.poll() is None
 
     def group_alive(self) -> bool:
-        """Whether any process of the node's process group is left."""
+        """Whether any process of the node's process group is left running.
+
+        A zombie does not count: it holds no port, file or memory, only a process table entry
+        until its parent reaps it, and a member whose parent (``ray start``) was killed is
+        reaped by the machine's init, on its own schedule (about 2 s per group where init is
+        not a prompt reaper: each stop waited that long per node).
+        """
         try:
             os.killpg(self.pgid, 0)
         except ProcessLookupError:
             return False
         except PermissionError:  # pragma: no cover - a foreign group reusing the id
             return False
-        return True
+        return any(_alive(pid) for pid in _group_members(self.pgid))
 
 
 class LocalRayCluster:
@@ -645,6 +651,20 @@ def _descendants(pid: int) -> list[int]:
             out.append(child)
             todo.append(child)
     return out
+
+
+def _group_members(pgid: int) -> list[int]:
+    """The pids of process group ``pgid`` (from /proc; zombies too)."""
+    members = []
+    for pid in _proc_pids():
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                fields = f.read().decode(errors="replace").rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if len(fields) > 2 and int(fields[2]) == pgid:  # state, ppid, pgrp
+            members.append(pid)
+    return members
 
 
 def _alive(pid: int) -> bool:

@@ -27,6 +27,7 @@ import pytest
 
 from resilienced.local.raycluster import LocalRayCluster, LocalRayNode
 from resilienced.ray.cluster import CAPACITY_TYPE_LABEL, INSTANCE_ID_LABEL
+from tests.support.ray import FAST_DEATH
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -209,7 +210,7 @@ def ray_session_cluster() -> Iterator[LocalRayCluster]:
     """A head (no CPUs) and two 1-CPU spot nodes, shared by the Ray tests; always stopped."""
     workdir = Path(tempfile.mkdtemp(prefix="tr", dir="/tmp"))
     cluster = LocalRayCluster(
-        workdir=workdir, env={"RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": str(DRAIN_TIMEOUT_S)}
+        workdir=workdir, env={"RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": str(DRAIN_TIMEOUT_S), **FAST_DEATH}
     )
     try:
         cluster.start()
