@@ -8,6 +8,9 @@ from pathlib import Path
 
 import pytest
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import run_layers  # noqa: E402 (tests/ is not a package of the runner's)
+
 pytestmark = pytest.mark.integration  # it starts pytest processes
 
 RUNNER = Path(__file__).resolve().parent / "run_layers.py"
@@ -28,7 +31,7 @@ def run(tmp_path: Path, *, unit_passes: bool, e2e_passes: bool) -> subprocess.Co
 def test_both_layers_pass_and_both_are_reported(tmp_path: Path) -> None:
     done = run(tmp_path, unit_passes=True, e2e_passes=True)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "the unit and integration layers" in done.stdout
+    assert "===== unit and integration (run beside" in done.stdout
     assert done.stdout.count("1 passed, 1 deselected") == 2
     assert "e2e exit 0" in done.stdout and "unit and integration exit 0" in done.stdout
 
@@ -39,3 +42,30 @@ def test_a_failure_in_either_layer_fails_the_run_and_is_shown(tmp_path: Path, un
     done = run(tmp_path, unit_passes=unit_passes, e2e_passes=e2e_passes)
     assert done.returncode == 1, done.stdout + done.stderr
     assert ("the unit test failed" if not unit_passes else "the e2e test failed") in done.stdout
+
+
+@pytest.mark.unit
+def test_the_last_part_is_every_e2e_test_the_others_do_not_name() -> None:
+    parts = run_layers.part_args([("a", ["tests/local"]), ("b", ["tests/trainer/test_elastic_ray.py"]), ("c", None)])
+    root = run_layers.ROOT
+    assert parts == [("a", [str(root / "tests/local")]), ("b", [str(root / "tests/trainer/test_elastic_ray.py")]),
+                     ("c", [str(root / "tests"), f"--ignore={root / 'tests/local'}",
+                            f"--ignore={root / 'tests/trainer/test_elastic_ray.py'}"])]
+
+
+@pytest.mark.unit
+def test_a_part_naming_a_path_that_is_gone_stops_the_run_naming_it() -> None:
+    with pytest.raises(SystemExit, match=r"the e2e part 'a' names \['tests/nowhere'\]"):
+        run_layers.part_args([("a", ["tests/nowhere"]), ("b", None)])
+
+
+@pytest.mark.unit
+def test_the_parts_of_make_test_name_paths_that_exist() -> None:
+    assert [name for name, _ in run_layers.part_args(run_layers.E2E_PARTS)][-1] == "the rest"
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(("argv", "named"), [([], False), (["-x", "-k", "drain"], False), (["tests/intake"], True),
+                                              (["tests/ray/test_gcs.py::test_x"], True)])
+def test_arguments_that_name_tests_run_the_e2e_layer_as_one_process(argv: list[str], named: bool) -> None:
+    assert run_layers.names_tests(argv) is named

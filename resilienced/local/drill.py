@@ -19,8 +19,9 @@ interruption notice for one worker's instance, then that instance's termination 
 accepts the launch but its node never joins (``--scenario stalled``): the daemon's follow-up
 sees the stall after its bound and moves the run to On-Demand, which the provider has here.  The
 run resumes and finishes; an uninterrupted reference run with the same seed (no Ray) gives the
-losses to compare with, bit for bit: at the same world size, or, for an elastic run, at the same
-world sizes at the same steps (and the fixed-size one as a figure).
+losses to compare with, bit for bit: at the same world size (run while the cluster and the
+trainer start: a gang run's world size is known from the start), or, for an elastic run, at the
+same world sizes at the same steps, once the run has finished (and the fixed-size one as a figure).
 
 Time is compressed: EC2's notice is 120 s; the drill tells the daemon (``--notice-seconds`` of
 the intake) and the world that it is ``--notice-seconds`` (25 by default), so the whole story
@@ -892,6 +893,13 @@ class Drill:
             await _in_thread(moto.start)
             queue_url = await self._provision_aws(moto.endpoint_url)
             self.timeline.add("aws", f"moto on {moto.endpoint_url}: EventBridge rules -> SQS (+DLQ), S3 bucket")
+            planned = [(self.o.workers, self.o.steps)]
+            early = None
+            if self.o.min_workers is None:  # a gang run keeps its world size: its reference runs meanwhile
+                self.timeline.add("drill", f"running the uninterrupted reference (same seed, no Ray) meanwhile, "
+                                           f"world size {self.o.workers} to step {self.o.steps}")
+                early = asyncio.create_task(self._reference("reference", planned), name="drill.reference")
+                stack.push_async_callback(_cancel, early)
 
             cluster = await self._start_ray(stack)
             await self._start_exporter(stack, moto.endpoint_url)
@@ -930,12 +938,15 @@ class Drill:
                 with contextlib.suppress(Exception):
                     async with asyncio.timeout(30):
                         await daemon_task
-            schedule = world_size_schedule(self.metrics.lines) or [(self.o.workers, self.o.steps)]
-            self.timeline.add("drill", "running the uninterrupted reference (same seed, no Ray), world "
-                                       "sizes " + ", ".join(f"{ws} to step {stop}" for ws, stop in schedule))
-            reference = await self._reference("reference", schedule)
+            schedule = world_size_schedule(self.metrics.lines) or planned
+            if early is not None and schedule == planned:
+                reference = await early
+            else:  # an elastic run: its world sizes are known now
+                self.timeline.add("drill", "running the uninterrupted reference (same seed, no Ray), world "
+                                           "sizes " + ", ".join(f"{ws} to step {stop}" for ws, stop in schedule))
+                reference = await self._reference("reference-sizes" if early else "reference", schedule)
             fixed = None
-            if schedule != [(self.o.workers, self.o.steps)]:
+            if schedule != planned:
                 self.timeline.add("drill", f"and the fixed-size one ({self.o.workers} ranks) to compare with")
                 fixed = await self._reference("fixed", [(self.o.workers, self.o.steps)])
         report = report_from(options=self.o, metrics=self.metrics.lines, events=self.events.lines,
