@@ -8,8 +8,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import run_layers  # noqa: E402 (tests/ is not a package of the runner's)
+from tests import run_layers
 
 pytestmark = pytest.mark.integration  # it starts pytest processes
 
