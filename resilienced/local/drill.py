@@ -893,13 +893,7 @@ class Drill:
             await _in_thread(moto.start)
             queue_url = await self._provision_aws(moto.endpoint_url)
             self.timeline.add("aws", f"moto on {moto.endpoint_url}: EventBridge rules -> SQS (+DLQ), S3 bucket")
-            planned = [(self.o.workers, self.o.steps)]
-            early = None
-            if self.o.min_workers is None:  # a gang run keeps its world size: its reference runs meanwhile
-                self.timeline.add("drill", f"running the uninterrupted reference (same seed, no Ray) meanwhile, "
-                                           f"world size {self.o.workers} to step {self.o.steps}")
-                early = asyncio.create_task(self._reference("reference", planned), name="drill.reference")
-                stack.push_async_callback(_cancel, early)
+            early = self._start_reference(stack)
 
             cluster = await self._start_ray(stack)
             await self._start_exporter(stack, moto.endpoint_url)
@@ -938,17 +932,7 @@ class Drill:
                 with contextlib.suppress(Exception):
                     async with asyncio.timeout(30):
                         await daemon_task
-            schedule = world_size_schedule(self.metrics.lines) or planned
-            if early is not None and schedule == planned:
-                reference = await early
-            else:  # an elastic run: its world sizes are known now
-                self.timeline.add("drill", "running the uninterrupted reference (same seed, no Ray), world "
-                                           "sizes " + ", ".join(f"{ws} to step {stop}" for ws, stop in schedule))
-                reference = await self._reference("reference-sizes" if early else "reference", schedule)
-            fixed = None
-            if schedule != planned:
-                self.timeline.add("drill", f"and the fixed-size one ({self.o.workers} ranks) to compare with")
-                fixed = await self._reference("fixed", [(self.o.workers, self.o.steps)])
+            reference, fixed = await self._references(early)
         report = report_from(options=self.o, metrics=self.metrics.lines, events=self.events.lines,
                              reference=reference, fixed_reference=fixed, notice=self.timeline.notice,
                              durable_at=self.durable_at,
@@ -956,6 +940,33 @@ class Drill:
                              node_spans=[(span[0], span[1]) for span in self._spans.values()],
                              replacement=self.replacement, follow_up=follow_up)
         return report
+
+    def _start_reference(self, stack: contextlib.AsyncExitStack) -> asyncio.Task[dict[int, float]] | None:
+        """A gang run keeps its world size: its uninterrupted reference runs while the cluster
+        and the trainer start (a task; None for an elastic run, whose sizes come at the end)."""
+        if self.o.min_workers is not None:
+            return None
+        self.timeline.add("drill", f"running the uninterrupted reference (same seed, no Ray) meanwhile, "
+                                   f"world size {self.o.workers} to step {self.o.steps}")
+        early = asyncio.create_task(self._reference("reference", [(self.o.workers, self.o.steps)]),
+                                    name="drill.reference")
+        stack.push_async_callback(_cancel, early)
+        return early
+
+    async def _references(self, early: asyncio.Task[dict[int, float]] | None,
+                          ) -> tuple[dict[int, float], dict[int, float] | None]:
+        """The reference with the run's world sizes, and the fixed-size one where they changed."""
+        planned = [(self.o.workers, self.o.steps)]
+        schedule = world_size_schedule(self.metrics.lines) or planned
+        if early is not None and schedule == planned:
+            return await early, None
+        self.timeline.add("drill", "running the uninterrupted reference (same seed, no Ray), world "
+                                   "sizes " + ", ".join(f"{ws} to step {stop}" for ws, stop in schedule))
+        reference = await self._reference("reference-sizes" if early else "reference", schedule)
+        if schedule == planned:
+            return reference, None
+        self.timeline.add("drill", f"and the fixed-size one ({self.o.workers} ranks) to compare with")
+        return reference, await self._reference("fixed", planned)
 
     async def _start_ray(self, stack: contextlib.AsyncExitStack) -> Any:
         from resilienced.local.raycluster import LocalRayCluster
