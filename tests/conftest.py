@@ -51,6 +51,28 @@ async def api(kubeapi: Any) -> AsyncIterator[Any]:
 def pytest_configure(config: pytest.Config) -> None:
     layers.GUARD.install()
     config.stash[_RECORDS] = {}
+    config.pluginmanager.register(_ClosestLayer(), "resilienced-closest-layer")
+
+
+class _ClosestLayer:
+    """A test's closest layer marker is its only one, before ``-m`` selects.
+
+    pytest gathers the markers of a test and of its module: an ``e2e`` test in a ``unit`` module
+    matched both ``-m e2e`` and ``-m "unit or integration"``, so ``make test`` ran it twice (19
+    tests did: the e2e process and the fast layers each ran them). Here every layer marker moves
+    off the modules and classes, and each test gets its closest one.
+    """
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
+        closest = {item.nodeid: layers.layer_of([m.name for m in item.iter_markers()]) for item in items}
+        for item in items:
+            for node in item.listchain():
+                node.own_markers[:] = [m for m in node.own_markers if m.name not in layers.LAYERS]
+        for item in items:
+            layer = closest[item.nodeid]
+            if layer is not None:
+                item.add_marker(layer)
 
 
 _RECORDS = pytest.StashKey[dict[str, layers.ModuleRecord]]()

@@ -68,3 +68,18 @@ def test_the_parts_of_make_test_name_paths_that_exist() -> None:
                                               (["tests/ray/test_gcs.py::test_x"], True)])
 def test_arguments_that_name_tests_run_the_e2e_layer_as_one_process(argv: list[str], named: bool) -> None:
     assert run_layers.names_tests(argv) is named
+
+
+def collected(*args: str) -> set[str]:
+    done = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", *args],
+                          capture_output=True, text=True, timeout=300, cwd=run_layers.ROOT)
+    assert done.returncode in (0, 5), done.stdout + done.stderr
+    return {line for line in done.stdout.splitlines() if "::" in line}
+
+
+def test_a_test_marked_apart_from_its_module_runs_in_its_own_layer_only() -> None:
+    """tests/trainer/test_resilience_api.py is a unit module with e2e tests: before the closest
+    marker became the only one, `make test` ran those in both processes."""
+    module = "tests/trainer/test_resilience_api.py"
+    e2e, fast, every = collected(module, "-m", "e2e"), collected(module, "-m", "unit or integration"), collected(module)
+    assert e2e and fast and not e2e & fast and e2e | fast == every
