@@ -70,16 +70,29 @@ def test_arguments_that_name_tests_run_the_e2e_layer_as_one_process(argv: list[s
     assert run_layers.names_tests(argv) is named
 
 
-def collected(*args: str) -> set[str]:
-    done = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", *args],
-                          capture_output=True, text=True, timeout=300, cwd=run_layers.ROOT)
+
+def collected(where: Path, *args: str) -> set[str]:
+    done = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
+                           "-c", str(where / "pytest.ini"), "--rootdir", str(where), str(where), *args],
+                          capture_output=True, text=True, timeout=300, cwd=where)
     assert done.returncode in (0, 5), done.stdout + done.stderr
-    return {line for line in done.stdout.splitlines() if "::" in line}
+    return {line.split("::")[1] for line in done.stdout.splitlines() if "::" in line}
 
 
-def test_a_test_marked_apart_from_its_module_runs_in_its_own_layer_only() -> None:
-    """tests/trainer/test_resilience_api.py is a unit module with e2e tests: before the closest
-    marker became the only one, `make test` ran those in both processes."""
-    module = "tests/trainer/test_resilience_api.py"
-    e2e, fast, every = collected(module, "-m", "e2e"), collected(module, "-m", "unit or integration"), collected(module)
-    assert e2e and fast and not e2e & fast and e2e | fast == every
+def test_a_test_marked_apart_from_its_module_runs_in_its_own_layer_only(tmp_path: Path) -> None:
+    """An e2e test in a unit module, with this suite's conftest hook: before the closest marker
+    became the only one, `make test` ran such tests in both processes (19 of them)."""
+    (tmp_path / "pytest.ini").write_text(INI)
+    (tmp_path / "conftest.py").write_text(
+        f"import sys\nsys.path.insert(0, {str(run_layers.ROOT)!r})\n"
+        "from tests.conftest import _ClosestLayer\n"
+        "def pytest_configure(config):\n    config.pluginmanager.register(_ClosestLayer())\n")
+    (tmp_path / "test_mixed.py").write_text(
+        "import pytest\npytestmark = pytest.mark.unit\n"
+        "def test_here():\n    pass\n"
+        "@pytest.mark.e2e\ndef test_apart():\n    pass\n"
+        "@pytest.mark.parametrize('x', [1, pytest.param(2, marks=pytest.mark.integration)])\n"
+        "def test_some(x):\n    pass\n")
+    assert collected(tmp_path, "-m", "e2e") == {"test_apart"}
+    assert collected(tmp_path, "-m", "unit or integration") == {"test_here", "test_some[1]", "test_some[2]"}
+    assert collected(tmp_path, "-m", "unit") == {"test_here", "test_some[1]"}
