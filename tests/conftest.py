@@ -147,10 +147,10 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
-
 @pytest.fixture
 def own_sigterm() -> Iterator[None]:
-    """A Checkpointer made in this process installs its SIGTERM flag: put pytest's handler back."""
+    """A Checkpointer or a framework guard made in this process installs its SIGTERM flag: put
+    pytest's handler back and clear the flag."""
     from trainer.preemption import SIGTERM
 
     previous = signal.getsignal(signal.SIGTERM)

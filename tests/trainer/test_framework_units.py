@@ -14,10 +14,8 @@ from __future__ import annotations
 
 import importlib
 import re
-import signal
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -29,17 +27,6 @@ from trainer.integrations.guard import PreemptionGuard
 from trainer.preemption import SIGTERM
 
 pytestmark = pytest.mark.unit
-
-
-@pytest.fixture
-def sigterm_restored() -> Iterator[None]:
-    """The guard installs the SIGTERM flag in this process: put the handler and the flag back."""
-    handler = signal.getsignal(signal.SIGTERM)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, handler)
-        SIGTERM.clear()
 
 
 # --------------------------------------------------------------------------- the extras
@@ -114,7 +101,7 @@ def write_files(where: Path) -> None:
 
 # 1000 s: the gap doubles from one step (1, 2, 4, 8), up to 1000 steps
 @pytest.mark.parametrize("interval, boundaries", [(0.0, 10), (1000.0, 4)], ids=["every-step", "rarely"])
-def test_before_a_notice_the_guard_agrees_only_at_boundaries(tmp_path: Path, sigterm_restored: None,
+def test_before_a_notice_the_guard_agrees_only_at_boundaries(tmp_path: Path, own_sigterm: None,
                                                             interval: float, boundaries: int) -> None:
     guard = PreemptionGuard(tmp_path, agree_interval_s=interval)
     guard.start(step=0, resumed=False)
@@ -122,7 +109,7 @@ def test_before_a_notice_the_guard_agrees_only_at_boundaries(tmp_path: Path, sig
     assert reasons == [None] * 10 and guard.boundaries == boundaries
 
 
-def test_a_fast_first_step_does_not_put_the_next_boundary_out_of_reach(tmp_path: Path, sigterm_restored: None,
+def test_a_fast_first_step_does_not_put_the_next_boundary_out_of_reach(tmp_path: Path, own_sigterm: None,
                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     """The first step took 1 ms (the guard's hook runs before a logger that sleeps), the others
     0.4 s: a notice after step 3 is heard at step 4. Planned from the first step alone, the next
@@ -143,7 +130,7 @@ def test_a_fast_first_step_does_not_put_the_next_boundary_out_of_reach(tmp_path:
     assert reasons == [None, None, None, "preemption"]
 
 
-def test_a_sigterm_saves_the_step_then_holds_when_no_step_fits(tmp_path: Path, sigterm_restored: None) -> None:
+def test_a_sigterm_saves_the_step_then_holds_when_no_step_fits(tmp_path: Path, own_sigterm: None) -> None:
     events = []
     guard = PreemptionGuard(tmp_path / "ck", agree_interval_s=0.0, on_event=lambda name, **f: events.append(name),
                             preemption=_config(sigterm_grace_s=0.3))
@@ -162,7 +149,7 @@ def test_a_sigterm_saves_the_step_then_holds_when_no_step_fits(tmp_path: Path, s
 
 
 def test_after_a_notice_the_guard_trains_on_while_the_deadline_leaves_room(tmp_path: Path,
-                                                                          sigterm_restored: None) -> None:
+                                                                          own_sigterm: None) -> None:
     guard = PreemptionGuard(tmp_path, agree_interval_s=0.0, preemption=_config(sigterm_grace_s=60.0))
     guard.start(step=0, resumed=False)
     SIGTERM.received_at = time.time()
@@ -174,7 +161,7 @@ def test_after_a_notice_the_guard_trains_on_while_the_deadline_leaves_room(tmp_p
     assert guard.step_end(3, last=True) == "final"  # the last step: saved, and the run may finish
 
 
-def test_the_guard_refuses_to_start_behind_a_committed_checkpoint(tmp_path: Path, sigterm_restored: None) -> None:
+def test_the_guard_refuses_to_start_behind_a_committed_checkpoint(tmp_path: Path, own_sigterm: None) -> None:
     (tmp_path / "step-5").mkdir()
     guard = PreemptionGuard(tmp_path)
     with pytest.raises(UsageError, match="step-5 is committed: pass the newest checkpoint"):
