@@ -167,7 +167,8 @@ class LocalRayNode:
             return False
         except PermissionError:  # pragma: no cover - a foreign group reusing the id
             return False
-        return any(_alive(pid) for pid in _group_members(self.pgid))
+        return any(stat is not None and stat[2] == self.pgid and stat[0] not in ("Z", "X")
+                   for stat in map(_proc_stat, _proc_pids()))
 
 
 class LocalRayCluster:
@@ -628,15 +629,15 @@ def _proc_pids() -> list[int]:
     return [int(name) for name in os.listdir("/proc") if name.isdigit()]
 
 
-def _proc_stat(pid: int) -> tuple[str, int] | None:
-    """(state, ppid) of a process from /proc, or None when it is gone."""
+def _proc_stat(pid: int) -> tuple[str, int, int] | None:
+    """(state, ppid, process group) of a process from /proc, or None when it is gone."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             data = f.read().decode(errors="replace")
     except OSError:
         return None
     fields = data[data.rindex(")") + 2 :].split()
-    return fields[0], int(fields[1])
+    return fields[0], int(fields[1]), int(fields[2])
 
 
 def _descendants(pid: int) -> list[int]:
@@ -651,20 +652,6 @@ def _descendants(pid: int) -> list[int]:
             out.append(child)
             todo.append(child)
     return out
-
-
-def _group_members(pgid: int) -> list[int]:
-    """The pids of process group ``pgid`` (from /proc; zombies too)."""
-    members = []
-    for pid in _proc_pids():
-        try:
-            with open(f"/proc/{pid}/stat", "rb") as f:
-                fields = f.read().decode(errors="replace").rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        if len(fields) > 2 and int(fields[2]) == pgid:  # state, ppid, pgrp
-            members.append(pid)
-    return members
 
 
 def _alive(pid: int) -> bool:
