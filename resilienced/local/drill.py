@@ -955,14 +955,18 @@ class Drill:
 
     async def _references(self, early: asyncio.Task[dict[int, float]] | None,
                           ) -> tuple[dict[int, float], dict[int, float] | None]:
-        """The reference with the run's world sizes, and the fixed-size one where they changed."""
+        """The reference with the run's world sizes, and the fixed-size one where they changed.
+
+        A gang run's is the one started early (``early``): its world size is ``--workers``, and a
+        run that trained other sizes or not every step does not match it (``loss_facts``).
+        """
+        if early is not None:
+            return await early, None
         planned = [(self.o.workers, self.o.steps)]
         schedule = world_size_schedule(self.metrics.lines) or planned
-        if early is not None and schedule == planned:
-            return await early, None
         self.timeline.add("drill", "running the uninterrupted reference (same seed, no Ray), world "
                                    "sizes " + ", ".join(f"{ws} to step {stop}" for ws, stop in schedule))
-        reference = await self._reference("reference-sizes" if early else "reference", schedule)
+        reference = await self._reference("reference", schedule)
         if schedule == planned:
             return reference, None
         self.timeline.add("drill", f"and the fixed-size one ({self.o.workers} ranks) to compare with")
