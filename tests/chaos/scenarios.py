@@ -207,7 +207,9 @@ def _check_flood(w: World, plan: flood_mod.Flood, dead: list[dict[str, Any]], ta
             tally.violations.append(f"valid message dead-lettered: {body[:200]}")
     missing = [b for b, label in plan.label.items() if label == "bad" and b not in dead_bodies]
     if missing:
-        tally.violations.append(f"bad messages not in the DLQ: {len(missing)}, e.g. {missing[0][:200]!r}")
+        tally.violations.append(f"bad messages not in the DLQ: {len(missing)}, e.g. {missing[0][:200]!r} "
+                                f"(queue now {w.queue_counts()}, DLQ {w.queue_counts(w.dlq_url)}, "
+                                f"as (visible, in flight); {len(dead)} read from the DLQ)")
     decisions = w.decisions()
     final = Counter(d["event_id"] for d in decisions if d.get("outcome") in flood_mod.FINAL)
     seen = {d["event_id"] for d in decisions}
