@@ -64,14 +64,18 @@ class Daemon:
             async with session.get(f"http://127.0.0.1:{self.port}/healthz") as response:
                 return response.status, json.loads(await response.text())
 
-    async def until_unhealthy(self) -> tuple[int, dict[str, Any]]:
-        """/healthz, asked until it is not 200 (bounded: 60 s)."""
+    async def until_unhealthy(self, again: Callable[[], None] = lambda: None) -> tuple[int, dict[str, Any]]:
+        """/healthz, asked until it is not 200 (bounded: 60 s); ``again`` called once a second."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + 60
+        poked = loop.time()
         while True:
             status, body = await self.health()
             if status != 200 or loop.time() > deadline:
                 return status, body
+            if loop.time() - poked >= 1:
+                again()
+                poked = loop.time()
             await asyncio.sleep(0.05)
 
 
@@ -104,8 +108,9 @@ def raising(*_args: Any, **_kwargs: Any) -> Any:
     raise RuntimeError("killed by the test")
 
 
-def kill(name: str, d: Daemon, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Make the long-lived task ``name`` raise at its next call into its adapter."""
+def kill(name: str, d: Daemon, monkeypatch: pytest.MonkeyPatch) -> Callable[[], None]:
+    """Make the long-lived task ``name`` raise at its next call into its adapter; returns what
+    to call again until it has (a cache lists again only once the API server ends its watch)."""
     if name == "resilienced.ping":
         monkeypatch.setattr(SqsQueue, "ping", raising)
         monkeypatch.setattr(SqsQueue, "depth", raising)
@@ -117,15 +122,26 @@ def kill(name: str, d: Daemon, monkeypatch: pytest.MonkeyPatch) -> None:
         resource = name[len("resilienced.kube.cache["):-1]
         real: Callable[..., Any] = cache.call
 
+        listed: list[bool] = []
+
         def call(*, verb: str, resource: str, request: Any) -> Any:
             if verb == "list" and resource == target:
+                listed.append(True)
                 request.close()  # the request coroutine is never awaited
                 raise RuntimeError("killed by the test")
             return real(verb=verb, resource=resource, request=request)
 
+        def expire_until_listed() -> None:
+            # A cache whose watch was not open yet (still listing, or between its list and its
+            # watch) is not ended by an expiry and lists no more: expire again until it has.
+            if not listed:
+                d.kubeapi.expire_watches()
+
         target = resource
         monkeypatch.setattr(cache, "call", call)
         d.kubeapi.expire_watches()  # every cache lists again; this one's list raises
+        return expire_until_listed
+    return lambda: None
 
 
 def test_the_livenessprobe_reads_healthz_so_a_503_restarts_the_pod() -> None:
@@ -151,8 +167,8 @@ async def test_every_long_lived_task_is_one_the_health_check_covers(running: Dae
 async def test_a_dead_long_lived_task_turns_healthz_to_503_naming_it(
         running: Daemon, monkeypatch: pytest.MonkeyPatch, name: str) -> None:
     assert await running.health() == (200, {"status": "ok"})
-    kill(name, running, monkeypatch)
-    status, body = await running.until_unhealthy()
+    again = kill(name, running, monkeypatch)
+    status, body = await running.until_unhealthy(again)
     assert status == 503, body
     assert body == {"status": f"long-lived task(s) died: {name}", "dead": {name: KILLED}}
     monkeypatch.undo()
