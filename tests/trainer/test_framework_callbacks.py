@@ -6,7 +6,7 @@ and ``examples/lightning_train.py`` (``lightning.Trainer.fit`` with ``RayDDPStra
 a config (two layers, a few thousand parameters), synthetic tokens, a fixed seed, DDP on gloo.
 During the run one node is preempted, one of the two ways a node is, and replaced (both ways
 reach the ranks as the same Ray Train preemption, so each framework takes one of them here;
-``test_ray_preemption.py`` plays both in one run of ``python -m trainer``):
+``python -m trainer`` plays the SIGTERM in ``test_ray_preemption.py``, the drain in the drill):
 
 - ``hf``: drained through the GCS with reason PREEMPTION and a deadline (what the daemon does),
   killed at the deadline;
