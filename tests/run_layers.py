@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parent.parent
 E2E_PARTS: list[tuple[str, list[str] | None]] = [
     ("drill and campaign", ["tests/local", "tests/chaos"]),
     ("trainer on Ray", ["tests/trainer/test_elastic_ray.py", "tests/trainer/test_ray_preemption.py",
-                        "tests/trainer/test_framework_callbacks.py"]),
+                        "tests/trainer/test_framework_callbacks.py", "tests/trainer/test_your_trainer.py"]),
     ("the rest", None),
 ]
 
