@@ -169,6 +169,31 @@ def run_job(n: int) -> dict[str, Any]:
             "status": {"jobDeploymentStatus": "Running", "rayClusterName": "train-rc"}}
 
 
+def read_dead_letters(sqs: Any, dlq_url: str, *, hidden_for_s: float) -> list[dict[str, Any]]:
+    """Every message in the DLQ, each received once (with a long visibility, so each comes once).
+
+    Read until every message the DLQ holds has been read, not only until the first empty
+    receive: moto's redrive (``SQSBackend.receive_message``, moto 5.2) moves a message to the
+    DLQ from one receive while another receive can have just taken it, and the moved message
+    then stays hidden in the DLQ for that receive's visibility timeout (``hidden_for_s``: the
+    replicas' ``--visibility-timeout``).  Bounded by a few of those timeouts; what is still
+    hidden then is left out, and the caller's check names it missing.
+    """
+    got: dict[str, dict[str, Any]] = {}
+    deadline = time.monotonic() + 3 * hidden_for_s + 10
+    while True:
+        batch = sqs.receive_message(QueueUrl=dlq_url, MaxNumberOfMessages=10, VisibilityTimeout=600,
+                                    AttributeNames=["All"]).get("Messages", [])
+        got.update({m["MessageId"]: m for m in batch})
+        if batch:
+            continue
+        attrs = sqs.get_queue_attributes(QueueUrl=dlq_url, AttributeNames=["All"])["Attributes"]
+        held = int(attrs["ApproximateNumberOfMessages"]) + int(attrs["ApproximateNumberOfMessagesNotVisible"])
+        if held <= len(got) or time.monotonic() > deadline:
+            return list(got.values())
+        time.sleep(0.5)
+
+
 class World:
     """moto + emulated API + N daemon replicas; every process stopped by :meth:`close`."""
 
@@ -337,27 +362,8 @@ class World:
         return int(attrs["ApproximateNumberOfMessages"]), int(attrs["ApproximateNumberOfMessagesNotVisible"])
 
     def dead_letters(self) -> list[dict[str, Any]]:
-        """Every message in the DLQ (received once, with a long visibility so each comes once).
-
-        Read until every message the DLQ holds has been read, not only until the first empty
-        receive: moto's redrive (``SQSBackend.receive_message``, moto 5.2) moves a message to the
-        DLQ from one receive while another receive can have just taken it, and the moved message
-        then stays hidden in the DLQ for that receive's visibility timeout (``self.visibility``).
-        Bounded by a few of those timeouts; what is still hidden then is left out, and the
-        caller's check names it missing.
-        """
-        got: dict[str, dict[str, Any]] = {}
-        deadline = time.monotonic() + 3 * self.visibility + 10
-        while True:
-            batch = self.sqs.receive_message(QueueUrl=self.dlq_url, MaxNumberOfMessages=10, VisibilityTimeout=600,
-                                             AttributeNames=["All"]).get("Messages", [])
-            got.update({m["MessageId"]: m for m in batch})
-            if batch:
-                continue
-            visible, hidden = self.queue_counts(self.dlq_url)
-            if visible + hidden <= len(got) or time.monotonic() > deadline:
-                return list(got.values())
-            time.sleep(0.5)
+        """Every message in the DLQ (:func:`read_dead_letters`)."""
+        return read_dead_letters(self.sqs, self.dlq_url, hidden_for_s=self.visibility)
 
     def send(self, bodies: list[str]) -> None:
         for start in range(0, len(bodies), 10):
