@@ -167,8 +167,7 @@ class LocalRayNode:
             return False
         except PermissionError:  # pragma: no cover - a foreign group reusing the id
             return False
-        return any(stat is not None and stat[2] == self.pgid and stat[0] not in ("Z", "X")
-                   for stat in map(_proc_stat, _proc_pids()))
+        return any(_running(stat) and stat[2] == self.pgid for stat in map(_proc_stat, _proc_pids()))
 
 
 class LocalRayCluster:
@@ -654,9 +653,13 @@ def _descendants(pid: int) -> list[int]:
     return out
 
 
-def _alive(pid: int) -> bool:
-    stat = _proc_stat(pid)
+def _running(stat: tuple[str, int, int] | None) -> bool:
+    """Whether a :func:`_proc_stat` is of a process that still runs (not gone, not a zombie)."""
     return stat is not None and stat[0] not in ("Z", "X")
+
+
+def _alive(pid: int) -> bool:
+    return _running(_proc_stat(pid))
 
 
 def _wait_gone(pids: list[int], timeout_s: float = 30.0) -> None:
