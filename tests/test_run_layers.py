@@ -70,7 +70,6 @@ def test_arguments_that_name_tests_run_the_e2e_layer_as_one_process(argv: list[s
     assert run_layers.names_tests(argv) is named
 
 
-
 def collected(where: Path, *args: str) -> set[str]:
     done = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
                            "-c", str(where / "pytest.ini"), "--rootdir", str(where), str(where), *args],

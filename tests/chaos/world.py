@@ -173,10 +173,11 @@ def read_dead_letters(sqs: Any, dlq_url: str, *, hidden_for_s: float) -> list[di
     """Every message in the DLQ, each received once (with a long visibility, so each comes once).
 
     Read until every message the DLQ holds has been read, not only until the first empty
-    receive: moto's redrive (``SQSBackend.receive_message``, moto 5.2) moves a message to the
-    DLQ from one receive while another receive can have just taken it, and the moved message
-    then stays hidden in the DLQ for that receive's visibility timeout (``hidden_for_s``: the
-    replicas' ``--visibility-timeout``).  Bounded by a few of those timeouts; what is still
+    receive: moto's redrive (``SQSBackend.receive_message`` in moto/sqs/models.py, moto 5.2.5:
+    it checks that a message is visible, then its receive count) moves a message to the DLQ from
+    one receive while another receive can have just taken it, and the moved message then stays
+    hidden in the DLQ for that receive's visibility timeout (``hidden_for_s``: the replicas'
+    ``--visibility-timeout``).  Bounded by a few of those timeouts; what is still
     hidden then is left out, and the caller's check names it missing.
     """
     got: dict[str, dict[str, Any]] = {}
