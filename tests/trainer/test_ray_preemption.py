@@ -9,7 +9,7 @@ of an uninterrupted run with the same seed and world size computed without Ray; 
 
 A drain through the GCS with a deadline (what the daemon does) is played end to end by the drill
 (tests/local/drill), and on Ray by the example script (test_your_trainer.py), the framework
-callbacks (test_framework_callbacks.py) and the elastic runs (test_elastic_ray.py).
+callbacks (test_framework_callbacks.py) and the elastic run (test_elastic_ray.py).
 """
 
 from __future__ import annotations
