@@ -18,7 +18,8 @@ group measures what its (re)start cost and says why it chose its size (``trainer
 One run plays both stories: a Ray Train run's start costs ~25 CPU-seconds here (docs/development.md).
 
 The global batch is 12: 4 rows per rank at world size 3, 6 at 2 (an uneven share, weighted, is
-checked exactly in test_elastic_units.py).  A fixed-size run is unchanged: test_ray_preemption.py."""
+checked exactly in test_elastic_units.py).  A fixed-size run is unchanged: test_ray_preemption.py.
+"""
 
 from __future__ import annotations
 
@@ -76,7 +77,7 @@ def attempts(run: TrainerRun) -> list[tuple[int, int | None]]:
     return [(e["world_size"], e["resumed_from_step"]) for e in run.events_named("started")]
 
 
-def drain_at_a_deadline(cluster: LocalRayCluster, run: TrainerRun, victim, *, holds: int) -> float:
+def drain_at_a_deadline(cluster: LocalRayCluster, run: TrainerRun, victim, *, holds: int) -> None:
     """Drain ``victim`` through the GCS with reason PREEMPTION and a deadline, as the daemon does;
     return once the ranks have saved for it (their ``holds``-th hold) and the deadline has passed."""
     deadline = time.time() + DRAIN_TIMEOUT_S
@@ -85,7 +86,6 @@ def drain_at_a_deadline(cluster: LocalRayCluster, run: TrainerRun, victim, *, ho
                    what="the ranks to save and wait for teardown")
     while time.time() < deadline:  # the instance is reclaimed at the deadline
         time.sleep(0.05)
-    return deadline
 
 
 def test_an_elastic_run_waits_for_a_replacement_due_soon_shrinks_when_none_is_due_and_grows_back(
