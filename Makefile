@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: demo test test-fast bench chaos redis-server install clean
+.PHONY: demo test test-fast coverage bench chaos redis-server install clean
 
 .DEFAULT_GOAL := test
 
@@ -30,6 +30,11 @@ test: $(STAMP) deploy-tools redis-server
 # The unit and integration layers (tests/support/layers.py): no Ray, trainer or drill.
 test-fast: $(STAMP) deploy-tools
 	$(PY) -m pytest -m "unit or integration"
+
+# Line coverage of resilienced/, handlers/ and trainer/ over make test's run, every subprocess
+# included (tests/run_coverage.py; docs/development.md, "Coverage"). Slower than make test.
+coverage: $(STAMP) deploy-tools redis-server
+	$(PY) tests/run_coverage.py
 
 bench: $(STAMP)
 	$(PY) bench/intake.py
