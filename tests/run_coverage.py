@@ -13,8 +13,9 @@ of this environment when ``COVERAGE_PROCESS_START`` names a configuration, and a
 ours (:data:`PTH_NAME`, calling ``tests/coverage_hook.py`` copied beside it as :data:`HOOK_NAME`)
 adds the periodic save of Ray's workers; without the variable neither does anything. The test
 command gets that variable, and every Python process it starts inherits it (Ray's workers inherit
-their raylet's environment, which is the ``ray start`` process's). Each process writes its own data file (``parallel``): at exit, also through ``os._exit`` (``patch =
-_exit``) or on SIGTERM (``sigterm``), and a Ray worker, which Ray ends below Python, every second.
+their raylet's environment, which is the ``ray start`` process's). Each process writes its own
+data file (``parallel``): at exit, also through ``os._exit`` (``patch = _exit``) or on SIGTERM
+(``sigterm``), and a Ray worker, which Ray ends below Python, every second.
 A process killed with SIGKILL (a node the tests kill as an instance is lost) keeps only what it
 saved before, and a Ray worker loses its last second: the figures are a lower bound.
 
