@@ -39,7 +39,11 @@ under one process-wide lock that (1) writes the cluster's token into a private f
 ``RAY_AUTH_TOKEN`` removed and ``RAY_AUTH_MODE=token`` set for the duration of the call only,
 (2) resets the loader's cache, (3) makes the call, and (4) puts the environment back.  The token
 never sits in the environment; child processes see the variables only if they are spawned during
-a call.  Measured here: the switch costs about 0.2 ms (a GCS call on a local cluster about
+a call.  The switch is made in the C environment (``os.putenv``/``os.unsetenv``, what Ray's C++
+reads), never in Python's ``os.environ`` mapping: other threads iterate that mapping (botocore
+looks up proxies in it for every new client), and a key removed between the snapshot of its keys
+and the read of its value raised ``KeyError`` there (seen in a drill: the daemon's GCS call ended
+while the drill created an EventBridge client).  Measured here: the switch costs about 0.2 ms (a GCS call on a local cluster about
 0.5 ms); a helper subprocess per call, the alternative, costs about 0.5 s and 80 MB per call.
 The price is that GCS calls of all clusters are serialised; a call waits at most ``timeout`` for
 the lock and then raises :class:`~resilienced.errors.BackendUnavailable`.  A cluster without
@@ -180,7 +184,6 @@ class _TokenSwitch:
             raise BackendUnavailable(
                 BACKEND, f"{address}: another GCS call held the client for more than {wait_s:.1f}s"
             )
-        saved = {k: os.environ.get(k) for k in _AUTH_VARS}
         try:
             path = self._file()
             # Rewritten also when it went missing: Ray ends the process when RAY_AUTH_TOKEN_PATH
@@ -193,20 +196,24 @@ class _TokenSwitch:
                 os.replace(tmp, path)
                 self._written = token
                 self.switches += 1
-            os.environ.pop("RAY_AUTH_TOKEN", None)
-            os.environ["RAY_AUTH_TOKEN_PATH"] = str(path)
-            os.environ["RAY_AUTH_MODE"] = "token"
+            # The C environment only (what Ray's C++ loader reads with getenv): os.environ, the
+            # mapping other threads iterate (botocore's proxy lookup, subprocess env copies),
+            # never changes, so no key can vanish under an iteration (KeyError).
+            os.unsetenv("RAY_AUTH_TOKEN")
+            os.putenv("RAY_AUTH_TOKEN_PATH", str(path))
+            os.putenv("RAY_AUTH_MODE", "token")
             raylet = _ray()
             if raylet.get_authentication_mode() != raylet.AuthenticationMode.TOKEN:
                 raylet.Config.initialize("")  # re-reads RAY_AUTH_MODE
             raylet.AuthenticationTokenLoader.instance().reset_cache()
             yield
         finally:
-            for key, value in saved.items():
+            for key in _AUTH_VARS:  # back to what os.environ (never changed here) says
+                value = os.environ.get(key)
                 if value is None:
-                    os.environ.pop(key, None)
+                    os.unsetenv(key)
                 else:
-                    os.environ[key] = value
+                    os.putenv(key, value)
             self.lock.release()
 
 

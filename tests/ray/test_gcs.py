@@ -8,8 +8,10 @@ process, and a GCS nobody listens on.
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import json
 import os
+import threading
 from datetime import datetime, timedelta, timezone
 
 import pytest
@@ -218,6 +220,63 @@ async def test_several_clusters_with_different_tokens_from_one_process(
     assert raygcs.token_switches() - switches_before >= 20
     # The process environment is as it was: the token never stays in it.
     assert {k: os.environ.get(k) for k in env_before} == env_before
+
+
+def _c_getenv(key: str) -> str | None:
+    """The C environment's value (what Ray's C++ reads), not Python's os.environ mapping."""
+    libc = ctypes.CDLL(None)
+    libc.getenv.restype = ctypes.c_char_p
+    value = libc.getenv(key.encode())
+    return value.decode() if value is not None else None
+
+
+def test_a_call_switches_the_token_in_the_c_environment_and_never_in_os_environ() -> None:
+    keys = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")
+    mapping_before = dict(os.environ)
+    c_before = {k: _c_getenv(k) for k in keys}
+
+    with raygcs._SWITCH.using("t" * 32, wait_s=5, address="127.0.0.1:1"):
+        path = _c_getenv("RAY_AUTH_TOKEN_PATH")
+        assert path is not None and open(path, encoding="utf-8").read() == "t" * 32
+        assert (_c_getenv("RAY_AUTH_MODE"), _c_getenv("RAY_AUTH_TOKEN")) == ("token", None)
+        assert dict(os.environ) == mapping_before  # what other threads iterate did not move
+
+    assert {k: _c_getenv(k) for k in keys} == c_before
+    assert dict(os.environ) == mapping_before
+
+
+async def test_threads_iterating_os_environ_during_gcs_calls_never_see_it_change(
+    ray_cluster: LocalRayCluster, second_cluster: LocalRayCluster
+) -> None:
+    # As botocore's proxy lookup does for every new client while the daemon's GCS calls run in
+    # worker threads: a key removed between listing the keys and reading one was a KeyError.
+    before = dict(os.environ)
+    stop = threading.Event()
+    seen: list[dict[str, str]] = []
+    errors: list[BaseException] = []
+
+    def iterate() -> None:
+        while not stop.is_set():
+            try:
+                snapshot = dict(os.environ.items())
+            except BaseException as exc:  # noqa: BLE001 - the defect is any exception here
+                errors.append(exc)
+                return
+            if snapshot != before:
+                seen.append(snapshot)
+
+    reader = threading.Thread(target=iterate, daemon=True)
+    reader.start()
+    try:
+        one, two = gcs(ray_cluster), gcs(second_cluster)
+        for _ in range(10):
+            await asyncio.gather(*(c.nodes() for c in (one, two) * 5))
+    finally:
+        stop.set()
+        reader.join(timeout=10)
+
+    assert errors == []
+    assert [sorted(set(s.items()) ^ set(before.items())) for s in seen[:3]] == []
 
 
 async def test_a_gcs_nobody_listens_on_is_backend_unavailable_at_once() -> None:
