@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import collections
 import itertools
-import json
 import os
 import shutil
 import signal
@@ -28,17 +27,12 @@ import pytest
 from resilienced.local.raycluster import LocalRayCluster, LocalRayNode
 from resilienced.ray.cluster import CAPACITY_TYPE_LABEL, INSTANCE_ID_LABEL
 from tests.support.ray import FAST_DEATH
+from trainer.journal import read_jsonl  # the trainer's own reader of its journal
 
 REPO = Path(__file__).resolve().parents[2]
 
 #: A model small enough that a local run is mostly process start-up.
 SMALL = ["--d-model", "32", "--n-heads", "4", "--seq-len", "16"]
-
-
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 @dataclass
