@@ -18,9 +18,9 @@ import pytest
 from kubernetes_asyncio import client as k8s
 
 from resilienced.errors import BackendUnavailable, RayAuthError
-from resilienced.kube.cache import CacheOptions
-from resilienced.kube.cluster import KubeCluster, KubeOptions
+from resilienced.kube.cluster import KubeCluster
 from resilienced.ports import DrainResult, RayNode
+from tests.support.kubeoptions import FAST, LOCAL_BOUND_S
 from tests.support.kubeapi import KubeApiServer, ResourceType
 
 JsonObj = dict[str, Any]
@@ -40,7 +40,8 @@ async def no_leftover_tasks() -> AsyncIterator[None]:
     assert not leftover, f"tasks left running: {[t.get_name() for t in leftover]}"
 
 
-async def eventually(predicate: Callable[[], bool], *, timeout: float = 5.0, what: str = "condition") -> None:
+async def eventually(predicate: Callable[[], bool], *, timeout: float = LOCAL_BOUND_S,
+                     what: str = "condition") -> None:
     """Wait (bounded) until ``predicate()`` holds, polling briefly; fail naming ``what``."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
@@ -132,14 +133,6 @@ class GcsFactory:
 @pytest.fixture
 def gcs() -> GcsFactory:
     return GcsFactory()
-
-
-FAST = KubeOptions(
-    cache=CacheOptions(request_timeout_s=2.0, watch_timeout_s=30, backoff_initial_s=0.05, backoff_max_s=0.2),
-    ready_timeout_s=5.0,
-    request_timeout_s=2.0,
-    gcs_timeout_s=2.0,
-)
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ from resilienced.errors import BackendUnavailable
 from resilienced.kube.cache import CacheOptions, Informer
 from resilienced.kube.cluster import KubeCluster, KubeOptions
 from resilienced.kube.cache import Source
-from .conftest import FAST, GcsFactory, eventually, instance, node, ray_node, ray_pod, raycluster
+from .conftest import LOCAL_BOUND_S, FAST, GcsFactory, eventually, instance, node, ray_node, ray_pod, raycluster
 from tests.support.kubeapi import KubeApiServer
 
 pytestmark = pytest.mark.integration
@@ -32,7 +32,7 @@ async def test_a_pod_added_after_start_is_found_through_the_watch(
 
     kubeapi.create(ray_pod("w1", cluster="rc", node_name="n1", ip="10.0.0.2"))
     gcs.nodes["10.0.0.1:6379"] = [ray_node(1, "10.0.0.2")]
-    await cluster.pods.wait_until(lambda c: c.get("ml", "w1") is not None, timeout=5)
+    await cluster.pods.wait_until(lambda c: c.get("ml", "w1") is not None, timeout=LOCAL_BOUND_S)
     (target,) = (await cluster.locate(instance_ids=[instance(1)])).targets
     assert target.ray_node_ids == ("01" * 28,)
     assert kubeapi.counts()[("list", "pods")] == lists_before == 1
@@ -44,10 +44,10 @@ async def test_changes_and_deletes_update_the_indices(cluster: KubeCluster, kube
     await _settled(cluster, kubeapi)
     assert [p["metadata"]["name"] for p in cluster.pods.by_index("node", "n1")] == ["w1"]
     kubeapi.patch("pods", "w1", body={"spec": {"nodeName": "n2"}}, namespace="ml")
-    await cluster.pods.wait_until(lambda c: bool(c.by_index("node", "n2")), timeout=5)
+    await cluster.pods.wait_until(lambda c: bool(c.by_index("node", "n2")), timeout=LOCAL_BOUND_S)
     assert cluster.pods.by_index("node", "n1") == []
     kubeapi.delete("pods", "w1", namespace="ml")
-    await cluster.pods.wait_until(lambda c: len(c) == 0, timeout=5)
+    await cluster.pods.wait_until(lambda c: len(c) == 0, timeout=LOCAL_BOUND_S)
     assert cluster.pods.by_index("node", "n2") == [] and cluster.pods.by_index("cluster", "ml/rc") == []
 
 
@@ -65,7 +65,7 @@ async def test_410_gone_relists_and_recovers(cluster: KubeCluster, kubeapi: Kube
     kubeapi.expire_watches()  # every open watch gets ERROR 410, history is compacted
     kubeapi.create(node("n2", instance(2)))
     kubeapi.delete("nodes", "n1")
-    await cluster.nodes.wait_until(lambda c: c.get(None, "n2") is not None and c.get(None, "n1") is None, timeout=5)
+    await cluster.nodes.wait_until(lambda c: c.get(None, "n2") is not None and c.get(None, "n1") is None, timeout=LOCAL_BOUND_S)
     assert cluster.nodes.stats.expired == 1 and cluster.nodes.stats.lists == 2
     assert kubeapi.counts()[("list", "nodes")] == 2
     assert cluster.ready()
@@ -77,7 +77,7 @@ async def test_a_dropped_watch_resumes_from_its_resource_version_without_a_list(
     await _settled(cluster, kubeapi)
     kubeapi.drop_watches()
     kubeapi.create(node("n1", instance(1)))
-    await cluster.nodes.wait_until(lambda c: c.get(None, "n1") is not None, timeout=5)
+    await cluster.nodes.wait_until(lambda c: c.get(None, "n1") is not None, timeout=LOCAL_BOUND_S)
     assert kubeapi.counts()[("list", "nodes")] == 1 and kubeapi.counts()[("watch", "nodes")] >= 2
 
 
@@ -86,7 +86,7 @@ async def test_watch_errors_back_off_and_resume(cluster: KubeCluster, kubeapi: K
     kubeapi.fail(verb="watch", resource="nodes", status=503, times=2)
     kubeapi.drop_watches()
     kubeapi.create(node("n1", instance(1)))
-    await cluster.nodes.wait_until(lambda c: c.get(None, "n1") is not None, timeout=5)
+    await cluster.nodes.wait_until(lambda c: c.get(None, "n1") is not None, timeout=LOCAL_BOUND_S)
     assert cluster.nodes.stats.errors == 2 and "503" in (cluster.nodes.stats.last_error or "")
     assert kubeapi.counts()[("list", "nodes")] == 1
 
@@ -119,7 +119,7 @@ async def test_locate_gives_up_waiting_with_backend_unavailable(kubeapi: KubeApi
             await kube.locate(instance_ids=[instance(1)])
         assert "rayjobs.ray.io" in str(err.value) and "503" in str(err.value)
         kubeapi.clear_faults()
-        await kube.wait_ready(timeout=5)
+        await kube.wait_ready(timeout=LOCAL_BOUND_S)
         assert kube.ready()
 
 

@@ -6,7 +6,7 @@ from datetime import datetime, timezone
 
 from resilienced.kube.cluster import DEADLINE_ANNOTATION, KubeCluster, TAINT_KEY
 from resilienced.model import Target
-from .conftest import eventually, instance, node
+from .conftest import LOCAL_BOUND_S, eventually, instance, node
 from tests.support.kubeapi import KubeApiServer
 import pytest
 
@@ -21,7 +21,7 @@ def _target(name: str = "n1") -> Target:
 
 
 async def _cached(cluster: KubeCluster, name: str = "n1") -> None:
-    await cluster.nodes.wait_until(lambda c: c.get(None, name) is not None, timeout=5)
+    await cluster.nodes.wait_until(lambda c: c.get(None, name) is not None, timeout=LOCAL_BOUND_S)
 
 
 async def test_cordon_adds_one_taint_and_keeps_the_others(cluster: KubeCluster, kubeapi: KubeApiServer) -> None:
@@ -40,7 +40,7 @@ async def test_cordon_is_idempotent(cluster: KubeCluster, kubeapi: KubeApiServer
     kubeapi.create(node("n1", instance(1)))
     await _cached(cluster)
     await cluster.cordon(_target(), reason="spot_interruption", deadline=None)
-    await cluster.nodes.wait_until(lambda c: bool((c.get(None, "n1") or {}).get("spec", {}).get("taints")), timeout=5)
+    await cluster.nodes.wait_until(lambda c: bool((c.get(None, "n1") or {}).get("spec", {}).get("taints")), timeout=LOCAL_BOUND_S)
     kubeapi.reset_log()
     await cluster.cordon(_target(), reason="spot_interruption", deadline=None)
     await cluster.cordon(_target(), reason="rebalance_recommendation", deadline=None)

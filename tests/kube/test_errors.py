@@ -12,7 +12,7 @@ from resilienced.errors import BackendUnavailable, PermanentError, ResilienceErr
 from resilienced.kube.cluster import KubeCluster, KubeOptions
 from resilienced.kube.api import KubeStatusError, translate
 from resilienced.model import Target
-from .conftest import FAST, GcsFactory, node
+from .conftest import LOCAL_BOUND_S, FAST, GcsFactory, node
 from tests.support.kubeapi import KubeApiServer
 
 pytestmark = pytest.mark.integration
@@ -77,7 +77,7 @@ async def test_api_errors_are_backend_unavailable_then_recover(
     cluster: KubeCluster, kubeapi: KubeApiServer, status: int
 ) -> None:
     kubeapi.create(node("n1", "i-00000000000000001"))
-    await cluster.nodes.wait_until(lambda c: c.get(None, "n1") is not None, timeout=5)
+    await cluster.nodes.wait_until(lambda c: c.get(None, "n1") is not None, timeout=LOCAL_BOUND_S)
     kubeapi.fail(verb="patch", resource="nodes", status=status, times=1)
     with pytest.raises(BackendUnavailable) as err:
         await cluster.cordon(_target(), reason="spot_interruption", deadline=None)
@@ -101,7 +101,7 @@ async def test_a_request_timeout_is_backend_unavailable(kubeapi: KubeApiServer, 
 
 async def test_forbidden_is_permanent_and_names_the_call(cluster: KubeCluster, kubeapi: KubeApiServer) -> None:
     kubeapi.create(node("n1", "i-00000000000000001"))
-    await cluster.nodes.wait_until(lambda c: c.get(None, "n1") is not None, timeout=5)
+    await cluster.nodes.wait_until(lambda c: c.get(None, "n1") is not None, timeout=LOCAL_BOUND_S)
     kubeapi.fail(verb="patch", resource="nodes", status=403)
     with pytest.raises(PermanentError) as err:
         await cluster.cordon(_target(), reason="spot_interruption", deadline=None)

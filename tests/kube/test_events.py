@@ -8,7 +8,7 @@ from resilienced.kube.cluster import KubeCluster
 from resilienced.kube.events import EventRecorder
 from resilienced.kube.events import ObjectRef
 from resilienced.model import Target
-from .conftest import instance, node, raycluster, rayjob
+from .conftest import LOCAL_BOUND_S, instance, node, raycluster, rayjob
 from tests.support.kubeapi import KubeApiServer
 import pytest
 
@@ -20,8 +20,8 @@ async def _world(cluster: KubeCluster, kubeapi: KubeApiServer) -> tuple[dict, di
     rc = kubeapi.create(raycluster("train-rc", owner_job=job))
     n1 = kubeapi.create(node("n1", instance(1)))
     await cluster.wait_ready()
-    await cluster.rayjobs.wait_until(lambda c: c.get("ml", "train") is not None, timeout=5)
-    await cluster.nodes.wait_until(lambda c: c.get(None, "n1") is not None, timeout=5)
+    await cluster.rayjobs.wait_until(lambda c: c.get("ml", "train") is not None, timeout=LOCAL_BOUND_S)
+    await cluster.nodes.wait_until(lambda c: c.get(None, "n1") is not None, timeout=LOCAL_BOUND_S)
     return n1, job, rc
 
 

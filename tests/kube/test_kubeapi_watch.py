@@ -11,7 +11,7 @@ from kubernetes_asyncio import client as k8s
 from kubernetes_asyncio import watch
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from .conftest import eventually, node, ray_pod
+from .conftest import LOCAL_BOUND_S, eventually, node, ray_pod
 from tests.support.kubeapi import KubeApiServer
 
 pytestmark = pytest.mark.integration
@@ -178,7 +178,7 @@ async def test_expire_watches_ends_open_watches_with_410(api: k8s.ApiClient, kub
 
 async def test_timeout_seconds_ends_the_watch(api: k8s.ApiClient, kubeapi: KubeApiServer) -> None:
     watcher = Collector(k8s.CoreV1Api(api).list_node, resource_version="1", timeout_seconds=1)
-    await eventually(lambda: watcher.ended, what="the server to end the watch", timeout=5)
+    await eventually(lambda: watcher.ended, what="the server to end the watch", timeout=LOCAL_BOUND_S)
     assert watcher.error is None and kubeapi.open_watches == 0
 
 

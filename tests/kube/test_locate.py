@@ -10,6 +10,7 @@ from resilienced.errors import BackendUnavailable
 from resilienced.kube.cluster import KubeCluster, KubeOptions
 from resilienced.kube.locate import elastic_facts
 from .conftest import (
+    LOCAL_BOUND_S,
     GcsFactory,
     eventually,
     instance,
@@ -85,7 +86,7 @@ async def test_a_node_with_no_ray_pod(cluster: KubeCluster, kubeapi: KubeApiServ
     kubeapi.create(node("n5", instance(5)))
     kubeapi.create({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "db", "namespace": "ml"},
                     "spec": {"nodeName": "n5"}, "status": {"phase": "Running"}})
-    await cluster.nodes.wait_until(lambda c: c.get(None, "n5") is not None, timeout=5)
+    await cluster.nodes.wait_until(lambda c: c.get(None, "n5") is not None, timeout=LOCAL_BOUND_S)
     location = await cluster.locate(instance_ids=[instance(5)])
     assert location.targets == ()
     assert location.unresolved == {instance(5): f"Node n5 ({instance(5)}) runs no Ray pods"}
@@ -112,7 +113,7 @@ async def test_head_on_the_instance_is_reported_not_drained(cluster: KubeCluster
 
 async def test_a_pod_with_no_ray_node_yet(cluster: KubeCluster, kubeapi: KubeApiServer, world: dict[str, str]) -> None:
     kubeapi.create(ray_pod("train-w4", cluster="train-rc", node_name="n1", ip="10.0.1.3", group="gpu"))
-    await cluster.pods.wait_until(lambda c: c.get("ml", "train-w4") is not None, timeout=5)
+    await cluster.pods.wait_until(lambda c: c.get("ml", "train-w4") is not None, timeout=LOCAL_BOUND_S)
     (target,) = (await cluster.locate(instance_ids=[instance(1)])).targets
     assert target.ray_node_ids == ("11" * 28, "12" * 28)
     assert target.attributes["unmapped_pods"] == ["train-w4"]
@@ -149,8 +150,8 @@ async def test_checkpoint_annotation_precedence_and_validation(
         ray_pod("w", cluster="rc", node_name="n1", ip="10.1.0.2"),
     )
     gcs.nodes["10.1.0.1:6379"] = [ray_node(1, "10.1.0.2")]
-    await cluster.pods.wait_until(lambda c: c.get("ml", "w") is not None, timeout=5)
-    await cluster.rayclusters.wait_until(lambda c: c.get("ml", "rc") is not None, timeout=5)
+    await cluster.pods.wait_until(lambda c: c.get("ml", "w") is not None, timeout=LOCAL_BOUND_S)
+    await cluster.rayclusters.wait_until(lambda c: c.get("ml", "rc") is not None, timeout=LOCAL_BOUND_S)
     location = await cluster.locate(instance_ids=[instance(1)])
     if problem is None:
         (target,) = location.targets
@@ -170,15 +171,15 @@ async def test_rayjob_found_by_cluster_selector(cluster: KubeCluster, kubeapi: K
         ray_pod("w", cluster="shared", node_name="n1", ip="10.2.0.2"),
     )
     gcs.nodes["10.2.0.1:6379"] = [ray_node(2, "10.2.0.2")]
-    await cluster.rayjobs.wait_until(lambda c: len(c) == 2, timeout=5)
-    await cluster.pods.wait_until(lambda c: c.get("ml", "w") is not None, timeout=5)
+    await cluster.rayjobs.wait_until(lambda c: len(c) == 2, timeout=LOCAL_BOUND_S)
+    await cluster.pods.wait_until(lambda c: c.get("ml", "w") is not None, timeout=LOCAL_BOUND_S)
     (target,) = (await cluster.locate(instance_ids=[instance(1)])).targets
     assert target.ray_job == "ml/running"
 
 
 async def test_capacity_reservation_adds_its_nodes(cluster: KubeCluster, kubeapi: KubeApiServer, world: dict[str, str]) -> None:
     kubeapi.patch("nodes", "n2", body={"metadata": {"labels": {"karpenter.k8s.aws/capacity-reservation-id": "cr-0abc"}}})
-    await cluster.nodes.wait_until(lambda c: bool(c.by_index("reservation", "cr-0abc")), timeout=5)
+    await cluster.nodes.wait_until(lambda c: bool(c.by_index("reservation", "cr-0abc")), timeout=LOCAL_BOUND_S)
     location = await cluster.locate(instance_ids=[instance(1)], capacity_reservation_id="cr-0abc")
     assert sorted({t.instance_id for t in location.targets}) == [instance(1), instance(2)]
 
@@ -193,7 +194,7 @@ async def test_gcs_address_prefers_service_ip_and_the_head_container_port(
         ray_pod("w", cluster="rc", node_name="n1", ip="10.3.0.2"),
     )
     gcs.nodes["172.20.0.7:6390"] = [ray_node(3, "10.3.0.2")]
-    await cluster.pods.wait_until(lambda c: len(c) == 2, timeout=5)
+    await cluster.pods.wait_until(lambda c: len(c) == 2, timeout=LOCAL_BOUND_S)
     (target,) = (await cluster.locate(instance_ids=[instance(1)])).targets
     assert target.ray_address == "172.20.0.7:6390"
     assert target.ray_node_ids == ("03" * 28,)

@@ -14,7 +14,7 @@ from resilienced.kube.rbac import RBAC_RULES, requested_verbs
 from resilienced.kube.events import ObjectRef
 from resilienced.kube.rbac import AUTH_SECRETS
 from resilienced.model import Target
-from .conftest import FAST, KARPENTER_RESOURCES, KUEUE_QUEUE_RESOURCES, GcsFactory, eventually, instance, node, ray_node, ray_pod, raycluster, rayjob
+from .conftest import LOCAL_BOUND_S, FAST, KARPENTER_RESOURCES, KUEUE_QUEUE_RESOURCES, GcsFactory, eventually, instance, node, ray_node, ray_pod, raycluster, rayjob
 from tests.support.kubeapi import KubeApiServer, RbacRule
 
 pytestmark = pytest.mark.integration
@@ -101,7 +101,7 @@ async def test_a_missing_verb_is_a_permanent_error_naming_it(gcs: GcsFactory, dr
     try:
         server.create(node("n1", instance(1)))
         async with KubeCluster(client, ray_control_factory=gcs, replica="r", options=FAST) as kube:
-            await kube.nodes.wait_until(lambda c: c.get(None, "n1") is not None, timeout=5)
+            await kube.nodes.wait_until(lambda c: c.get(None, "n1") is not None, timeout=LOCAL_BOUND_S)
             target = Target(instance_id=instance(1), node="n1", ray_cluster=None, ray_job=None,
                             ray_node_ids=(), checkpoint_uri=None)
             with pytest.raises(PermanentError) as err:

@@ -10,7 +10,7 @@ import pytest
 from resilienced.errors import RayAuthError
 from resilienced.kube.cluster import KubeCluster, KubeOptions
 from resilienced.kube.tokens import auth_mode, auth_secret_name
-from .conftest import FAST, GcsFactory, instance, node, ray_node, ray_pod, raycluster
+from .conftest import LOCAL_BOUND_S, FAST, GcsFactory, instance, node, ray_node, ray_pod, raycluster
 from tests.support.kubeapi import KubeApiServer
 
 pytestmark = pytest.mark.integration
@@ -91,7 +91,7 @@ async def test_token_from_the_named_secret_is_cached(kube: KubeCluster, kubeapi:
     rc = _world(kubeapi, gcs, {"mode": "token", "secretName": "ray-auth"})
     kubeapi.create(_secret("ray-auth", "tok-456"))
     await kube.wait_ready()
-    await kube.rayclusters.wait_until(lambda c: c.get("ml", "rc") is not None, timeout=5)
+    await kube.rayclusters.wait_until(lambda c: c.get("ml", "rc") is not None, timeout=LOCAL_BOUND_S)
     assert await kube.token_for(kube.rayclusters.get("ml", "rc")) == "tok-456"
     assert await kube.token_for(rc) == "tok-456"
     assert kubeapi.counts()[("get", "secrets")] == 1

@@ -25,8 +25,7 @@ from resilienced.capacity.planner import CapacityPlanner
 from resilienced.capacity.policy import CapacityPolicy
 from resilienced.local.capacity import StaticCapacity
 from resilienced.errors import BackendUnavailable, PermanentError, TemporaryError
-from resilienced.kube.cluster import KubeCluster, KubeOptions
-from resilienced.kube.cache import CacheOptions
+from resilienced.kube.cluster import KubeCluster
 from resilienced.kube.leases import KubeLeaseClaims
 from resilienced.model import Result
 from resilienced.ports import CapacityReservation
@@ -36,15 +35,13 @@ from resilienced.recovery.responder import Recovery, RecoveryMetrics, RecoveryOp
 from resilienced.requeue.router import ReportingRequeuer, RequeueRouter
 from resilienced.settings import IntakeSettings
 from tests.support.kubeapi import KubeApiServer
+from tests.support.kubeoptions import FAST
 
 from .conftest import DAEMON_NS, NS, REGION, RecordingGcs, instance, put_checkpoint, ray_nodes, seed_world
 
 pytestmark = pytest.mark.integration
 
 BLOCK = "cr-0123456789abcdef0"
-FAST = KubeOptions(cache=CacheOptions(request_timeout_s=2.0, watch_timeout_s=30, backoff_initial_s=0.05,
-                                      backoff_max_s=0.2),
-                   ready_timeout_s=5.0, request_timeout_s=2.0, gcs_timeout_s=2.0)
 
 
 def block(*, available: int = 2, reservation: str = BLOCK) -> CapacityReservation:
