@@ -3,7 +3,7 @@
 One table of rules, three stores: ``MemoryFollowUps`` (the tests' in-process double,
 tests/support/followups.py), ``KubeFollowUps`` on Leases of the emulated Kubernetes API server
 through the real kubernetes_asyncio client (kubernetes mode), and ``RayKvFollowUps`` on the GCS
-internal KV of a real local Ray cluster (ray mode).  Each "replica" of the cross-replica stores has
+internal KV of a real local Ray cluster, head only (ray mode).  Each "replica" of the cross-replica stores has
 its own client; the memory store is one replica's, so its replicas share it.
 
 Both cross-replica stores share their place with the run claims (the Leases of
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
@@ -28,6 +28,7 @@ from resilienced.local.raycluster import LocalRayCluster
 from resilienced.ports import FollowUpStore
 from tests.support.followups import MemoryFollowUps
 from tests.support.kubeapi import KubeApiServer
+from tests.support.ray import local_cluster
 
 pytestmark = pytest.mark.integration
 
@@ -84,6 +85,14 @@ def gcs_stores(cluster: LocalRayCluster) -> Stores:
     return Stores(replica=lambda _name: RayKvFollowUps(kv=kv()), claim=claim)
 
 
+@pytest.fixture(scope="module")
+def gcs_cluster() -> Iterator[LocalRayCluster]:
+    """A head-only local Ray cluster for the GCS KV store (started only when that store runs; its
+    own, so that this module starts what its e2e tests need whatever ran before it)."""
+    with local_cluster("rfc-") as cluster:
+        yield cluster
+
+
 @pytest.fixture(params=[
     pytest.param("memory", marks=pytest.mark.unit),
     pytest.param("lease"),
@@ -100,12 +109,13 @@ async def stores(request: pytest.FixtureRequest) -> AsyncIterator[Stores]:
             finally:
                 for client in made.clients:
                     await client.close()
-    else:  # the tests/ray package's cluster: the GCS KV is shared, so every test uses new runs
-        yield gcs_stores(request.getfixturevalue("ray_cluster"))
+    else:
+        yield gcs_stores(request.getfixturevalue("gcs_cluster"))
 
 
 def run() -> str:
-    """A fresh run per test, with the slash and characters real run names have."""
+    """A fresh run per test (the GCS KV lives as long as the module's cluster), with the slash and
+    characters real run names have."""
     return f"ml-{next(_runs)}-{datetime.now().timestamp():.6f}/train job"
 
 
