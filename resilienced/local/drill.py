@@ -1244,7 +1244,15 @@ async def _cancel(task: asyncio.Task[Any]) -> None:
 
 
 async def _stop_process(proc: asyncio.subprocess.Process) -> None:
-    """Stop a child started in its own session: SIGTERM to its group, then SIGKILL."""
+    """Stop a child started in its own session: SIGTERM to its group, then SIGKILL.
+
+    The group is signalled by its id only while the child is not reaped (its pid, the group's
+    id, cannot be another's yet). What is left of the group after that is found by the drill's
+    marker: a reaped child's id may already be another session's on a busy machine (pid_max
+    32768), and a SIGKILL to it would end someone else's processes.
+    """
+    from resilienced.local.raycluster import group_members_with
+
     if proc.returncode is None:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGTERM)
@@ -1253,10 +1261,14 @@ async def _stop_process(proc: asyncio.subprocess.Process) -> None:
                 await proc.wait()
         except asyncio.TimeoutError:
             pass
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGKILL)  # whatever of its group is left
     if proc.returncode is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
         await proc.wait()
+    marker = f"{WORKDIR_MARKER}={os.environ.get(WORKDIR_MARKER, '')}"
+    for pid in group_members_with(proc.pid, marker):  # whatever of its group is left
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
 
 
 # --------------------------------------------------------------------------- the command

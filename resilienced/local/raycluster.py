@@ -153,21 +153,12 @@ class LocalRayNode:
         """Whether the node's ``ray start`` process has not exited."""
         return self.process.poll() is None
 
-    def group_alive(self) -> bool:
-        """Whether any process of the node's process group is left running.
-
-        A zombie does not count: it holds no port, file or memory, only a process table entry
-        until its parent reaps it, and a member whose parent (``ray start``) was killed is
-        reaped by the machine's init, on its own schedule (about 2 s per group where init is
-        not a prompt reaper: each stop waited that long per node).
-        """
-        try:
-            os.killpg(self.pgid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:  # pragma: no cover - a foreign group reusing the id
-            return False
-        return any(_running(stat) and stat[2] == self.pgid for stat in map(_proc_stat, _proc_pids()))
+    def reaped(self) -> bool:
+        """Whether this process has collected ``ray start``'s exit status.  From then on its pid,
+        the id of the node's process group, may be another process's (pids are reused, within
+        minutes on a busy machine with ``pid_max`` 32768): the node is signalled by pid or group
+        only before, and found by its marker after."""
+        return self.process.returncode is not None
 
 
 class LocalRayCluster:
@@ -455,10 +446,9 @@ class LocalRayCluster:
     # ------------------------------------------------------------------ failures
     def sigterm_node(self, node: LocalRayNode) -> None:
         """SIGTERM to the node's ``ray start`` (a pod's PID 1): Ray drains the node itself."""
-        try:
-            os.kill(node.pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
+        if node.process.poll() is None:  # not reaped: the pid is still this node's
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(node.pid, signal.SIGTERM)
 
     def kill_node(self, node: LocalRayNode) -> None:
         """SIGKILL the node's whole process group: the instance is gone."""
@@ -470,14 +460,15 @@ class LocalRayCluster:
         instance-terminate-methods), so every process gets SIGTERM (the raylet then leaves the
         GCS at once: the node is seen dead in ~0.1 s, against ~17 s of health checks after a
         SIGKILL, measured here), then, after ``grace_s``, the power goes (SIGKILL)."""
-        doomed = _descendants(node.pid)
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(node.pgid, signal.SIGTERM)
-        for pid in doomed:  # Ray workers run in process groups of their own
+        if not node.reaped():
+            doomed = _descendants(node.pid)
             with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGTERM)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            node.process.wait(timeout=grace_s)
+                os.killpg(node.pgid, signal.SIGTERM)
+            for pid in doomed:  # Ray workers run in process groups of their own
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGTERM)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                node.process.wait(timeout=grace_s)
         self._kill_group(node)
 
     def drain_node(
@@ -588,23 +579,32 @@ class LocalRayCluster:
         """SIGKILL the node's group, its descendants and every process carrying its marker.
 
         Ray workers run in process groups of their own, and a worker whose raylet died first is
-        no longer a descendant: the marker in their environment finds them all.
+        no longer a descendant: the marker in their environment finds them all.  The group and
+        the process tree are signalled only while ``ray start`` is not reaped (its pid, the
+        group's id, cannot be another's yet); a node stopped before (killed, terminated, or
+        ended by its own drain) is found by its marker alone.  Before, the cluster's stop sent
+        SIGKILL to the group id and the descendants of the pid of a node killed minutes earlier:
+        on a busy machine that id had become another test's Ray head, whose GCS then vanished.
         """
-        doomed = _descendants(node.pid)
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(node.pgid, signal.SIGKILL)
-        for pid in doomed:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            node.process.wait(timeout=30)
-        _sweep(f"{self._cluster_id}/{node.name}")
-        _wait_gone(doomed)
-        # The group outlives its leader until every member has been reaped by the kernel.
-        deadline = time.monotonic() + 30
-        while node.group_alive() and time.monotonic() < deadline:
+        if not node.reaped():
+            doomed = _descendants(node.pid)
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(node.pgid, signal.SIGKILL)
+            for pid in doomed:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                node.process.wait(timeout=30)
+        # Until none of the node's processes runs (a zombie left for init to reap does not count).
+        marker = f"{self._cluster_id}/{node.name}"
+        deadline = time.monotonic() + 30
+        while True:
+            left = [pid for pid in _marked(marker) if _alive(pid)]
+            if not left or time.monotonic() >= deadline:
+                break
+            for pid in left:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
             time.sleep(0.05)
 
     def __enter__(self) -> "LocalRayCluster":
@@ -669,21 +669,37 @@ def _wait_gone(pids: list[int], timeout_s: float = 30.0) -> None:
 
 
 def _marked(marker_prefix: str) -> list[int]:
-    """Pids whose environment carries a node marker starting with the prefix (not this one)."""
+    """Pids whose environment carries a node marker starting with the prefix (not this one).
+
+    A prefix ending in ``/`` (``<cluster>/``) matches every node of the cluster; any other is a
+    whole marker (``<cluster>/node1`` is not ``<cluster>/node12``)."""
     needle = f"{_NODE_MARKER}={marker_prefix}".encode()
+    exact = not marker_prefix.endswith("/")
     me = os.getpid()
-    found = []
-    for pid in _proc_pids():
-        if pid == me:
-            continue
-        try:
-            with open(f"/proc/{pid}/environ", "rb") as f:
-                environ = f.read()
-        except OSError:
-            continue
-        if any(entry.startswith(needle) for entry in environ.split(b"\0")):
-            found.append(pid)
-    return found
+    return [pid for pid in _proc_pids() if pid != me
+            and any(entry == needle if exact else entry.startswith(needle) for entry in _environ(pid))]
+
+
+def _environ(pid: int) -> list[bytes]:
+    """A process's environment entries (``NAME=value``); none when it is gone or not ours."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            return f.read().split(b"\0")
+    except OSError:
+        return []
+
+
+def group_members_with(pgid: int, env_entry: str) -> list[int]:
+    """Running processes of process group ``pgid`` whose environment holds ``env_entry``
+    (``NAME=value``): what is left of a group after its leader was reaped, and only it (another
+    group may have been given the same id since; its processes do not carry the entry)."""
+    needle, me = env_entry.encode(), os.getpid()
+    return [pid for pid in _proc_pids()
+            if pid != me and _in_group(_proc_stat(pid), pgid) and needle in _environ(pid)]
+
+
+def _in_group(stat: tuple[str, int, int] | None, pgid: int) -> bool:
+    return _running(stat) and stat is not None and stat[2] == pgid
 
 
 def _sweep(marker_prefix: str) -> None:

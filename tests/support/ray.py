@@ -105,7 +105,8 @@ def busy(cluster: LocalRayCluster, node_id: str, *, timeout: float = 120.0, deta
                 proc.stdin.close()
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(timeout=30)
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=30)
+        if proc.poll() is None:  # not reaped: its pid, the group's id, is not another's yet
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=30)

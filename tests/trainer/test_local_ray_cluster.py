@@ -157,3 +157,48 @@ def test_a_terminated_node_leaves_the_gcs_itself_and_a_killed_one_is_found_by_it
                              timeout_s=60, what=f"{node.name} dead")
         seen = death(node.node_id)
         assert seen is not None and seen[0] == reason, seen
+
+
+class _Reaped:
+    """A ``ray start`` this process has reaped, whose pid the kernel has given to another process
+    since (pids are reused: pid_max is 32768 here, and the suite starts thousands of processes)."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid, self.returncode = pid, -9
+
+    def poll(self) -> int:
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        return self.returncode
+
+
+def test_a_node_stopped_before_is_never_signalled_by_a_pid_that_may_be_another_process_s_now(
+        ray_cluster: LocalRayCluster) -> None:
+    """Stopping a node again (the cluster's stop after a kill, a terminate after a drain) finds
+    what is left of it by its marker only.  Before, it sent SIGKILL to the group id and the
+    process tree of the old pid: on a loaded machine that id was another test's Ray head."""
+    import os
+    import signal
+    import subprocess
+
+    node = ray_cluster.add_node(labels={INSTANCE_ID_LABEL: "i-0pidreuse"}, num_cpus=1)
+    ray_cluster.kill_node(node)
+    assert ray_cluster.processes(node) == []
+    foreign = subprocess.Popen(["sleep", "300"], start_new_session=True)  # a session of its own
+    try:
+        with_child = subprocess.Popen(["sh", "-c", "sleep 300 & wait"], start_new_session=True)
+        try:
+            for other in (foreign, with_child):  # the group id and the process tree of the old pid
+                node.process = _Reaped(other.pid)
+                ray_cluster.sigterm_node(node)
+                ray_cluster.terminate_node(node, grace_s=0.1)
+                ray_cluster.kill_node(node)
+                assert other.poll() is None, f"the process now at pid {other.pid} was signalled"
+            assert len(raycluster._descendants(with_child.pid)) == 1  # its child lives too
+        finally:
+            os.killpg(with_child.pid, signal.SIGKILL)  # not reaped yet: the group is still its
+            with_child.wait()
+    finally:
+        foreign.kill()
+        foreign.wait()

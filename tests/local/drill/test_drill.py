@@ -171,12 +171,30 @@ def marked_processes(workdir: Path) -> list[str]:
     return found
 
 
-def group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    return True
+def uptime() -> float:
+    """Seconds since boot, the clock of /proc/<pid>/stat's start times."""
+    return float(Path("/proc/uptime").read_text().split()[0])
+
+
+def group_alive(pgid: int, *, started_by: float) -> bool:
+    """Whether a process of group ``pgid`` started by ``started_by`` (seconds since boot) still runs.
+
+    Only those are the drill's: once the drill is reaped its pid, the group's id, may be given to
+    a later process group (pid_max is 32768 here, and the suite starts thousands of processes).
+    """
+    tick = os.sysconf("SC_CLK_TCK")
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            data = (proc / "stat").read_text()
+        except OSError:
+            continue
+        fields = data[data.rindex(")") + 2:].split()
+        state, group, started = fields[0], int(fields[2]), int(fields[19]) / tick
+        if group == pgid and state not in ("Z", "X") and started <= started_by:
+            return True
+    return False
 
 
 @pytest.mark.parametrize(("phase", "signal_name", "code"),
@@ -214,14 +232,15 @@ def test_a_stop_signal_in_any_phase_stops_everything_the_drill_started(phase: st
             os.killpg(proc.pid, signal.SIGKILL)
             rest, _ = proc.communicate()
             pytest.fail(f"the drill did not stop within 180 s of {signal_name}:\n{''.join(seen)}{rest}")
+        reaped_at = uptime()
         output = "".join(seen) + rest
         assert proc.returncode == code, output
         assert f"stopped by {'SIGTERM' if signal_name == 'SIGTERM' else 'Ctrl-C'}" in rest, output
         end = time.monotonic() + 30  # the drill reaped its children; allow the kernel to finish
-        while time.monotonic() < end and (marked_processes(workdir) or group_alive(proc.pid)):
+        while time.monotonic() < end and (marked_processes(workdir) or group_alive(proc.pid, started_by=reaped_at)):
             time.sleep(0.2)
         assert not marked_processes(workdir), output
-        assert not group_alive(proc.pid), output
+        assert not group_alive(proc.pid, started_by=reaped_at), output
         assert not workdir.exists(), output
         if "moto on http://" in output:
             assert port_closed(moto_port(output))
