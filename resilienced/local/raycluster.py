@@ -613,8 +613,8 @@ class LocalRayCluster:
         the process tree are signalled only while ``ray start`` is not reaped (its pid, the
         group's id, cannot be another's yet); a node stopped before (killed, terminated, or
         ended by its own drain) is found by its marker alone.  Before, the cluster's stop sent
-        SIGKILL to the group id and the descendants of the pid of a node killed minutes earlier:
-        on a busy machine that id had become another test's Ray head, whose GCS then vanished.
+        SIGKILL to the group id and the descendants of the pid of a node killed minutes earlier,
+        an id a busy machine may have given to another test's processes since.
         """
         if not node.reaped():
             doomed = _descendants(node.pid)
@@ -626,12 +626,8 @@ class LocalRayCluster:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 node.process.wait(timeout=30)
         # Until none of the node's processes runs (a zombie left for init to reap does not count).
-        marker = f"{self._cluster_id}/{node.name}"
         deadline = time.monotonic() + 30
-        while True:
-            left = [pid for pid in _marked(marker) if _alive(pid)]
-            if not left or time.monotonic() >= deadline:
-                break
+        while (left := self.processes(node)) and time.monotonic() < deadline:
             for pid in left:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
