@@ -171,15 +171,66 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    early: list[signal.Signals] = []
+    for sig in (signal.SIGTERM, signal.SIGINT):  # until run() installs its own: see run()
+        signal.signal(sig, lambda signum, frame: early.append(signal.Signals(signum)))
     settings = Settings.from_args(args, os.environ).validate()
     log.configure(level=settings.log.log_level)
-    return asyncio.run(run(settings))
+    return asyncio.run(run(settings, early_signals=early))
 
 
 async def run(settings: Settings, *, ready: asyncio.Event | None = None, observer: Observer | None = None,
-              stop: asyncio.Event | None = None, stand_ins: StandIns | None = None) -> int:
+              stop: asyncio.Event | None = None, stand_ins: StandIns | None = None,
+              early_signals: list[signal.Signals] | None = None) -> int:
     """Open the mode's adapters (:func:`resilienced.app.runtime.open_runtime`; ``stand_ins``: those
-    given instead, the drill's), then :func:`serve`."""
+    given instead, the drill's), then :func:`serve`.
+
+    Without ``stop`` (the ``run`` command) SIGTERM and SIGINT are handled from the start, not only
+    once the consumer runs: one that comes while the daemon starts (the runtime's adapters, the
+    queue's start-up checks, the HTTP server: tens of seconds when an API server is slow) ends
+    the start-up, closes what it had opened, logs ``stopped`` with ``during="start-up"`` and
+    returns 0, the status of any stop on SIGTERM. ``early_signals``: those :func:`main` recorded
+    before the event loop ran (they count as one that came now).  Once the consumer runs, the
+    stop is the consumer's (:func:`serve`: stop receiving, finish or release in-flight work).
+    """
+    logger = log.get("resilienced.daemon")
+    loop = asyncio.get_running_loop()
+    signals = (signal.SIGTERM, signal.SIGINT) if stop is None else ()
+    stop = stop if stop is not None else asyncio.Event()
+    for sig in signals:
+        loop.add_signal_handler(sig, _on_stop_signal, stop, logger, sig)
+    for sig in early_signals or ():
+        _on_stop_signal(stop, logger, sig)
+    started = ready if ready is not None else asyncio.Event()
+    body = asyncio.create_task(_open_and_serve(settings, started=started, observer=observer, stop=stop,
+                                               stand_ins=stand_ins))
+    waits = [asyncio.create_task(stop.wait()), asyncio.create_task(started.wait())]
+    try:
+        await asyncio.wait([body, *waits], return_when=asyncio.FIRST_COMPLETED)
+        if not body.done() and stop.is_set() and not started.is_set():
+            body.cancel()  # still starting: nothing was received, so nothing is left to finish
+            try:
+                await body
+            except asyncio.CancelledError:
+                logger.info("stopped", during="start-up", released=0)
+                return 0
+        return await body
+    finally:
+        for task in (body, *waits):
+            if not task.done():
+                task.cancel()
+        await asyncio.gather(body, *waits, return_exceptions=True)
+        for sig in signals:
+            loop.remove_signal_handler(sig)
+
+
+def _on_stop_signal(stop: asyncio.Event, logger: Logger, sig: signal.Signals) -> None:
+    logger.info("signal", signal=sig.name)
+    stop.set()
+
+
+async def _open_and_serve(settings: Settings, *, started: asyncio.Event, observer: Observer | None,
+                          stop: asyncio.Event, stand_ins: StandIns | None) -> int:
     from resilienced.consumer.flight import replica_name
     from resilienced.app.runtime import StandIns, open_runtime
 
@@ -189,5 +240,5 @@ async def run(settings: Settings, *, ready: asyncio.Event | None = None, observe
         async with open_runtime(settings, metrics=metrics, replica=replica, stand_ins=stand_ins or StandIns(),
                                 supervisor=supervisor) as runtime:
             return await serve(settings, responder=runtime.responder, claims=runtime.claims,
-                               ready=ready, metrics=metrics, replica=replica, observer=observer,
+                               ready=started, metrics=metrics, replica=replica, observer=observer,
                                stop=stop, supervisor=supervisor)

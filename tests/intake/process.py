@@ -74,6 +74,10 @@ class DaemonProcess:
     def terminate(self, *, timeout: float = 60.0) -> int:
         """SIGTERM, then wait for the exit status (reading the rest of stdout)."""
         self.proc.send_signal(signal.SIGTERM)
+        return self.wait_exit(timeout=timeout)
+
+    def wait_exit(self, *, timeout: float = 60.0) -> int:
+        """Wait for the exit status, reading the rest of stdout."""
         code = self.proc.wait(timeout=timeout)
         self._reader.join(timeout=30)
         while self._drain(1.0):

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import signal
+import socket
+import threading
 import urllib.request
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -56,6 +59,61 @@ def test_run_exits_1_when_the_queue_does_not_answer(aws, capsys):
                      "--endpoint-url", f"http://127.0.0.1:{port}", "--region", REGION])
     assert code == 1
     assert "did not answer" in capsys.readouterr().err
+
+
+class SilentServer:
+    """A TCP server on 127.0.0.1 that accepts, reads and never answers: a queue endpoint that hangs."""
+
+    def __init__(self) -> None:
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        self.requested = threading.Event()
+        self.held: list[socket.socket] = []
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.held.append(conn)
+            threading.Thread(target=self._read, args=(conn,), daemon=True).start()
+
+    def _read(self, conn: socket.socket) -> None:
+        try:
+            while conn.recv(65536):
+                self.requested.set()
+        except OSError:
+            pass
+
+    def close(self) -> None:
+        self.sock.close()
+        for conn in self.held:
+            conn.close()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["sigterm", "sigint"])
+def test_a_stop_signal_while_the_daemon_starts_ends_it_with_0(processes, sig):
+    """SIGTERM (a pod deleted) or SIGINT while the start-up checks wait on a queue that does not
+    answer: the start-up ends, the daemon says so and exits 0 (before: the default action, -15)."""
+    server = SilentServer()
+    try:
+        daemon = DaemonProcess(["-m", "resilienced", "run", "--queue-url",
+                                f"http://127.0.0.1:{server.port}/123456789012/q", "--endpoint-url",
+                                f"http://127.0.0.1:{server.port}", "--region", REGION,
+                                "--http-host", "127.0.0.1", "--http-port", str(free_port())],
+                               env={"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"})
+        processes.append(daemon)
+        assert server.requested.wait(60), f"the daemon never asked the queue; exit={daemon.proc.poll()}"
+        daemon.proc.send_signal(sig)
+        assert daemon.wait_exit(timeout=60) == 0, daemon.stderr()
+    finally:
+        server.close()
+    assert [line["signal"] for line in daemon.events("signal")] == [sig.name]
+    stopped, = daemon.events("stopped")
+    assert stopped["during"] == "start-up" and stopped["released"] == 0
+    assert daemon.events("started") == [] and daemon.events("decision") == []
 
 
 def now_iso(shift: timedelta = timedelta(0)) -> str:
