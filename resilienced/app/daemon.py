@@ -192,6 +192,7 @@ async def run(settings: Settings, *, ready: asyncio.Event | None = None, observe
     returns 0, the status of any stop on SIGTERM. ``early_signals``: those :func:`main` recorded
     before the event loop ran (they count as one that came now).  Once the consumer runs, the
     stop is the consumer's (:func:`serve`: stop receiving, finish or release in-flight work).
+    The ``starting`` line is logged once the handlers are in place.
     """
     logger = log.get("resilienced.daemon")
     loop = asyncio.get_running_loop()
@@ -199,6 +200,7 @@ async def run(settings: Settings, *, ready: asyncio.Event | None = None, observe
     stop = stop if stop is not None else asyncio.Event()
     for sig in signals:
         loop.add_signal_handler(sig, _on_stop_signal, stop, logger, sig)
+    logger.info("starting", mode=settings.mode.mode, queue_url=settings.queue.queue_url)
     for sig in early_signals or ():
         _on_stop_signal(stop, logger, sig)
     started = ready if ready is not None else asyncio.Event()

@@ -37,7 +37,8 @@ def free_port() -> int:
 
 
 class MotoServer:
-    """``python -m moto.server`` on 127.0.0.1 and a free port.
+    """moto's server (``python -m resilienced.local.motoserver``: ``moto.server`` with SQS's
+    delete made atomic) on 127.0.0.1 and a free port.
 
     Use as a context manager, or call :meth:`start` / :meth:`stop` (idempotent).
     ``endpoint_url`` is what aiobotocore/boto3 clients take.
@@ -59,7 +60,7 @@ class MotoServer:
         env.update(FAKE_CREDENTIALS)
         self._log = open(self._log_path, "ab") if self._log_path else subprocess.DEVNULL
         self._proc = subprocess.Popen(
-            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
+            [sys.executable, "-m", "resilienced.local.motoserver", "-H", "127.0.0.1", "-p", str(self.port)],
             stdout=self._log, stderr=self._log, env=env, start_new_session=True,
         )
         deadline = time.monotonic() + self._start_timeout

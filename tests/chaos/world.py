@@ -297,8 +297,14 @@ class World:
             daemon.read_available()
 
     def stop_replicas(self) -> None:
-        """SIGTERM every live replica and read all it wrote (before the final counts)."""
+        """SIGTERM every live replica and read all it wrote (before the final counts).
+
+        A replica restarted just before (``start_replica(wait=False)``) may still be in Python's
+        start-up, where SIGTERM has its default action; it is waited for until it logged
+        ``starting`` (its handlers are in place: from there on SIGTERM ends it with 0, also
+        while it starts)."""
         for daemon in list(self.replicas):
+            daemon.wait_for(lambda lines: any(line.get("event") == "starting" for line in lines), timeout=120)
             code = daemon.terminate(timeout=120)
             assert code == 0, f"replica exited {code} on SIGTERM:\n{daemon.stderr()[-3000:]}"
             self.replicas.remove(daemon)

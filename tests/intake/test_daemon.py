@@ -114,6 +114,7 @@ def test_a_stop_signal_while_the_daemon_starts_ends_it_with_0(processes, sig):
     stopped, = daemon.events("stopped")
     assert stopped["during"] == "start-up" and stopped["released"] == 0
     assert daemon.events("started") == [] and daemon.events("decision") == []
+    assert [line["event"] for line in daemon.lines][:1] == ["starting"]
 
 
 def now_iso(shift: timedelta = timedelta(0)) -> str:
