@@ -30,6 +30,7 @@ from resilienced.local.raycluster import LocalRayCluster
 from resilienced.ports import ClaimStore
 from tests.support.kubeapi import KubeApiServer
 from tests.support.ray import local_cluster
+from tests.support.kubeoptions import LOCAL_BOUND_S
 
 pytestmark = pytest.mark.integration
 
@@ -86,7 +87,7 @@ def gcs_stores(cluster: LocalRayCluster) -> Stores:
     now = [1_800_000_000.0]
 
     def replica(_name: str) -> ClaimStore:
-        kv = RayGcs(cluster.address, token=cluster.auth_token, timeout=5)
+        kv = RayGcs(cluster.address, token=cluster.auth_token, timeout=LOCAL_BOUND_S)
         return RayKvClaims(kv=kv, done_ttl_seconds=WINDOW, clock=lambda: now[0])
 
     return Stores(replica=replica, advance=lambda s: now.__setitem__(0, now[0] + s), forget_done=_nothing)

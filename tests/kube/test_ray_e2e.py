@@ -26,6 +26,7 @@ from resilienced.model import Target
 from resilienced.ray.gcs import RayGcs
 from .conftest import FAST, instance, node, ray_pod, raycluster, rayjob
 from tests.support.kubeapi import KubeApiServer
+from tests.support.kubeoptions import LOCAL_BOUND_S
 
 pytestmark = pytest.mark.e2e
 
@@ -63,7 +64,7 @@ def _kube_view(kubeapi: KubeApiServer, ray: LocalRayCluster, *, auth: dict | Non
 
 
 def _real_gcs(address: str, token: str | None) -> RayGcs:
-    return RayGcs(address, token=token, timeout=5)
+    return RayGcs(address, token=token, timeout=LOCAL_BOUND_S)
 
 
 @pytest.fixture
@@ -78,7 +79,7 @@ async def test_pod_ips_map_to_the_ray_nodes_of_the_right_instances(
 ) -> None:
     _kube_view(kubeapi, ray_cluster, auth={"mode": "token"}, token=ray_cluster.auth_token)
     truth = {n.labels[INSTANCE_LABEL]: n.node_id
-             for n in await RayGcs(ray_cluster.address, token=ray_cluster.auth_token, timeout=5).nodes() if n.alive}
+             for n in await RayGcs(ray_cluster.address, token=ray_cluster.auth_token, timeout=LOCAL_BOUND_S).nodes() if n.alive}
     location = await kube.locate(instance_ids=[instance(1), instance(2), instance(100)])
     assert location.unresolved == {}
     by_instance = {t.instance_id: t for t in location.targets}
@@ -113,7 +114,7 @@ async def test_a_cluster_declared_without_auth_whose_gcs_wants_a_token(
 
 async def test_real_gcs_refuses_a_wrong_token_directly(ray_cluster: LocalRayCluster) -> None:
     with pytest.raises(RayAuthError):
-        await RayGcs(ray_cluster.address, token="f" * 64, timeout=5).nodes()
+        await RayGcs(ray_cluster.address, token="f" * 64, timeout=LOCAL_BOUND_S).nodes()
 
 
 async def test_a_drain_through_ray_control_reaches_the_gcs(

@@ -20,6 +20,7 @@ from resilienced.model import Target
 from resilienced.ports import Cluster
 from resilienced.ray.cluster import RayModeCluster
 from resilienced.ray.gcs import RayGcs
+from tests.support.kubeoptions import LOCAL_BOUND_S
 
 from .conftest import WORKER_INSTANCE
 
@@ -31,7 +32,7 @@ URI = "s3://ckpt-bucket/runs/demo"
 
 
 def gcs(cluster: LocalRayCluster) -> RayGcs:
-    return RayGcs(cluster.address, token=cluster.auth_token, timeout=5)
+    return RayGcs(cluster.address, token=cluster.auth_token, timeout=LOCAL_BOUND_S)
 
 
 @pytest.fixture

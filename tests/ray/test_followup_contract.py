@@ -29,6 +29,7 @@ from resilienced.ports import FollowUpStore
 from tests.support.followups import MemoryFollowUps
 from tests.support.kubeapi import KubeApiServer
 from tests.support.ray import local_cluster
+from tests.support.kubeoptions import LOCAL_BOUND_S
 
 pytestmark = pytest.mark.integration
 
@@ -77,7 +78,7 @@ def gcs_stores(cluster: LocalRayCluster) -> Stores:
     from resilienced.ray.gcs import RayGcs
 
     def kv() -> RayGcs:
-        return RayGcs(cluster.address, token=cluster.auth_token, timeout=5)
+        return RayGcs(cluster.address, token=cluster.auth_token, timeout=LOCAL_BOUND_S)
 
     async def claim(key: str) -> None:
         assert await RayKvClaims(kv=kv()).acquire(key, holder="a/m1", ttl_seconds=30)

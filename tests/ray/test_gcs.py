@@ -21,6 +21,7 @@ from resilienced.errors import BackendUnavailable, RayAuthError, RayVersionMisma
 from resilienced.local.aws import free_port
 from resilienced.local.raycluster import LocalRayCluster
 from resilienced.ray.gcs import RayGcs, parse_address
+from tests.support.kubeoptions import LOCAL_BOUND_S
 
 from .conftest import INSTANCE_LABEL, WORKER_INSTANCE, busy
 
@@ -28,7 +29,7 @@ pytestmark = pytest.mark.e2e
 
 
 def gcs(cluster: LocalRayCluster, **kwargs: object) -> RayGcs:
-    return RayGcs(cluster.address, token=cluster.auth_token, timeout=5, **kwargs)
+    return RayGcs(cluster.address, token=cluster.auth_token, timeout=LOCAL_BOUND_S, **kwargs)
 
 
 def in_minutes(m: float) -> datetime:
@@ -78,7 +79,7 @@ async def test_drain_of_an_idle_node_uses_reason_preemption_and_the_node_leaves(
     await wait_until(dead, what="the drained idle node to leave")
     # The GCS recorded why the node went away: a preemption drain, with our message.
     with ray_cluster._gcs() as raw:
-        info = {k.hex(): v for k, v in raw.get_all_node_info(timeout=5).items()}[node.node_id]
+        info = {k.hex(): v for k, v in raw.get_all_node_info(timeout=LOCAL_BOUND_S).items()}[node.node_id]
     from ray.core.generated import common_pb2
 
     assert info.death_info.reason == common_pb2.NodeDeathInfo.AUTOSCALER_DRAIN_PREEMPTED
@@ -149,19 +150,19 @@ async def test_internal_kv_put_if_absent_get_keys_del(ray_cluster: LocalRayClust
     # The namespace is resilienced's own: Ray's default namespace does not see the key.
     await client.kv_put("t/kv/ns", b"x")
     with ray_cluster._gcs() as raw:
-        assert raw.internal_kv_get(b"t/kv/ns", namespace=None, timeout=5) is None
-        assert raw.internal_kv_get(b"t/kv/ns", namespace=b"resilienced", timeout=5) == b"x"
+        assert raw.internal_kv_get(b"t/kv/ns", namespace=None, timeout=LOCAL_BOUND_S) is None
+        assert raw.internal_kv_get(b"t/kv/ns", namespace=b"resilienced", timeout=LOCAL_BOUND_S) == b"x"
 
 
 async def test_a_cluster_on_another_ray_version_is_refused_naming_both(ray_cluster: LocalRayCluster) -> None:
     import ray
 
     with ray_cluster._gcs() as raw:
-        original = raw.internal_kv_get(b"CLUSTER_METADATA", namespace=b"cluster", timeout=5)
+        original = raw.internal_kv_get(b"CLUSTER_METADATA", namespace=b"cluster", timeout=LOCAL_BOUND_S)
         metadata = json.loads(original)
         metadata["ray_version"] = "2.59.0"
         raw.internal_kv_put(b"CLUSTER_METADATA", json.dumps(metadata).encode(), True,
-                            namespace=b"cluster", timeout=5)
+                            namespace=b"cluster", timeout=LOCAL_BOUND_S)
     try:
         with pytest.raises(RayVersionMismatch) as info:
             await gcs(ray_cluster).nodes()
@@ -170,13 +171,13 @@ async def test_a_cluster_on_another_ray_version_is_refused_naming_both(ray_clust
             await gcs(ray_cluster).drain("ab" * 28, deadline=in_minutes(2), message="x")
     finally:
         with ray_cluster._gcs() as raw:
-            raw.internal_kv_put(b"CLUSTER_METADATA", original, True, namespace=b"cluster", timeout=5)
+            raw.internal_kv_put(b"CLUSTER_METADATA", original, True, namespace=b"cluster", timeout=LOCAL_BOUND_S)
     assert await gcs(ray_cluster).ping() == ray.__version__
 
 
 async def test_a_wrong_token_is_a_ray_auth_error(ray_cluster: LocalRayCluster) -> None:
     with pytest.raises(RayAuthError, match="rejected the auth token given"):
-        await RayGcs(ray_cluster.address, token="0" * 64, timeout=5).nodes()
+        await RayGcs(ray_cluster.address, token="0" * 64, timeout=LOCAL_BOUND_S).nodes()
 
 
 async def test_no_token_anywhere_is_a_ray_auth_error_naming_the_sources(
@@ -186,7 +187,7 @@ async def test_no_token_anywhere_is_a_ray_auth_error_naming_the_sources(
         monkeypatch.delenv(key, raising=False)
     monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.ray/auth_token
     with pytest.raises(RayAuthError, match="requires a token and none is configured"):
-        await RayGcs(ray_cluster.address, timeout=5).nodes()
+        await RayGcs(ray_cluster.address, timeout=LOCAL_BOUND_S).nodes()
 
 
 async def test_the_default_token_is_found_where_ray_looks_for_it(
@@ -197,7 +198,7 @@ async def test_the_default_token_is_found_where_ray_looks_for_it(
     monkeypatch.setenv("HOME", str(tmp_path))
     (tmp_path / ".ray").mkdir()
     (tmp_path / ".ray" / "auth_token").write_text(ray_cluster.auth_token + "\n")
-    assert await RayGcs(ray_cluster.address, timeout=5).nodes()
+    assert await RayGcs(ray_cluster.address, timeout=LOCAL_BOUND_S).nodes()
 
 
 async def test_several_clusters_with_different_tokens_from_one_process(

@@ -17,6 +17,7 @@ from resilienced.local.raycluster import LocalRayCluster
 from resilienced.ray.gcs import RayGcs
 from resilienced.ray.replacement import HISTORY_PREFIX, KEY_PREFIX, ReplacementBoard
 from resilienced.ray.requeue import REPLACES_LABEL
+from tests.support.kubeoptions import LOCAL_BOUND_S
 from trainer import replacement
 
 from .conftest import INSTANCE_LABEL
@@ -28,12 +29,12 @@ LOST = "e1" * 28
 
 @pytest.fixture
 def gcs(ray_cluster: LocalRayCluster) -> Iterator[RayGcs]:
-    client = RayGcs(ray_cluster.address, token=ray_cluster.auth_token, timeout=5)
+    client = RayGcs(ray_cluster.address, token=ray_cluster.auth_token, timeout=LOCAL_BOUND_S)
     yield client
     with ray_cluster._gcs() as raw:  # leave the shared cluster's KV as it was
         for prefix in (KEY_PREFIX, HISTORY_PREFIX):
-            for key in raw.internal_kv_keys(prefix.encode(), namespace=b"resilienced", timeout=5):
-                raw.internal_kv_del(key, False, namespace=b"resilienced", timeout=5)
+            for key in raw.internal_kv_keys(prefix.encode(), namespace=b"resilienced", timeout=LOCAL_BOUND_S):
+                raw.internal_kv_del(key, False, namespace=b"resilienced", timeout=LOCAL_BOUND_S)
 
 
 def read_as_the_controller(cluster: LocalRayCluster, node_id: str) -> bytes | None:

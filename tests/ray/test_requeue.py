@@ -20,6 +20,7 @@ from resilienced.ports import CapacityReservation
 from resilienced.ray.cluster import CAPACITY_TYPE_LABEL, INSTANCE_ID_LABEL, RESERVATION_LABEL, RayModeCluster
 from resilienced.ray.gcs import RayGcs
 from resilienced.ray.requeue import REPLACES_LABEL, NoCapacity, RayModeRequeuer
+from tests.support.kubeoptions import LOCAL_BOUND_S
 
 from .conftest import local_cluster
 
@@ -171,7 +172,7 @@ async def test_the_elastic_node_label_makes_the_located_run_elastic(cluster: Loc
     nodes = [cluster.add_node(labels={INSTANCE_ID_LABEL: elastic_iid, "resilienced.io/elastic": "true"}, num_cpus=1),
              cluster.add_node(labels={INSTANCE_ID_LABEL: gang_iid}, num_cpus=1)]
     try:
-        located = await RayModeCluster(ray=RayGcs(cluster.address, token=cluster.auth_token, timeout=5),
+        located = await RayModeCluster(ray=RayGcs(cluster.address, token=cluster.auth_token, timeout=LOCAL_BOUND_S),
                                        checkpoint_uri=None).locate(instance_ids=[elastic_iid, gang_iid])
         by_instance = {t.instance_id: t for t in located.targets}
         assert by_instance[elastic_iid].facts.elastic is True

@@ -45,6 +45,7 @@ from resilienced.requeue.router import ReportingRequeuer, RequeueMetrics, Requeu
 from resilienced.settings import IntakeSettings, QueueSettings
 from tests.support.kubeapi import KubeApiServer
 from tests.support.ray import busy
+from tests.support.kubeoptions import LOCAL_BOUND_S
 
 from .conftest import DAEMON_NS, NS, REGION, WORKER_IPS, instance, put_checkpoint, rbac, seed_world
 from .test_recovery import BLOCK, FAST, block, body
@@ -74,7 +75,7 @@ class Replica:
         self.name = name
         self.api = kubeapi.api_client()
         self.metrics = Metrics()
-        self.cluster = KubeCluster(self.api, ray_control_factory=lambda addr, tok: RayGcs(addr, token=tok, timeout=5),
+        self.cluster = KubeCluster(self.api, ray_control_factory=lambda addr, tok: RayGcs(addr, token=tok, timeout=LOCAL_BOUND_S),
                                    replica=name, options=FAST)
         claims = KubeLeaseClaims(self.api, namespace=DAEMON_NS)
         planner = CapacityPlanner(source=StaticCapacity([block()]),

@@ -3,7 +3,9 @@
 Short backoffs (the tests' waits), and bounds that only end a hang: a request to the local
 emulator, a GCS call or the caches' first lists take milliseconds, but more than 2 s on a
 machine whose two cores serve four pytest processes and a busy neighbour (a 403 test once failed
-on its 2 s request timeout there).  A test about a timeout sets its own, short one.
+on its 2 s request timeout there; run 31 lost a GCS claim test on the 5 s connect bound of
+a ``RayGcs`` client, so the tests' ``RayGcs`` clients of live clusters take this bound too).
+A test about a timeout sets its own, short one.
 """
 
 from __future__ import annotations
