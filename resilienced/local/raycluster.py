@@ -128,10 +128,11 @@ class _PortPool:
     def __init__(self) -> None:
         self._given: set[int] = set()
         self._random = random.Random()
+        self._high = _ephemeral_low() - 1  # read once: the kernel's range does not change under a run
+        self._low = _FIXED_PORTS_FROM if self._high - _FIXED_PORTS_FROM >= 1000 else 1024
 
     def take(self) -> int:
-        high = _ephemeral_low() - 1
-        low = _FIXED_PORTS_FROM if high - _FIXED_PORTS_FROM >= 1000 else 1024
+        low, high = self._low, self._high
         for _ in range(200):
             port = self._random.randint(low, high)
             if port not in self._given and _bindable(port):

@@ -3,8 +3,8 @@
 moto 5.2.5's ``Queue.delete_message`` rebuilds the queue's message list and assigns it; two
 deletes served at once (the server's threads) can each rebuild from the old list, and the last
 assignment puts the other's message back (the module's docstring). Here the interleaving is
-forced: one delete stops inside its rebuild (its list read, not yet assigned) until a second delete has finished, or 0.5 s have
-passed (then the second one is waiting for the lock, as it must).
+forced: one delete stops inside its rebuild (its list read, not yet assigned) until a second delete has finished, or a
+bound has passed (then the second one is waiting for the lock, as it must).
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import pytest
 from moto.sqs import models
 
 from resilienced.local import motoserver
+from tests.support.kubeoptions import LOCAL_BOUND_S
 
 pytestmark = pytest.mark.unit
 
@@ -30,8 +31,13 @@ def two_messages_in_flight(name: str) -> tuple[models.SQSBackend, list[str]]:
     return backend, [message.receipt_handle for message in received]
 
 
-def deletes_that_interleave(backend: models.SQSBackend, name: str, first: str, second: str) -> None:
-    """Delete ``first``; while its rebuild runs, delete ``second`` from another thread."""
+def deletes_that_interleave(backend: models.SQSBackend, name: str, first: str, second: str, *,
+                            hold_s: float) -> None:
+    """Delete ``first``; while its rebuild runs, delete ``second`` from another thread.
+
+    The first delete holds inside its rebuild until the second one finished, or ``hold_s``
+    passed: a second delete that waits for the lock cannot finish then, whatever the load.
+    """
     inside, second_done = threading.Event(), threading.Event()
     original = models.Message.had_receipt_handle
     rebuilding = threading.local()
@@ -42,7 +48,7 @@ def deletes_that_interleave(backend: models.SQSBackend, name: str, first: str, s
         rebuilding.calls = getattr(rebuilding, "calls", 0) + 1
         if getattr(rebuilding, "on", False) and rebuilding.calls == 2:
             inside.set()
-            second_done.wait(0.5)  # the second delete runs now, unless it waits for the lock
+            second_done.wait(hold_s)  # the second delete runs now, unless it waits for the lock
         return original(message, handle)
 
     def delete_second() -> None:
@@ -66,7 +72,7 @@ def deletes_that_interleave(backend: models.SQSBackend, name: str, first: str, s
 def test_two_deletes_at_once_both_delete() -> None:
     motoserver.patch()
     backend, (first, second) = two_messages_in_flight("patched")
-    deletes_that_interleave(backend, "patched", first, second)
+    deletes_that_interleave(backend, "patched", first, second, hold_s=0.5)
     assert backend.get_queue("patched")._messages == []
 
 
@@ -74,7 +80,7 @@ def test_the_unpatched_delete_loses_one_so_the_test_above_can_fail(monkeypatch: 
     unpatched = getattr(models.Queue.delete_message, "__wrapped__", models.Queue.delete_message)
     monkeypatch.setattr(models.Queue, "delete_message", unpatched)
     backend, (first, second) = two_messages_in_flight("unpatched")
-    deletes_that_interleave(backend, "unpatched", first, second)
+    deletes_that_interleave(backend, "unpatched", first, second, hold_s=LOCAL_BOUND_S)
     assert [m.receipt_handle for m in backend.get_queue("unpatched")._messages] == [second]
 
 
