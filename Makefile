@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: demo test test-fast coverage bench chaos redis-server install clean
+.PHONY: demo test test-long test-fast coverage bench chaos redis-server install clean
 
 .DEFAULT_GOAL := test
 
@@ -23,16 +23,23 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(VENV)/bin/resilienced drill
 
-# The e2e layer and the two others side by side (tests/run_layers.py, docs/development.md).
+# The e2e layer (but its long stories: make test-long) and the two others side by side
+# (tests/run_layers.py, docs/development.md).
 test: $(STAMP) deploy-tools redis-server
 	$(PY) tests/run_layers.py
+
+# The long e2e stories that make test leaves out (pytest.mark.long: each names its quick forms in
+# make test; docs/development.md, "Long stories"). CI runs make test, then this.
+test-long: $(STAMP)
+	$(PY) tests/run_layers.py --long
 
 # The unit and integration layers (tests/support/layers.py): no Ray, trainer or drill.
 test-fast: $(STAMP) deploy-tools
 	$(PY) -m pytest -m "unit or integration"
 
-# Line coverage of resilienced/, handlers/ and trainer/ over make test's run, every subprocess
-# included (tests/run_coverage.py; docs/development.md, "Coverage"). Slower than make test.
+# Line coverage of resilienced/, handlers/ and trainer/ over every test (make test's and
+# make test-long's), every subprocess included (tests/run_coverage.py; docs/development.md,
+# "Coverage"). Slower than make test.
 coverage: $(STAMP) deploy-tools redis-server
 	$(PY) tests/run_coverage.py
 

@@ -73,6 +73,13 @@ class _ClosestLayer:
             layer = closest[item.nodeid]
             if layer is not None:
                 item.add_marker(layer)
+        # before -m deselects: a long test's quick forms must be among the collected tests
+        problems = layers.long_problems([
+            (item.nodeid, closest[item.nodeid],
+             None if (mark := item.get_closest_marker(layers.LONG)) is None else tuple(mark.args))
+            for item in items])
+        if problems:
+            raise pytest.UsageError("long tests (tests/support/layers.py):\n  " + "\n  ".join(problems))
 
 
 _RECORDS = pytest.StashKey[dict[str, layers.ModuleRecord]]()

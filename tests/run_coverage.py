@@ -2,11 +2,11 @@
 subprocesses included (the daemon, the drill, ``python -m trainer``, its ranks, Ray's workers).
 
 ``python tests/run_coverage.py [--out DIR] [-- TEST COMMAND...]`` runs the test command (default:
-``python tests/run_layers.py``, what ``make test`` runs) with coverage.py started in every Python
-process of this interpreter's environment, then combines the data and prints the report (also
-written to ``DIR/coverage.txt``; DIR defaults to ``out/coverage``). Exit status: the test
-command's (128 + N when signal N ended it, as a shell says), or 1 when it passed but no data was
-recorded.
+``python tests/run_layers.py --all``: what ``make test`` and ``make test-long`` run) with
+coverage.py started in every Python process of this interpreter's environment, then combines the
+data and prints the report (also written to ``DIR/coverage.txt``; DIR defaults to
+``out/coverage``). Exit status: the test command's (128 + N when signal N ended it, as a shell
+says), or 1 when it passed but no data was recorded.
 
 How every process is measured: coverage.py's own ``.pth`` file starts it in every Python process
 of this environment when ``COVERAGE_PROCESS_START`` names a configuration, and a ``.pth`` file of
@@ -73,7 +73,7 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="tests/run_coverage.py", description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=ROOT / "out" / "coverage",
                         help="where the data, the configuration and the report go (default: out/coverage)")
-    parser.add_argument("command", nargs="*", help="the test command (after --); default: tests/run_layers.py")
+    parser.add_argument("command", nargs="*", help="the test command (after --); default: tests/run_layers.py --all")
     args = parser.parse_args(argv)
     try:
         import coverage  # noqa: F401
@@ -86,7 +86,7 @@ def main(argv: list[str]) -> int:
     rcfile = out / "coveragerc"
     rcfile.write_text(rcfile_text(out))
     install_hook()
-    command = args.command or [sys.executable, str(ROOT / "tests" / "run_layers.py")]
+    command = args.command or [sys.executable, str(ROOT / "tests" / "run_layers.py"), "--all"]
     env = {**os.environ, "COVERAGE_PROCESS_START": str(rcfile)}
     code = subprocess.call(command, cwd=ROOT, env=env)
     code = 128 - code if code < 0 else code

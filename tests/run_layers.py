@@ -1,15 +1,19 @@
 """``make test``: the e2e layer in parts and the other two layers, side by side, as pytest processes.
 
-``python tests/run_layers.py [PYTEST ARGS...]`` runs the e2e layer as the parts of
-:data:`E2E_PARTS` (one ``pytest -m e2e`` process each; the first one's output as it comes) and
-``pytest -m "unit or integration"`` beside them; the other outputs are kept in files and printed
-once everything is done. Inside a part the tests run one after the other; the parts share the
-machine. An e2e test waits far more than it computes (a trainer's padded steps, a drain's
-deadline, Ray's polls: about 40 % of two cores in use, measured with one e2e process), so the
-parts overlap their waits. Exit status: 0 when every process passed, else the first non-zero of
-(the e2e parts in order, the fast layers). Ctrl-C stops them all. docs/development.md.
+``python tests/run_layers.py [PYTEST ARGS...]`` runs the e2e layer but its ``long`` stories as the
+parts of :data:`E2E_PARTS` (one ``pytest -m "e2e and not long"`` process each; the first one's
+output as it comes) and ``pytest -m "unit or integration"`` beside them, as the two parts of
+:data:`FAST_PARTS`; the other outputs are kept in files and printed once everything is done. Inside a part the tests run one
+after the other; the parts share the machine. An e2e test waits far more than it computes (a
+trainer's padded steps, a drain's deadline, Ray's polls: about 40 % of two cores in use,
+measured with one e2e process), so the parts overlap their waits. Exit status: 0 when every
+process passed, else the first non-zero of (the e2e parts in order, the fast layers). Ctrl-C
+stops them all. docs/development.md.
 
-When the arguments name tests (a path or a node id), the e2e layer runs as one process on them.
+``--long`` (``make test-long``) runs only the ``long`` stories, as the parts of :data:`LONG_PARTS`;
+``--all`` (``make coverage``) runs every test: the parts of :data:`E2E_PARTS` with the long stories
+in them, and the fast layers. When the arguments name tests (a path or a node id), the e2e layer,
+long stories included, runs as one process on them.
 """
 
 from __future__ import annotations
@@ -20,9 +24,12 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
-LAYERS = {"e2e": "e2e", "unit and integration": "unit or integration"}
+LAYERS = {"e2e": "e2e and not long", "unit and integration": "unit or integration"}
+#: What each mode runs of the e2e layer (the fast layers run beside it, but in ``--long``).
+E2E_SELECTION = {"": "e2e and not long", "--long": "e2e and long", "--all": "e2e"}
 ROOT = Path(__file__).resolve().parent.parent
 
 #: The e2e layer's parts: (name, test paths relative to the repository). ``None``: every other
@@ -30,10 +37,29 @@ ROOT = Path(__file__).resolve().parent.parent
 #: session fixtures (moto, the trainer tests' Ray cluster); what shares one stays in one part.
 #: Sized from ``--durations`` (docs/development.md): about the same time each.
 E2E_PARTS: list[tuple[str, list[str] | None]] = [
-    ("drill and campaign", ["tests/local", "tests/chaos"]),
-    ("trainer on Ray", ["tests/trainer/test_elastic_ray.py", "tests/trainer/test_ray_preemption.py",
-                        "tests/trainer/test_framework_callbacks.py", "tests/trainer/test_your_trainer.py"]),
+    ("drill and Ray clusters", ["tests/local", "tests/trainer/test_local_ray_cluster.py"]),
+    ("trainer", ["tests/trainer/test_elastic_ray.py", "tests/trainer/test_ray_preemption.py",
+                 "tests/trainer/test_framework_callbacks.py", "tests/trainer/test_your_trainer.py",
+                 "tests/trainer/test_local_resume.py", "tests/trainer/test_elastic_units.py",
+                 "tests/trainer/test_resilience_api.py"]),
     ("the rest", None),
+]
+
+
+#: The unit and integration layers' parts (``make test`` and ``--all``): two processes of whole
+#: modules, so that they end with the e2e parts instead of alone after them (on their own they
+#: wait more than they compute: about 35 % of two cores). A long test's quick forms are checked
+#: where both are collected; ``tests/test_run_layers.py`` collects the whole suite once.
+FAST_PARTS: list[tuple[str, list[str] | None]] = [
+    ("intake, benchmarks, deploy", ["tests/intake", "tests/bench", "tests/deploy"]),
+    ("the rest", None),
+]
+
+#: ``make test-long``'s parts: the long stories (``pytest.mark.long``), in three processes.
+LONG_PARTS: list[tuple[str, list[str] | None]] = [
+    ("elastic", ["tests/trainer/test_elastic_ray.py"]),
+    ("drill", ["tests/local"]),
+    ("the other long stories", None),
 ]
 
 
@@ -58,19 +84,46 @@ def part_args(parts: list[tuple[str, list[str] | None]]) -> list[tuple[str, list
     return out
 
 
+@dataclass(frozen=True)
+class Plan:
+    """What one run starts: ``mode`` ("", "--long", "--all"), the pytest arguments left, and the
+    processes: the e2e parts and the fast layers' parts (none in ``--long``), each a name and its
+    paths and ``-m`` selection."""
+
+    mode: str
+    argv: list[str]
+    parts: list[tuple[str, list[str]]]
+    fast: list[tuple[str, list[str]]]
+
+
+def plan(argv: list[str]) -> Plan:
+    """The processes a run starts for ``argv`` (this script's arguments)."""
+    mode = next((flag for flag in ("--long", "--all") if flag in argv), "")
+    argv = [arg for arg in argv if arg not in ("--long", "--all")]
+    selection = E2E_SELECTION[mode]
+    if names_tests(argv):  # what is named runs, long stories included (but --long: only those)
+        parts = [("e2e", ["-m", "e2e" if mode != "--long" else selection])]
+    else:
+        parts = [(f"e2e ({name})", [*args, "-m", selection])
+                 for name, args in part_args(LONG_PARTS if mode == "--long" else E2E_PARTS)]
+    fast_selection = ["-m", LAYERS["unit and integration"]]
+    if names_tests(argv):
+        fast = [("unit and integration", fast_selection)]
+    else:
+        fast = [(f"unit and integration ({name})", [*args, *fast_selection]) for name, args in part_args(FAST_PARTS)]
+    return Plan(mode=mode, argv=argv, parts=parts, fast=[] if mode == "--long" else fast)
+
+
 def main(argv: list[str]) -> int:
-    base = [sys.executable, "-m", "pytest", *argv]
-    parts = [("e2e", [])] if names_tests(argv) else [(f"e2e ({name})", args) for name, args in part_args(E2E_PARTS)]
+    run = plan(argv)
+    base = [sys.executable, "-m", "pytest", *run.argv]
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="run-layers-") as kept_dir:
-        kept = {name: open(Path(kept_dir) / f"{i}.log", "w+b") for i, (name, _) in enumerate(parts[1:])}
-        kept["unit and integration"] = open(Path(kept_dir) / "fast.log", "w+b")
+        everything = [*run.parts, *run.fast]
+        kept = {name: open(Path(kept_dir) / f"{i}.log", "w+b") for i, (name, _) in enumerate(everything[1:])}
         procs: dict[str, subprocess.Popen[bytes]] = {}
-        procs["unit and integration"] = subprocess.Popen(
-            [*base, "-p", "no:cacheprovider", "-m", LAYERS["unit and integration"]],
-            stdout=kept["unit and integration"], stderr=subprocess.STDOUT)
-        for i, (name, args) in enumerate(parts):
-            cmd = [*base, *args, "-m", LAYERS["e2e"]]
+        for i, (name, args) in enumerate(everything):
+            cmd = [*base, *args]
             if i == 0:
                 procs[name] = subprocess.Popen(cmd)
             else:  # one cache writer is enough: the others would race on .pytest_cache
@@ -101,12 +154,19 @@ def main(argv: list[str]) -> int:
             while chunk := file.read(1 << 16):
                 os.write(sys.stdout.fileno(), chunk)
             file.close()
-    e2e = [name for name, _ in parts]
-    e2e_code = next((codes[name] for name in e2e if codes[name]), 0)
-    print(f"\nmake test: e2e exit {e2e_code} (" + ", ".join(f"{name}: {codes[name]} in {took[name]:.0f} s" for name in e2e)
-          + f"), unit and integration exit {codes['unit and integration']} ({took['unit and integration']:.0f} s); "
-          f"{total_s:.0f} s in all", flush=True)
-    return e2e_code or codes["unit and integration"]
+
+    def first_failure(names: list[str]) -> int:
+        return next((codes[name] for name in names if codes[name]), 0)
+
+    def each(names: list[str]) -> str:
+        return ", ".join(f"{name}: {codes[name]} in {took[name]:.0f} s" for name in names)
+
+    e2e, fast = [name for name, _ in run.parts], [name for name, _ in run.fast]
+    summary = f"\nmake test{'-long' if run.mode == '--long' else ''}: e2e exit {first_failure(e2e)} ({each(e2e)})"
+    if fast:
+        summary += f", unit and integration exit {first_failure(fast)} ({each(fast)})"
+    print(f"{summary}; {total_s:.0f} s in all", flush=True)
+    return first_failure(e2e) or first_failure(fast)
 
 
 if __name__ == "__main__":

@@ -64,6 +64,26 @@ def test_the_parts_of_make_test_name_paths_that_exist() -> None:
 
 
 @pytest.mark.unit
+def test_make_test_leaves_the_long_stories_to_make_test_long_and_coverage_runs_both() -> None:
+    default, long, every = run_layers.plan([]), run_layers.plan(["--long", "-x"]), run_layers.plan(["--all"])
+    root = run_layers.ROOT
+    unit_and_integration = [
+        ("unit and integration (intake, benchmarks, deploy)",
+         [str(root / "tests/intake"), str(root / "tests/bench"), str(root / "tests/deploy"), "-m", "unit or integration"]),
+        ("unit and integration (the rest)",
+         [str(root / "tests"), *(f"--ignore={root / p}" for p in ("tests/intake", "tests/bench", "tests/deploy")),
+          "-m", "unit or integration"])]
+    assert [args[-2:] for _, args in default.parts] == [["-m", "e2e and not long"]] * 3
+    assert default.fast == unit_and_integration
+    assert long.fast == [] and long.argv == ["-x"]
+    assert [args[-2:] for _, args in long.parts] == [["-m", "e2e and long"]] * len(run_layers.LONG_PARTS)
+    assert [args[-2:] for _, args in every.parts] == [["-m", "e2e"]] * 3 and every.fast == unit_and_integration
+    # tests named: one e2e process on them, long stories included (only those with --long)
+    assert run_layers.plan(["tests/trainer"]).parts == [("e2e", ["-m", "e2e"])]
+    assert run_layers.plan(["--long", "tests/trainer"]).parts == [("e2e", ["-m", "e2e and long"])]
+
+
+@pytest.mark.unit
 @pytest.mark.parametrize(("argv", "named"), [([], False), (["-x", "-k", "drain"], False), (["tests/intake"], True),
                                               (["tests/ray/test_gcs.py::test_x"], True)])
 def test_arguments_that_name_tests_run_the_e2e_layer_as_one_process(argv: list[str], named: bool) -> None:
@@ -95,3 +115,36 @@ def test_a_test_marked_apart_from_its_module_runs_in_its_own_layer_only(tmp_path
     assert collected(tmp_path, "-m", "e2e") == {"test_apart"}
     assert collected(tmp_path, "-m", "unit or integration") == {"test_here", "test_some[1]", "test_some[2]"}
     assert collected(tmp_path, "-m", "unit") == {"test_here", "test_some[1]"}
+
+
+def test_a_long_story_whose_quick_form_is_gone_stops_the_collection_naming_it(tmp_path: Path) -> None:
+    """The check runs in every session that collects the quick form's module: make test's fast
+    layers collect them all, so a quick form renamed or deleted fails make test."""
+    (tmp_path / "pytest.ini").write_text(INI.replace("    e2e: e\n", "    e2e: e\n    long: l\n"))
+    (tmp_path / "conftest.py").write_text(
+        f"import sys\nsys.path.insert(0, {str(run_layers.ROOT)!r})\n"
+        "from tests.conftest import _ClosestLayer\n"
+        "def pytest_configure(config):\n    config.pluginmanager.register(_ClosestLayer())\n")
+    (tmp_path / "test_story.py").write_text(
+        "import pytest\npytestmark = pytest.mark.e2e\n"
+        "def test_quick():\n    pass\n"
+        "@pytest.mark.long('test_story.py::test_quik')\ndef test_story():\n    pass\n")
+    done = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
+                           "-c", str(tmp_path / "pytest.ini"), "--rootdir", str(tmp_path), str(tmp_path),
+                           "-m", "unit or integration"], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert done.returncode == 4, done.stdout + done.stderr  # pytest's usage error
+    assert "test_story.py::test_story: its quick form test_story.py::test_quik is not a collected test" in done.stderr
+    (tmp_path / "test_story.py").write_text((tmp_path / "test_story.py").read_text().replace("test_quik", "test_quick"))
+    assert collected(tmp_path, "-m", "e2e and not long") == {"test_quick"}
+
+
+def test_every_long_story_of_the_suite_names_quick_forms_that_make_test_runs() -> None:
+    """The whole suite collected in one session: each long test's quick forms are checked against
+    every module (make test's processes each collect a part of them)."""
+    done = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
+                           "-m", "long", str(run_layers.ROOT / "tests")],
+                          capture_output=True, text=True, timeout=600, cwd=run_layers.ROOT)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    long = [line for line in done.stdout.splitlines() if "::" in line]
+    assert "tests/local/drill/test_drill.py::test_an_abrupt_loss_resumes_from_the_last_periodic_checkpoint_and_says_" \
+           "what_it_cost" in long

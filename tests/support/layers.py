@@ -18,6 +18,11 @@ network, an ``e2e`` module that never started Ray, the trainer or the drill) fai
 too, so the layers of ``make test-fast`` stay what they say.
 
 Set ``RESILIENCED_LAYERS_REPORT=FILE`` to write what each module was seen to do (JSON).
+
+A ``long`` test (``@pytest.mark.long(*quick)``) is an ``e2e`` story that ``make test`` leaves to
+``make test-long`` (CI runs both; docs/development.md, "Long stories"); ``quick`` names the tests
+of ``make test`` that make its claim at less cost.  :func:`long_problems` keeps that true: a long
+test is ``e2e``, names at least one quick form, and each one it names is collected and not long.
 """
 
 from __future__ import annotations
@@ -132,6 +137,40 @@ def too_much(layer: str, seen: Seen) -> str | None:
         return None
     return (f"a test marked {layer!r} started what needs {LAYERS[seen.rank]!r}: {'; '.join(seen.why)}; "
             f"mark it {LAYERS[seen.rank]} (tests/support/layers.py)")
+
+
+#: The marker of a story that ``make test`` leaves to ``make test-long``.
+LONG = "long"
+
+
+def long_problems(items: Sequence[tuple[str, str | None, tuple[str, ...] | None]]) -> list[str]:
+    """What is wrong with the ``long`` tests among ``items``: ``(node id, layer, quick)``, ``quick``
+    the quick forms a long test names (None for a test that is not long).
+
+    A quick form is a node id, or a test function's id that matches each of its parameter sets.
+    One is checked only where its module was collected in this session (``make test``'s fast
+    layers collect every module, so every make test checks them all).
+    """
+    problems = []
+    modules = {nodeid.split("::")[0] for nodeid, _, _ in items}
+    longs = {nodeid for nodeid, _, quick in items if quick is not None}
+    for nodeid, layer, quick in items:
+        if quick is None:
+            continue
+        if layer != "e2e":
+            problems.append(f"{nodeid}: marked long but its layer is {layer!r}: only e2e stories are long")
+        if not quick:
+            problems.append(f"{nodeid}: marked long without a quick form: name the tests of make test that "
+                            "make its claim (pytest.mark.long('tests/...::test_...'))")
+        for form in quick:
+            if form.split("::")[0] not in modules:
+                continue
+            matches = [n for n, _, _ in items if n == form or n.startswith(form + "[")]
+            if not matches:
+                problems.append(f"{nodeid}: its quick form {form} is not a collected test")
+            elif all(n in longs for n in matches):
+                problems.append(f"{nodeid}: its quick form {form} is long too: make test does not run it")
+    return problems
 
 
 @dataclass

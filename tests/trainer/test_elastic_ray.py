@@ -38,7 +38,21 @@ from resilienced.local.raycluster import LocalRayCluster
 from resilienced.ray.cluster import INSTANCE_ID_LABEL
 from trainer import replacement, restarts
 
-pytestmark = pytest.mark.e2e
+#: make test-long (docs/development.md, "Long stories"): a three-worker Ray Train run with two
+#: restarts, the suite's costliest test; make test makes its claims with these, at less cost.
+pytestmark = [pytest.mark.e2e, pytest.mark.long(
+    # a resize saves the step the ranks are on; a world of another size resumes it, exactly
+    "tests/trainer/test_elastic_units.py::test_a_resize_request_saves_the_step_the_ranks_are_on_and_a_larger_world_resumes_it",
+    "tests/trainer/test_elastic_units.py::test_a_world_size_change_is_exact_up_to_float_rounding",
+    # when the run waits for a replacement and when it shrinks at once
+    "tests/trainer/test_replacement_decision.py::test_the_run_waits_when_the_replacement_comes_before_shrinking_pays",
+    "tests/trainer/test_replacement_decision.py::test_the_wait_ends_when_the_replacement_joins",
+    # the daemon's side of an elastic run on a real Ray cluster
+    "tests/ray/test_requeue.py::test_elastic_keeps_what_it_got_and_waits_for_the_rest",
+    "tests/ray/test_requeue.py::test_elastic_second_notice_adds_nothing_for_the_same_worker_and_one_for_another",
+    # a drain through the GCS that a fixed-size run saves at and resumes from on Ray
+    "tests/trainer/test_framework_callbacks.py::test_a_preempted_framework_run_saves_its_step_and_resumes_exactly",
+)]
 
 #: Room for both notices' windows (~30 steps each), the hold, and the time the run takes at 2
 #: before the joined node lets it grow.

@@ -170,7 +170,18 @@ def preempt_and_replace(cluster: LocalRayCluster, script: Script, aws: MotoServe
     return last
 
 
-@pytest.mark.parametrize("framework", ["hf", "lightning"])
+#: Lightning's run is in make test-long (docs/development.md, "Long stories"): make test plays the
+#: guard on Ray with Hugging Face's, a SIGTERM's save and exact resume with python -m trainer on
+#: local ranks, and what Lightning's resume restores (RNG states, the data position) in its units.
+LIGHTNING_QUICK = (
+    "tests/trainer/test_framework_callbacks.py::test_a_preempted_framework_run_saves_its_step_and_resumes_exactly[hf]",
+    "tests/trainer/test_local_resume.py::test_sigterm_saves_the_step_it_is_on_and_the_resumed_run_is_exact",
+    "tests/trainer/test_framework_units.py::test_lightning_s_rng_states_come_back_only_at_the_same_world_size",
+    "tests/trainer/test_framework_units.py::test_the_resumable_loader_goes_on_where_the_epoch_was_without_loading_the_skipped_rows",
+)
+
+
+@pytest.mark.parametrize("framework", ["hf", pytest.param("lightning", marks=pytest.mark.long(*LIGHTNING_QUICK))])
 def test_a_preempted_framework_run_saves_its_step_and_resumes_exactly(
     ray_cluster: LocalRayCluster, aws: MotoServer, tmp_path: Path, framework: str
 ) -> None:

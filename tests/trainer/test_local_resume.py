@@ -30,7 +30,14 @@ def manifest(root: Path, step: int) -> dict:
 #: One phase through ``python -m trainer --crash-at``: the kill at every phase of a save (in a shard,
 #: after the data files, a torn manifest, before the rename, an async save in flight) and the
 #: reason each partial checkpoint is rejected with are the campaign's scenario 5
-#: (tests/chaos/test_campaign.py::test_trainer_killed_at_each_phase_of_a_save).
+#: (tests/chaos/test_campaign.py::test_trainer_killed_at_each_phase_of_a_save). In make test-long
+#: (docs/development.md, "Long stories"): make test has that scenario, and ``--crash-at`` with an
+#: exact resume in the next test.
+@pytest.mark.long(
+    "tests/chaos/test_campaign.py::test_trainer_killed_at_each_phase_of_a_save",
+    "tests/trainer/test_local_resume.py::test_async_checkpoints_resume_exactly_also_after_a_crash_right_after_the_rename",
+    "tests/trainer/test_resilience_api.py::test_a_checkpoint_torn_mid_save_or_damaged_after_it_is_never_restored",
+)
 @pytest.mark.parametrize(
     ("phase", "rejected"),
     [("manifest-written", "incomplete: manifest.json written but the directory was never committed")],
@@ -89,6 +96,11 @@ def test_sigterm_saves_the_step_it_is_on_and_the_resumed_run_is_exact(trainer_ru
     assert resumed.losses() == same_steps(reference(SMALL), resumed.losses())
 
 
+@pytest.mark.long(  # make test-long (docs/development.md, "Long stories"); make test reshards with these
+    "tests/trainer/test_resilience_api.py::test_a_checkpoint_of_two_ranks_resumes_on_one",
+    "tests/trainer/test_elastic_units.py::test_a_world_size_change_is_exact_up_to_float_rounding",
+    "tests/trainer/test_elastic_units.py::test_a_resize_request_saves_the_step_the_ranks_are_on_and_a_larger_world_resumes_it",
+)
 def test_a_checkpoint_loads_into_another_world_size_both_ways(trainer_runs, reference) -> None:
     common = [*LOCAL, "--dropout", "0", "--checkpoint-every", "0"]
     trainer_runs.run([*common, "--num-workers", "2", "--steps", "4"])

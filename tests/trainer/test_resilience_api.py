@@ -36,7 +36,12 @@ def train(world_size: int, cfg: dict, target=example_ranks.train, *args) -> list
 
 # ---------------------------------------------------------------------- exactness (local ranks)
 @pytest.mark.e2e
-@pytest.mark.parametrize("wrap", ["fsdp2", "plain"])  # DDP: saved in the next test, resumed in test_framework_callbacks
+# DDP: saved in the next test, resumed in test_framework_callbacks. The plain module's run is in
+# make test-long (docs/development.md, "Long stories"): make test resumes a plain module exactly in
+# the next test, and runs this story with FSDP2.
+@pytest.mark.parametrize("wrap", ["fsdp2", pytest.param("plain", marks=pytest.mark.long(
+    "tests/trainer/test_resilience_api.py::test_a_resumed_run_trains_each_step_once_and_reproduces_every_loss_bit_for_bit[fsdp2]",
+    "tests/trainer/test_resilience_api.py::test_a_checkpoint_of_two_ranks_resumes_on_one[ddp-plain]"))])
 def test_a_resumed_run_trains_each_step_once_and_reproduces_every_loss_bit_for_bit(tmp_path: Path, wrap: str) -> None:
     reference = example_ranks.config(tmp_path / "ref", tmp_path / "ref.jsonl", steps=10, wrap=wrap)
     for result in train(2, reference):

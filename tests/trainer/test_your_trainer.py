@@ -29,7 +29,15 @@ from resilienced.local.raycluster import LocalRayCluster
 from tests.support.ranks import run_ranks
 from trainer.resilience import verify
 
-pytestmark = pytest.mark.e2e
+#: make test-long (docs/development.md, "Long stories"); make test makes its claims with these, at
+#: less cost: the example's train function stopped and resumed on local gloo ranks, bit for bit,
+#: and a run drained through the GCS on Ray that saves its step and resumes exactly.
+pytestmark = [pytest.mark.e2e, pytest.mark.long(
+    "tests/trainer/test_resilience_api.py::test_a_resumed_run_trains_each_step_once_and_reproduces_every_loss_bit_for_bit",
+    "tests/trainer/test_resilience_api.py::test_a_checkpoint_torn_mid_save_or_damaged_after_it_is_never_restored",
+    "tests/trainer/test_framework_callbacks.py::test_a_preempted_framework_run_saves_its_step_and_resumes_exactly",
+    "tests/local/drill/test_drill.py::test_a_spot_notice_costs_no_step_and_the_run_lands_on_the_capacity_block",
+)]
 
 STEPS = 40
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "resilient_train.py"

@@ -111,6 +111,18 @@ def test_a_spot_notice_costs_no_step_and_the_run_lands_on_the_capacity_block(tmp
     assert report["notice_to_checkpoint_s"] >= 0 and report["notice_to_durable_s"] >= 0
 
 
+@pytest.mark.long(  # make test-long (docs/development.md, "Long stories"); in make test at less cost:
+    # the drill's chain, up to the run training again on the capacity decided
+    "tests/local/drill/test_drill.py::test_a_spot_notice_costs_no_step_and_the_run_lands_on_the_capacity_block",
+    # the follow-up: a stage that stalls falls back to the next capacity and the run trains again
+    "tests/recovery/test_followup.py::test_unschedulable_pods_fall_back_to_the_next_capacity_and_the_run_trains_again",
+    "tests/recovery/test_followup.py::test_an_attempt_that_never_trains_at_its_size_is_a_stall_and_a_stuck_run_"
+    "that_trains_ends_resumed",
+    "tests/capacity/test_fallback.py::test_a_fallback_passes_over_the_stalled_block_and_counts_nothing_again",
+    # ray mode's "joined" stage read from the GCS's nodes, and the stalled capacity given back
+    "tests/ray/test_progress.py::test_joined_means_an_alive_replacement_with_the_decided_labels",
+    "tests/ray/test_progress.py::test_withdraw_gives_back_only_the_stalled_capacity_replacing_the_lost_instance",
+)
 def test_a_capacity_block_that_never_joins_is_left_for_on_demand_and_the_run_trains_again(tmp_path: Path) -> None:
     """The stalled story: the block accepts the launch, its node never joins; after the joined
     bound the daemon's follow-up moves the run to On-Demand (the provider has it here), and the run
@@ -128,6 +140,13 @@ def test_a_capacity_block_that_never_joins_is_left_for_on_demand_and_the_run_tra
     assert any("fell back" in t for t in texts) and any("trains again" in t and "on-demand" in t for t in texts), texts
 
 
+@pytest.mark.long(  # make test-long (docs/development.md, "Long stories"); in make test at less cost:
+    # the drill's chain with a notice; what an abrupt loss costs, counted from the trainer's events
+    "tests/local/drill/test_drill.py::test_a_spot_notice_costs_no_step_and_the_run_lands_on_the_capacity_block",
+    "tests/local/drill/test_report.py::test_an_abrupt_loss_counts_the_steps_since_the_last_periodic_checkpoint",
+    # a run that crashed resumes exactly from its newest periodic checkpoint
+    "tests/trainer/test_local_resume.py::test_async_checkpoints_resume_exactly_also_after_a_crash_right_after_the_rename",
+)
 def test_an_abrupt_loss_resumes_from_the_last_periodic_checkpoint_and_says_what_it_cost(tmp_path: Path) -> None:
     report = drill(tmp_path, "--scenario", "abrupt")
     assert report["ok"], json.dumps(report, indent=2)
@@ -197,9 +216,27 @@ def group_alive(pgid: int, *, started_by: float) -> bool:
     return False
 
 
+#: The notice's phase (the trainer training on Ray, the daemon draining) is in make test-long
+#: (docs/development.md, "Long stories"): make test stops the drill in every other phase, the
+#: trainer and the daemon each among them, and the daemon alone on SIGTERM and SIGINT.
+NOTICE_QUICK = (
+    "tests/local/drill/test_drill.py::test_a_stop_signal_in_any_phase_stops_everything_the_drill_started",
+    "tests/intake/test_daemon.py::test_a_stop_signal_while_the_daemon_starts_ends_it_with_0",
+)
+
+
 @pytest.mark.parametrize(("phase", "signal_name", "code"),
-                         [*((phase, "SIGINT", 130) for phase in PHASES), ("the Ray cluster starts", "SIGTERM", 143)],
-                         ids=[*(f"ctrl-c while {p}" for p in PHASES), "sigterm while the Ray cluster starts"])
+                         [*(pytest.param(phase, "SIGINT", 130, id=f"ctrl-c while {phase}",
+                                         marks=[pytest.mark.long(*NOTICE_QUICK)] if phase == "the notice" else [])
+                            for phase in PHASES),
+                          # SIGTERM in one phase: make test-long; make test stops that phase with Ctrl-C, and
+                          # the daemon alone with SIGTERM
+                          pytest.param("the Ray cluster starts", "SIGTERM", 143, id="sigterm while the Ray cluster starts",
+                                       marks=pytest.mark.long(
+                                           "tests/local/drill/test_drill.py::test_a_stop_signal_in_any_phase_stops_"
+                                           "everything_the_drill_started[ctrl-c while the Ray cluster starts]",
+                                           "tests/intake/test_daemon.py::test_a_stop_signal_while_the_daemon_"
+                                           "starts_ends_it_with_0[sigterm]"))])
 def test_a_stop_signal_in_any_phase_stops_everything_the_drill_started(phase: str, signal_name: str,
                                                                         code: int) -> None:
     """Ctrl-C (or SIGTERM) in any phase: exit 130 (143), nothing the drill started left running,
