@@ -33,9 +33,10 @@ test: $(STAMP) deploy-tools redis-server
 test-long: $(STAMP)
 	$(PY) tests/run_layers.py --long
 
-# The unit and integration layers (tests/support/layers.py): no Ray, trainer or drill.
+# The unit and integration layers (tests/support/layers.py): no Ray, trainer or drill; two
+# processes side by side (tests/run_layers.py --fast).
 test-fast: $(STAMP) deploy-tools
-	$(PY) -m pytest -m "unit or integration"
+	$(PY) tests/run_layers.py --fast
 
 # Line coverage of resilienced/, handlers/ and trainer/ over every test (make test's and
 # make test-long's), every subprocess included (tests/run_coverage.py; docs/development.md,

@@ -11,6 +11,7 @@ process passed, else the first non-zero of (the e2e parts in order, the fast lay
 stops them all. docs/development.md.
 
 ``--long`` (``make test-long``) runs only the ``long`` stories, as the parts of :data:`LONG_PARTS`;
+``--fast`` (``make test-fast``) only the unit and integration layers, as the parts of :data:`FAST_PARTS`;
 ``--all`` (``make coverage``) runs every test: the parts of :data:`E2E_PARTS` with the long stories
 in them, and the fast layers. When the arguments name tests (a path or a node id), the e2e layer,
 long stories included, runs as one process on them.
@@ -51,7 +52,7 @@ E2E_PARTS: list[tuple[str, list[str] | None]] = [
 #: wait more than they compute: about 35 % of two cores). A long test's quick forms are checked
 #: where both are collected; ``tests/test_run_layers.py`` collects the whole suite once.
 FAST_PARTS: list[tuple[str, list[str] | None]] = [
-    ("intake, benchmarks, deploy", ["tests/intake", "tests/bench", "tests/deploy"]),
+    ("intake, recovery, benchmarks, deploy", ["tests/intake", "tests/recovery", "tests/bench", "tests/deploy"]),
     ("the rest", None),
 ]
 
@@ -98,10 +99,12 @@ class Plan:
 
 def plan(argv: list[str]) -> Plan:
     """The processes a run starts for ``argv`` (this script's arguments)."""
-    mode = next((flag for flag in ("--long", "--all") if flag in argv), "")
-    argv = [arg for arg in argv if arg not in ("--long", "--all")]
-    selection = E2E_SELECTION[mode]
-    if names_tests(argv):  # what is named runs, long stories included (but --long: only those)
+    mode = next((flag for flag in ("--long", "--all", "--fast") if flag in argv), "")
+    argv = [arg for arg in argv if arg not in ("--long", "--all", "--fast")]
+    selection = E2E_SELECTION.get(mode, "")
+    if mode == "--fast":  # make test-fast: the fast layers alone
+        parts = []
+    elif names_tests(argv):  # what is named runs, long stories included (but --long: only those)
         parts = [("e2e", ["-m", "e2e" if mode != "--long" else selection])]
     else:
         parts = [(f"e2e ({name})", [*args, "-m", selection])
@@ -162,9 +165,11 @@ def main(argv: list[str]) -> int:
         return ", ".join(f"{name}: {codes[name]} in {took[name]:.0f} s" for name in names)
 
     e2e, fast = [name for name, _ in run.parts], [name for name, _ in run.fast]
-    summary = f"\nmake test{'-long' if run.mode == '--long' else ''}: e2e exit {first_failure(e2e)} ({each(e2e)})"
+    command = {"": "make test", "--long": "make test-long", "--fast": "make test-fast", "--all": "all"}[run.mode]
+    said = [f"e2e exit {first_failure(e2e)} ({each(e2e)})"] if e2e else []
     if fast:
-        summary += f", unit and integration exit {first_failure(fast)} ({each(fast)})"
+        said.append(f"unit and integration exit {first_failure(fast)} ({each(fast)})")
+    summary = f"\n{command}: " + ", ".join(said)
     print(f"{summary}; {total_s:.0f} s in all", flush=True)
     return first_failure(e2e) or first_failure(fast)
 

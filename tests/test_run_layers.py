@@ -66,18 +66,16 @@ def test_the_parts_of_make_test_name_paths_that_exist() -> None:
 @pytest.mark.unit
 def test_make_test_leaves_the_long_stories_to_make_test_long_and_coverage_runs_both() -> None:
     default, long, every = run_layers.plan([]), run_layers.plan(["--long", "-x"]), run_layers.plan(["--all"])
-    root = run_layers.ROOT
-    unit_and_integration = [
-        ("unit and integration (intake, benchmarks, deploy)",
-         [str(root / "tests/intake"), str(root / "tests/bench"), str(root / "tests/deploy"), "-m", "unit or integration"]),
-        ("unit and integration (the rest)",
-         [str(root / "tests"), *(f"--ignore={root / p}" for p in ("tests/intake", "tests/bench", "tests/deploy")),
-          "-m", "unit or integration"])]
+    unit_and_integration = [(f"unit and integration ({name})", [*args, "-m", "unit or integration"])
+                            for name, args in run_layers.part_args(run_layers.FAST_PARTS)]
+    assert len(unit_and_integration) == 2 and unit_and_integration[-1][1][0] == str(run_layers.ROOT / "tests")
     assert [args[-2:] for _, args in default.parts] == [["-m", "e2e and not long"]] * 3
     assert default.fast == unit_and_integration
     assert long.fast == [] and long.argv == ["-x"]
     assert [args[-2:] for _, args in long.parts] == [["-m", "e2e and long"]] * len(run_layers.LONG_PARTS)
     assert [args[-2:] for _, args in every.parts] == [["-m", "e2e"]] * 3 and every.fast == unit_and_integration
+    fast = run_layers.plan(["--fast"])
+    assert fast.parts == [] and fast.fast == unit_and_integration  # make test-fast
     # tests named: one e2e process on them, long stories included (only those with --long)
     assert run_layers.plan(["tests/trainer"]).parts == [("e2e", ["-m", "e2e"])]
     assert run_layers.plan(["--long", "tests/trainer"]).parts == [("e2e", ["-m", "e2e and long"])]
