@@ -3,8 +3,8 @@
 ``python tests/run_layers.py [PYTEST ARGS...]`` runs the e2e layer but its ``long`` stories as the
 parts of :data:`E2E_PARTS` (one ``pytest -m "e2e and not long"`` process each; the first one's
 output as it comes) and ``pytest -m "unit or integration"`` beside them, as the two parts of
-:data:`FAST_PARTS`; the other outputs are kept in files and printed once everything is done. Inside a part the tests run one
-after the other; the parts share the machine. An e2e test waits far more than it computes (a
+:data:`FAST_PARTS`; the other outputs are kept in files and printed once everything is done.
+Inside a part the tests run one after the other; the parts share the machine. An e2e test waits far more than it computes (a
 trainer's padded steps, a drain's deadline, Ray's polls: about 40 % of two cores in use,
 measured with one e2e process), so the parts overlap their waits. Exit status: 0 when every
 process passed, else the first non-zero of (the e2e parts in order, the fast layers). Ctrl-C
@@ -28,7 +28,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-LAYERS = {"e2e": "e2e and not long", "unit and integration": "unit or integration"}
+LAYERS = {"unit and integration": "unit or integration"}
 #: What each mode runs of the e2e layer (the fast layers run beside it, but in ``--long``).
 E2E_SELECTION = {"": "e2e and not long", "--long": "e2e and long", "--all": "e2e"}
 ROOT = Path(__file__).resolve().parent.parent
@@ -87,7 +87,7 @@ def part_args(parts: list[tuple[str, list[str] | None]]) -> list[tuple[str, list
 
 @dataclass(frozen=True)
 class Plan:
-    """What one run starts: ``mode`` ("", "--long", "--all"), the pytest arguments left, and the
+    """What one run starts: ``mode`` ("", "--long", "--fast", "--all"), the pytest arguments left, and the
     processes: the e2e parts and the fast layers' parts (none in ``--long``), each a name and its
     paths and ``-m`` selection."""
 
@@ -102,15 +102,16 @@ def plan(argv: list[str]) -> Plan:
     mode = next((flag for flag in ("--long", "--all", "--fast") if flag in argv), "")
     argv = [arg for arg in argv if arg not in ("--long", "--all", "--fast")]
     selection = E2E_SELECTION.get(mode, "")
+    named = names_tests(argv)
     if mode == "--fast":  # make test-fast: the fast layers alone
         parts = []
-    elif names_tests(argv):  # what is named runs, long stories included (but --long: only those)
+    elif named:  # what is named runs, long stories included (but --long: only those)
         parts = [("e2e", ["-m", "e2e" if mode != "--long" else selection])]
     else:
         parts = [(f"e2e ({name})", [*args, "-m", selection])
                  for name, args in part_args(LONG_PARTS if mode == "--long" else E2E_PARTS)]
     fast_selection = ["-m", LAYERS["unit and integration"]]
-    if names_tests(argv):
+    if named:
         fast = [("unit and integration", fast_selection)]
     else:
         fast = [(f"unit and integration ({name})", [*args, *fast_selection]) for name, args in part_args(FAST_PARTS)]
