@@ -27,6 +27,18 @@ def moto_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MotoServer
         yield server
 
 
+@pytest.fixture(scope="session")
+def ray_head() -> Iterator[Any]:
+    """One head-only local Ray cluster for the session (started by the first test that asks),
+    stopped at the end, also on failure. For tests that use its GCS (KV stores, node lists) and
+    stop every node they add; a test that stops or restarts a cluster, or needs one with no other
+    nodes, starts its own. Each start costs about 5 CPU-seconds of two cores (docs/development.md)."""
+    from tests.support.ray import local_cluster
+
+    with local_cluster("rh-") as cluster:
+        yield cluster
+
+
 @pytest.fixture
 def aws(moto_server: MotoServer, monkeypatch: pytest.MonkeyPatch) -> Iterator[MotoServer]:
     """A clean moto (reset before each test) and fake credentials in the environment."""

@@ -39,10 +39,12 @@ ROOT = Path(__file__).resolve().parent.parent
 #: Sized from ``--durations`` (docs/development.md): about the same time each.
 E2E_PARTS: list[tuple[str, list[str] | None]] = [
     ("drill and Ray clusters", ["tests/local", "tests/trainer/test_local_ray_cluster.py"]),
-    ("trainer", ["tests/trainer/test_elastic_ray.py", "tests/trainer/test_ray_preemption.py",
-                 "tests/trainer/test_framework_callbacks.py", "tests/trainer/test_your_trainer.py",
-                 "tests/trainer/test_local_resume.py", "tests/trainer/test_elastic_units.py",
-                 "tests/trainer/test_resilience_api.py"]),
+    # the modules on local ranks first: the Ray modules' session cluster starts after them, not
+    # before, and is not kept idle while they run
+    ("trainer", ["tests/trainer/test_local_resume.py", "tests/trainer/test_elastic_units.py",
+                 "tests/trainer/test_resilience_api.py", "tests/trainer/test_elastic_ray.py",
+                 "tests/trainer/test_ray_preemption.py", "tests/trainer/test_framework_callbacks.py",
+                 "tests/trainer/test_your_trainer.py"]),
     ("the rest", None),
 ]
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Any
@@ -29,7 +29,6 @@ from resilienced.claims import MemoryClaims
 from resilienced.local.raycluster import LocalRayCluster
 from resilienced.ports import ClaimStore
 from tests.support.kubeapi import KubeApiServer
-from tests.support.ray import local_cluster
 from tests.support.kubeoptions import LOCAL_BOUND_S
 
 pytestmark = pytest.mark.integration
@@ -93,11 +92,6 @@ def gcs_stores(cluster: LocalRayCluster) -> Stores:
     return Stores(replica=replica, advance=lambda s: now.__setitem__(0, now[0] + s), forget_done=_nothing)
 
 
-@pytest.fixture(scope="module")
-def gcs_cluster() -> Iterator[LocalRayCluster]:
-    """A head-only local Ray cluster for the GCS KV store (started only when that store runs)."""
-    with local_cluster("rcc-") as cluster:
-        yield cluster
 
 
 @pytest.fixture(params=[
@@ -117,11 +111,11 @@ async def stores(request: pytest.FixtureRequest) -> AsyncIterator[Stores]:
                 for client in made.clients:
                     await client.close()
     else:
-        yield gcs_stores(request.getfixturevalue("gcs_cluster"))
+        yield gcs_stores(request.getfixturevalue("ray_head"))  # the session's (tests/conftest.py)
 
 
 def key() -> str:
-    """A fresh key per test (the GCS KV is shared by the module), with slashes as real keys have."""
+    """A fresh key per test (the GCS KV is the session's, shared with other modules), with slashes as real keys have."""
     return f"run/evt-{next(_keys)}-{datetime.now().timestamp()}/ml/train"
 
 

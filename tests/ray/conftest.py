@@ -20,10 +20,14 @@ WORKER_INSTANCE = "i-0123456789abcdef0"
 
 
 @pytest.fixture(scope="package")
-def ray_cluster() -> Iterator[LocalRayCluster]:
-    with local_cluster("rr-") as cluster:
-        cluster.add_node(labels={INSTANCE_LABEL: WORKER_INSTANCE}, num_cpus=1)
-        yield cluster
+def ray_cluster(ray_head: LocalRayCluster) -> Iterator[LocalRayCluster]:
+    """The session's head (tests/conftest.py) with a worker labelled ``WORKER_INSTANCE``, which
+    is stopped at the end of the package."""
+    node = ray_head.add_node(labels={INSTANCE_LABEL: WORKER_INSTANCE}, num_cpus=1)
+    try:
+        yield ray_head
+    finally:
+        ray_head.kill_node(node)
 
 
 @pytest.fixture

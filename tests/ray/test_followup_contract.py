@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
@@ -28,7 +28,6 @@ from resilienced.local.raycluster import LocalRayCluster
 from resilienced.ports import FollowUpStore
 from tests.support.followups import MemoryFollowUps
 from tests.support.kubeapi import KubeApiServer
-from tests.support.ray import local_cluster
 from tests.support.kubeoptions import LOCAL_BOUND_S
 
 pytestmark = pytest.mark.integration
@@ -86,12 +85,6 @@ def gcs_stores(cluster: LocalRayCluster) -> Stores:
     return Stores(replica=lambda _name: RayKvFollowUps(kv=kv()), claim=claim)
 
 
-@pytest.fixture(scope="module")
-def gcs_cluster() -> Iterator[LocalRayCluster]:
-    """A head-only local Ray cluster for the GCS KV store (started only when that store runs; its
-    own, so that this module starts what its e2e tests need whatever ran before it)."""
-    with local_cluster("rfc-") as cluster:
-        yield cluster
 
 
 @pytest.fixture(params=[
@@ -111,11 +104,11 @@ async def stores(request: pytest.FixtureRequest) -> AsyncIterator[Stores]:
                 for client in made.clients:
                     await client.close()
     else:
-        yield gcs_stores(request.getfixturevalue("gcs_cluster"))
+        yield gcs_stores(request.getfixturevalue("ray_head"))  # the session's (tests/conftest.py)
 
 
 def run() -> str:
-    """A fresh run per test (the GCS KV lives as long as the module's cluster), with the slash and
+    """A fresh run per test (the GCS KV is the session's, shared with other modules), with the slash and
     characters real run names have."""
     return f"ml-{next(_runs)}-{datetime.now().timestamp():.6f}/train job"
 
