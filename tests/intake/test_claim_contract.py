@@ -30,6 +30,7 @@ from resilienced.local.raycluster import LocalRayCluster
 from resilienced.ports import ClaimStore
 from tests.support.kubeapi import KubeApiServer
 from tests.support.kubeoptions import LOCAL_BOUND_S
+from tests.support.ray import session_head
 
 pytestmark = pytest.mark.integration
 
@@ -111,7 +112,7 @@ async def stores(request: pytest.FixtureRequest) -> AsyncIterator[Stores]:
                 for client in made.clients:
                     await client.close()
     else:
-        yield gcs_stores(request.getfixturevalue("ray_head"))  # the session's (tests/conftest.py)
+        yield gcs_stores(session_head(request))
 
 
 def key() -> str:

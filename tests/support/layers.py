@@ -115,7 +115,7 @@ class LayerGuard:
 
 GUARD = LayerGuard()
 #: Fixtures whose use is an ``e2e`` start even when a test before started them (shared clusters).
-E2E_FIXTURES = frozenset({"ray_cluster", "second_cluster", "trainer_runs"})
+E2E_FIXTURES = frozenset({"ray_head", "ray_cluster", "second_cluster", "trainer_runs"})
 
 
 def started(layer: str, why: str) -> None:

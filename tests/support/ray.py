@@ -18,7 +18,10 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
+
 from resilienced.local.raycluster import LocalRayCluster
+from tests.support import layers
 
 
 #: The GCS's health checks of the test clusters: a killed node (a power cut: its raylet cannot
@@ -40,6 +43,15 @@ def local_cluster(prefix: str) -> Iterator[LocalRayCluster]:
     finally:
         cluster.stop()
         shutil.rmtree(workdir, ignore_errors=True)
+
+def session_head(request: pytest.FixtureRequest) -> LocalRayCluster:
+    """The session's head-only cluster (``ray_head``, tests/conftest.py) for a fixture that asks
+    for it by name (``request.getfixturevalue``): the layer check sees a fixture's use by name
+    only when the test names it, and a test that uses the head is ``e2e`` even when another test
+    started it."""
+    layers.started("e2e", "the session's Ray head (tests/conftest.py, ray_head)")
+    return request.getfixturevalue("ray_head")
+
 
 BUSY_DRIVER = """
 import sys, time, ray
