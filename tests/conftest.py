@@ -31,8 +31,8 @@ def moto_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MotoServer
 def ray_head() -> Iterator[Any]:
     """One head-only local Ray cluster for the session (started by the first test that asks),
     stopped at the end, also on failure. For tests that use its GCS (KV stores, node lists) and
-    stop every node they add; a test that stops or restarts a cluster, or needs one with no other
-    nodes, starts its own. Each start costs about 5 CPU-seconds of two cores (docs/development.md)."""
+    stop every node they add; a test whose claim depends on every node of its cluster starts its
+    own (docs/development.md, "Rules the suite keeps"). A start costs about 5 CPU-seconds here."""
     from tests.support.ray import local_cluster
 
     with local_cluster("rh-") as cluster:

@@ -93,8 +93,6 @@ def gcs_stores(cluster: LocalRayCluster) -> Stores:
     return Stores(replica=replica, advance=lambda s: now.__setitem__(0, now[0] + s), forget_done=_nothing)
 
 
-
-
 @pytest.fixture(params=[
     pytest.param("memory", marks=pytest.mark.unit),
     pytest.param("lease"),
@@ -116,7 +114,8 @@ async def stores(request: pytest.FixtureRequest) -> AsyncIterator[Stores]:
 
 
 def key() -> str:
-    """A fresh key per test (the GCS KV is the session's, shared with other modules), with slashes as real keys have."""
+    """A fresh key per test (the GCS KV is the session's, shared with other modules), with
+    slashes as real keys have."""
     return f"run/evt-{next(_keys)}-{datetime.now().timestamp()}/ml/train"
 
 

@@ -86,8 +86,6 @@ def gcs_stores(cluster: LocalRayCluster) -> Stores:
     return Stores(replica=lambda _name: RayKvFollowUps(kv=kv()), claim=claim)
 
 
-
-
 @pytest.fixture(params=[
     pytest.param("memory", marks=pytest.mark.unit),
     pytest.param("lease"),
