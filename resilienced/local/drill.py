@@ -115,6 +115,10 @@ WORKDIR_MARKER = "RESILIENCED_DRILL_WORKDIR"
 EXIT_TERMINATED = 143
 
 
+#: Lines of the trainer's and the daemon's logs that a failed drill prints (docs/drill.md).
+FAILURE_TAIL_LINES = 40
+
+
 class DrillError(ResilienceError):
     """The drill could not play its story (a part did not start, the run did not finish)."""
 
@@ -712,6 +716,7 @@ class Drill:
         self.capacity: str | None = None
         self.replacement: dict[str, JsonValue] | None = None  # what the daemon told the elastic run
         self._trainer: asyncio.subprocess.Process | None = None
+        self._watcher: asyncio.Task[None] | None = None  # reads the trainer's metrics for _until
         self._nodes: dict[str, LocalRayNode] = {}
         self._cluster: Any = None
         self._spans: dict[str, list[float | None]] = {}  # worker node name -> [joined, gone]
@@ -853,6 +858,10 @@ class Drill:
     async def _until(self, predicate: Callable[[], bool], *, what: str, timeout: float) -> None:
         end = time.monotonic() + timeout
         while not predicate():
+            if self._watcher is not None and self._watcher.done():  # nobody reads the metrics now
+                failure = None if self._watcher.cancelled() else self._watcher.exception()
+                raise DrillError(f"the drill stopped reading the trainer's progress while waiting for "
+                                 f"{what}: {type(failure).__name__ + ': ' + str(failure) if failure else 'cancelled'}")
             if self._trainer is not None and self._trainer.returncode is not None:
                 raise DrillError(f"the trainer exited with {self._trainer.returncode} while waiting "
                                  f"for {what}; see {self.workdir / 'trainer.log'}")
@@ -901,7 +910,7 @@ class Drill:
             daemon_task = None
             if self.o.daemon:
                 daemon_task = await self._start_daemon(stack, moto.endpoint_url, queue_url, cluster, stop)
-            watcher = asyncio.create_task(self._watch_trainer(), name="drill.watch")
+            watcher = self._watcher = asyncio.create_task(self._watch_trainer(), name="drill.watch")
             stack.push_async_callback(_cancel, watcher)
             if daemon_task is not None:
                 following = asyncio.create_task(self._watch_follow_up(cluster), name="drill.follow-up")
@@ -1212,6 +1221,19 @@ class Drill:
                                  f"see {self.workdir / f'{name}.log'}")
         return {int(line["step"]): float(line["loss"]) for line in JsonLines(path).read_new()}
 
+    def logs_tail(self, lines: int = FAILURE_TAIL_LINES) -> str:
+        """The last ``lines`` lines of the trainer's and the daemon's logs (those written so far),
+        for a failure's message: without ``--keep`` the work dir and the logs go with it."""
+        parts = []
+        for name in ("trainer.log", "daemon.log"):
+            try:
+                tail = (self.workdir / name).read_text(errors="replace").splitlines()[-lines:]
+            except OSError:
+                continue
+            if tail:
+                parts.append(f"--- the last {len(tail)} lines of {name}:\n" + "\n".join(tail))
+        return "\n".join(parts)
+
     def cleanup(self) -> None:
         if self.o.keep:
             self.out.write(f"artifacts kept in {self.workdir} (trainer.log, daemon.log, metrics.jsonl, "
@@ -1346,6 +1368,9 @@ def main(args: argparse.Namespace) -> int:
         message = f"{type(e).__name__}: {e}" if not isinstance(e, DrillError) else str(e)
         print(f"resilienced drill: failed: {message}"
               + ("" if options.keep else " (run again with --keep to keep the logs)"), file=sys.stderr)
+        tail = drill.logs_tail()
+        if tail:
+            print(tail, file=sys.stderr)
         drill.cleanup()
         if options.json_report:
             Path(options.json_report).write_text(json.dumps(

@@ -61,6 +61,8 @@ def _drill(tmp_path: Path, workdir: Path, *args: str) -> dict:
     assert port_closed(moto_port(proc.stdout)), "the drill's moto server still listens"
     data = json.loads(report.read_text())
     assert proc.returncode == (0 if data["ok"] else 1), proc.stderr[-2000:]
+    if not data["ok"]:  # what the drill printed (its timeline, the logs' tails) goes with the report
+        data["stdout"], data["stderr"] = proc.stdout[-4000:].splitlines(), proc.stderr[-8000:].splitlines()
     return data
 
 

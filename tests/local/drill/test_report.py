@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import io
 
@@ -231,3 +232,36 @@ def test_an_elastic_run_that_waited_for_its_replacement_resumes_at_full_size_onc
     assert report_from(options=ELASTIC, metrics=m, events=e, reference=reference(80), notice=NOTICE,
                        durable_at=NOTICE + 1.5, capacity="capacity-block", trainer_exit=0)["checks"][
         "resumed at world size 2"] is False
+
+
+def test_a_failed_drill_can_say_what_the_trainer_and_the_daemon_last_logged(tmp_path) -> None:
+    """A failed drill prints these tails before its work dir, with the logs, is removed."""
+    from resilienced.local.drill import FAILURE_TAIL_LINES, Drill
+
+    drill = Drill(dataclasses.replace(DrillOptions(), workdir=str(tmp_path / "w")), out=io.StringIO())
+    drill.workdir.mkdir()
+    assert drill.logs_tail() == ""  # nothing written yet: nothing to print
+    trainer = [f"trainer line {i}" for i in range(FAILURE_TAIL_LINES + 5)]
+    (drill.workdir / "trainer.log").write_text("\n".join(trainer) + "\n")
+    (drill.workdir / "daemon.log").write_text('{"event": "started"}\n')
+    tail = drill.logs_tail().splitlines()
+    assert tail[0] == f"--- the last {FAILURE_TAIL_LINES} lines of trainer.log:"
+    assert tail[1:FAILURE_TAIL_LINES + 1] == trainer[-FAILURE_TAIL_LINES:]
+    assert tail[FAILURE_TAIL_LINES + 1:] == ["--- the last 1 lines of daemon.log:", '{"event": "started"}']
+
+
+async def test_a_wait_on_the_trainer_s_progress_ends_naming_why_when_nothing_reads_it_any_more(tmp_path) -> None:
+    """The drill's waits read the trainer's metrics that its watch task tails: a watch that died
+    ends the wait at once with its error, not at the wait's bound as a stalled run."""
+    from resilienced.local.drill import Drill, DrillError
+
+    drill = Drill(dataclasses.replace(DrillOptions(), workdir=str(tmp_path / "w")), out=io.StringIO())
+
+    async def watch() -> None:
+        raise KeyError("step")
+
+    drill._watcher = asyncio.create_task(watch())
+    await asyncio.wait({drill._watcher})
+    with pytest.raises(DrillError, match=r"stopped reading the trainer's progress while waiting for step 6: "
+                                         r"KeyError: 'step'"):
+        await asyncio.wait_for(drill._until(lambda: False, what="step 6", timeout=3600), timeout=60)
