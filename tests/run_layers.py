@@ -28,7 +28,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-LAYERS = {"unit and integration": "unit or integration"}
+#: What the fast parts run: the unit and integration layers.
+FAST_SELECTION = "unit or integration"
 #: What each mode runs of the e2e layer (the fast layers run beside it, but in ``--long``).
 E2E_SELECTION = {"": "e2e and not long", "--long": "e2e and long", "--all": "e2e"}
 ROOT = Path(__file__).resolve().parent.parent
@@ -112,7 +113,7 @@ def plan(argv: list[str]) -> Plan:
     else:
         parts = [(f"e2e ({name})", [*args, "-m", selection])
                  for name, args in part_args(LONG_PARTS if mode == "--long" else E2E_PARTS)]
-    fast_selection = ["-m", LAYERS["unit and integration"]]
+    fast_selection = ["-m", FAST_SELECTION]
     if named:
         fast = [("unit and integration", fast_selection)]
     else:

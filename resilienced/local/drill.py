@@ -115,7 +115,7 @@ WORKDIR_MARKER = "RESILIENCED_DRILL_WORKDIR"
 EXIT_TERMINATED = 143
 
 
-#: Lines of the trainer's and the daemon's logs that a failed drill prints (docs/drill.md).
+#: Lines of the trainer's and the daemon's logs that a failed drill prints (README, the drill).
 FAILURE_TAIL_LINES = 40
 
 

@@ -44,6 +44,7 @@ def local_cluster(prefix: str) -> Iterator[LocalRayCluster]:
         cluster.stop()
         shutil.rmtree(workdir, ignore_errors=True)
 
+
 def session_head(request: pytest.FixtureRequest) -> LocalRayCluster:
     """The session's head-only cluster (``ray_head``, tests/conftest.py) for a fixture that asks
     for it by name (``request.getfixturevalue``): the layer check sees a fixture's use by name
