@@ -9,6 +9,7 @@ the flag that is wrong.  The config travels to every rank as a plain dict (``as_
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import math
 from dataclasses import dataclass, field
@@ -131,11 +132,15 @@ class TrainConfig:
     preemption: PreemptionConfig = field(default_factory=PreemptionConfig)
     crash_at: tuple[str, int] | None = None
     """Test hook: every rank exits abruptly (``os._exit``) at this save phase of this step."""
+    step_seconds_file: Path | None = None
+    """Test hook: while this file exists, each step lasts at least the seconds it holds, in place
+    of ``min_step_seconds`` (read at every step), so that a test can keep a run from ending
+    before what it waits for happens, however slow the machine."""
 
     # ------------------------------------------------------------------ (de)serialisation
     def as_dict(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
-        for key in ("checkpoint_dir", "metrics_out", "events_out"):
+        for key in ("checkpoint_dir", "metrics_out", "events_out", "step_seconds_file"):
             if out[key] is not None:
                 out[key] = str(out[key])
         if out["crash_at"] is not None:
@@ -145,7 +150,7 @@ class TrainConfig:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "TrainConfig":
         data = dict(data)
-        for key in ("checkpoint_dir", "metrics_out", "events_out"):
+        for key in ("checkpoint_dir", "metrics_out", "events_out", "step_seconds_file"):
             if data.get(key) is not None:
                 data[key] = Path(data[key])
         if data.get("crash_at") is not None:
@@ -156,6 +161,14 @@ class TrainConfig:
         config = cls(**data)
         config.validate()
         return config
+
+    def step_seconds_now(self) -> float:
+        """The least the next step lasts: what ``step_seconds_file`` holds while it exists (a test
+        writes it whole: a rename), else ``min_step_seconds``."""
+        if self.step_seconds_file is not None:
+            with contextlib.suppress(FileNotFoundError):
+                return float(self.step_seconds_file.read_text())
+        return self.min_step_seconds
 
     @property
     def is_local(self) -> bool:
@@ -300,6 +313,7 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--no-deadline-s", type=float, default=PreemptionConfig.no_deadline_s)
     pr.add_argument("--teardown-timeout-s", type=float, default=PreemptionConfig.teardown_timeout_s)
     p.add_argument("--crash-at", default=None, help=argparse.SUPPRESS)  # test hook: PHASE:STEP
+    p.add_argument("--step-seconds-file", type=Path, default=None, help=argparse.SUPPRESS)  # test hook
     return p
 
 
@@ -333,6 +347,7 @@ def parse_args(argv: list[str] | None = None) -> TrainConfig:
         use_gpu=ns.use_gpu,
         ship_code=ns.ship_code,
         min_step_seconds=ns.min_step_seconds,
+        step_seconds_file=ns.step_seconds_file.absolute() if ns.step_seconds_file else None,
         model=ModelConfig(
             vocab_size=ns.vocab_size, d_model=ns.d_model, n_layers=ns.n_layers,
             n_heads=ns.n_heads, seq_len=ns.seq_len, dropout=ns.dropout,

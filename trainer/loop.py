@@ -147,7 +147,7 @@ def run(cfg: TrainConfig) -> int:
         loss = _train_step(cfg, model, optimizer, step=step + 1, device=device)
         step += 1
         journal.metric(step=step, loss=loss, world_size=world_size, attempt=attempt)
-        pad = cfg.min_step_seconds - (time.perf_counter() - started)
+        pad = cfg.step_seconds_now() - (time.perf_counter() - started)
         if pad > 0:
             time.sleep(pad)
         ckpt.after_step(step, state, metrics={"loss": loss})

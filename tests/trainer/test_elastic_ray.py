@@ -116,9 +116,10 @@ def test_an_elastic_run_waits_for_a_replacement_due_soon_shrinks_when_none_is_du
     back to 3 when a node joins, saving the step it is on before Ray Train restarts it."""
     ray_cluster = three_workers
     env = {**ray_cluster.env, "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.5"}
+    pace = trainer_runs.out / "step-seconds"
     run = trainer_runs.start(["--ray-address", ray_cluster.address, "--num-workers", "3", "--min-workers", "2",
-                              "--resize-interval-s", "2", "--min-step-seconds", "0.2", "--steps", str(STEPS), *MODEL],
-                             env=env)
+                              "--resize-interval-s", "2", "--min-step-seconds", "0.2", "--steps", str(STEPS), *MODEL,
+                              "--step-seconds-file", str(pace)], env=env)
     run.wait_until(lambda r: r.events_named("restarted"), timeout=240, what="the first step (its start measured)")
     cost = run.checkpoint_dir / restarts.COST
     cost.write_text(json.dumps({**json.loads(cost.read_text()), "seconds": 120.0}))
@@ -142,7 +143,15 @@ def test_an_elastic_run_waits_for_a_replacement_due_soon_shrinks_when_none_is_du
     ray_cluster.kill_node(victim)
     run.wait_until(lambda r: any(m["world_size"] == 2 for m in r.metrics), timeout=120,
                    what="the survivors training at world size 2")
+    # The run at 2 must not end before it grows: the node's start and Ray Train's sight of it (its
+    # AutoscalingCoordinator reads the nodes every 20 s) take a minute on a loaded machine, longer
+    # than the steps left at 0.2 s.  Steps of 2 s (the run's test hook) until it has grown back.
+    slow = pace.with_suffix(".new")
+    slow.write_text("2")
+    slow.rename(pace)
     ray_cluster.add_node(labels=node_labels(next(_serial), "on-demand"))  # a node joins
+    run.wait_until(lambda r: len(r.events_named("started")) == 4, timeout=240, what="the run grown back to 3")
+    pace.unlink()
     assert run.wait(300) == 0, run.log
 
     notices = run.events_named("preemption_notice")

@@ -55,14 +55,15 @@ def test_stop_leaves_no_process_and_no_temp_dir_also_after_a_failed_start() -> N
         shutil.rmtree(workdir, ignore_errors=True)
 
 
-def ray_start_that_gives_up_on_its_raylet(real_popen, *, times: int):
-    """``LocalRayCluster._popen`` whose first ``times`` worker starts exit as ``ray start`` does when
-    its raylet did not register within Ray's 30 s (ray/_private/node.py), then real ones."""
+def ray_start_that_gives_up_on_its_raylet(real_popen, *, times: int, head: bool = False):
+    """``LocalRayCluster._popen`` whose first ``times`` worker starts (``head``: head starts) exit as
+    ``ray start`` does when its raylet did not register within Ray's 30 s (ray/_private/node.py),
+    then real ones.  Records each failed start's log name and GCS port."""
     failed = []
 
     def popen(cmd, environment, log_path):
-        if "--head" not in cmd and len(failed) < times:
-            failed.append(log_path.name)
+        if ("--head" in cmd) == head and len(failed) < times:
+            failed.append((log_path.name, next((a for a in cmd if a.startswith("--port=")), "")))
             cmd = [sys.executable, "-c", "import sys; sys.exit('Exception: The current node timed out during startup."
                    " This could happen because some of the raylet failed to startup or the GCS has become overloaded.')"]
         return real_popen(cmd, environment, log_path)
@@ -70,13 +71,13 @@ def ray_start_that_gives_up_on_its_raylet(real_popen, *, times: int):
     return popen, failed
 
 
-@pytest.mark.parametrize("times", [raycluster.WORKER_START_ATTEMPTS - 1, raycluster.WORKER_START_ATTEMPTS])
+@pytest.mark.parametrize("times", [raycluster.NODE_START_ATTEMPTS - 1, raycluster.NODE_START_ATTEMPTS])
 def test_a_worker_whose_raylet_ray_gave_up_on_is_started_again_a_bounded_number_of_times(times: int) -> None:
     workdir = Path(tempfile.mkdtemp(prefix="lr", dir="/tmp"))
     try:
         with LocalRayCluster(workdir=workdir / "c") as cluster:
             cluster._popen, failed = ray_start_that_gives_up_on_its_raylet(cluster._popen, times=times)
-            if times < raycluster.WORKER_START_ATTEMPTS:
+            if times < raycluster.NODE_START_ATTEMPTS:
                 node = cluster.add_node(labels={"k": "v"})
                 assert node.running() and [n.node_id for n in cluster.nodes() if n.alive and not n.is_head] == [node.node_id]
                 assert cluster.workers == [node]
@@ -86,6 +87,29 @@ def test_a_worker_whose_raylet_ray_gave_up_on_is_started_again_a_bounded_number_
                 assert cluster.workers == []
             assert len(failed) == times
     finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+@pytest.mark.parametrize("times", [raycluster.NODE_START_ATTEMPTS - 1, raycluster.NODE_START_ATTEMPTS])
+def test_a_head_whose_raylet_ray_gave_up_on_is_started_again_on_a_new_gcs_port(times: int) -> None:
+    workdir = Path(tempfile.mkdtemp(prefix="lr", dir="/tmp"))
+    cluster = LocalRayCluster(workdir=workdir / "h")
+    try:
+        cluster._popen, failed = ray_start_that_gives_up_on_its_raylet(cluster._popen, times=times, head=True)
+        if times < raycluster.NODE_START_ATTEMPTS:
+            cluster.start()
+            assert cluster.head is not None and cluster.head.running()
+            assert [n.node_id for n in cluster.nodes() if n.alive] == [cluster.head.node_id]
+            ports = [port for _, port in failed] + [f"--port={cluster.gcs_port}"]
+            assert cluster.address == f"127.0.0.1:{cluster.gcs_port}"
+        else:
+            with pytest.raises(LocalRayError, match="timed out during startup"):
+                cluster.start()
+            assert cluster.processes() == [] and not (workdir / "h" / "ray").exists()
+            ports = [port for _, port in failed]
+        assert len(failed) == times and len(set(ports)) == len(ports)  # each attempt on its own port
+    finally:
+        cluster.stop()
         shutil.rmtree(workdir, ignore_errors=True)
 
 

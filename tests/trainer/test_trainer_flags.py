@@ -48,10 +48,25 @@ def test_the_config_survives_the_trip_to_the_ranks(tmp_path: Path) -> None:
     cfg = parse_args([
         "--checkpoint-dir", str(tmp_path / "ck"), "--metrics-out", str(tmp_path / "m.jsonl"),
         "--num-workers", "4", "--d-model", "32", "--crash-at", "manifest-written:6", "--async-save",
+        "--step-seconds-file", str(tmp_path / "pace"),
     ])
     again = TrainConfig.from_dict(cfg.as_dict())
     assert again == cfg
     assert again.crash_at == ("manifest-written", 6) and again.model.d_model == 32
+    assert again.step_seconds_file == tmp_path / "pace"
+
+
+def test_a_step_lasts_what_the_step_seconds_file_holds_while_it_exists(tmp_path: Path) -> None:
+    """The test hook that keeps a run from ending before what a test waits for happens."""
+    pace = tmp_path / "pace"
+    cfg = parse_args(["--checkpoint-dir", str(tmp_path / "ck"), "--min-step-seconds", "0.2",
+                      "--step-seconds-file", str(pace)])
+    assert cfg.step_seconds_now() == 0.2  # no file: --min-step-seconds
+    pace.write_text("2.5")
+    assert cfg.step_seconds_now() == 2.5
+    pace.unlink()
+    assert cfg.step_seconds_now() == 0.2
+    assert parse_args(["--checkpoint-dir", str(tmp_path / "ck")]).step_seconds_now() == 0.0
 
 
 def test_an_elastic_run_takes_a_batch_that_splits_unevenly(tmp_path: Path) -> None:
