@@ -466,7 +466,7 @@ class LocalRayCluster:
             if node.process.poll() is not None:
                 raise LocalRayError(
                     f"ray start for {node.name} exited with code {node.process.returncode}; "
-                    f"see {node.log_path}:\n{_tail(node.log_path)}"
+                    f"see {node.log_path}:\n{_tail(node.log_path)}{self._gcs_log_tail()}"
                 )
             try:
                 for info in self._node_infos(timeout_s=5.0):
@@ -479,8 +479,14 @@ class LocalRayCluster:
         raise LocalRayError(
             f"{node.name} was not listed ALIVE by the GCS at {self.address} within "
             f"{self._start_timeout_s}s (last error: {last_error}); see {node.log_path}:\n"
-            f"{_tail(node.log_path)}"
+            f"{_tail(node.log_path)}{self._gcs_log_tail()}"
         )
+
+    def _gcs_log_tail(self, lines: int = 12) -> str:
+        """The end of the GCS's log, for a node start's error: whether the GCS was up, and what
+        it last did (the temp dir, and so the log, is gone once the failed cluster is stopped)."""
+        log = self.temp_dir / "session_latest" / "logs" / "gcs_server.out"
+        return f"\nthe GCS's log ({log.name}), last {lines} lines:\n{_tail(log, lines)}"
 
     # ------------------------------------------------------------------ failures
     def sigterm_node(self, node: LocalRayNode) -> None:

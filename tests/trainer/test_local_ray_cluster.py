@@ -82,9 +82,12 @@ def test_a_worker_whose_raylet_ray_gave_up_on_is_started_again_a_bounded_number_
                 assert node.running() and [n.node_id for n in cluster.nodes() if n.alive and not n.is_head] == [node.node_id]
                 assert cluster.workers == [node]
             else:
-                with pytest.raises(LocalRayError, match="timed out during startup"):
+                with pytest.raises(LocalRayError, match="timed out during startup") as info:
                     cluster.add_node(labels={"k": "v"})
                 assert cluster.workers == []
+                # the error carries the end of the (running) GCS's log, which goes with the cluster
+                gcs_tail = str(info.value).split("the GCS's log (gcs_server.out), last 12 lines:\n", 1)[1]
+                assert gcs_tail.strip() and "(no log)" not in gcs_tail
             assert len(failed) == times
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
