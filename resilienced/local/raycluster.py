@@ -282,7 +282,8 @@ class LocalRayCluster:
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
-        """Start the head on 127.0.0.1 and wait until the GCS lists it ALIVE."""
+        """Start the head on 127.0.0.1 and wait until the GCS lists it ALIVE (a start that Ray
+        gave up on is made again on a new GCS port, :data:`NODE_START_ATTEMPTS` in all)."""
         if self._started:
             return
         self._started = True

@@ -122,32 +122,36 @@ def _soon(minutes: int) -> str:
     return (datetime.now(timezone.utc) + timedelta(minutes=minutes)).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-#: One event per rule, each a kind's actionable form.
-MATCHING = {
-    Kind.SPOT_INTERRUPTION: _entry("EC2 Spot Instance Interruption Warning",
-                                   {"instance-id": INSTANCE, "instance-action": "terminate"}),
-    Kind.CAPACITY_RESERVATION_INTERRUPTION: _entry(
-        "EC2 Capacity Reservation Instance Interruption Warning",
-        {"instance-id": INSTANCE, "instance-action": "terminate", "instance-termination-time": _soon(2)}),
-    Kind.CAPACITY_BLOCK_EXPIRY: _entry("Capacity Block Reservation Expiration Warning",
-                                       {"capacity-reservation-id": "cr-0123456789abcdef0",
-                                        "end-date": _soon(40)}),
-    Kind.SCHEDULED_CHANGE: _entry("AWS Health Event", {
-        "service": "EC2", "eventTypeCategory": "scheduledChange",
-        "eventTypeCode": "AWS_EC2_INSTANCE_RETIREMENT_SCHEDULED",
-        "eventArn": "arn:aws:health:us-east-1::event/EC2/AWS_EC2_INSTANCE_RETIREMENT_SCHEDULED/x",
-        "startTime": "Sat, 05 Jun 2027 15:10:09 GMT",
-        "affectedEntities": [{"entityValue": INSTANCE}]}, source="aws.health"),
-    Kind.STATE_CHANGE: _entry("EC2 Instance State-change Notification",
-                              {"instance-id": INSTANCE, "state": "shutting-down"}),
-    Kind.REBALANCE_RECOMMENDATION: _entry("EC2 Instance Rebalance Recommendation",
-                                          {"instance-id": INSTANCE}),
-    Kind.ASG_LIFECYCLE: _entry("EC2 Instance-terminate Lifecycle Action", {
-        "LifecycleActionToken": "0befcbdb-6ecd-498a-9ff7-ae9b54447cd6",
-        "AutoScalingGroupName": "gpu-workers", "LifecycleHookName": "resilienced",
-        "EC2InstanceId": INSTANCE, "LifecycleTransition": "autoscaling:EC2_INSTANCE_TERMINATING"},
-        source="aws.autoscaling"),
-}
+def matching() -> dict[Kind, dict[str, Any]]:
+    """One event per rule, each a kind's actionable form; made when the test sends them, since
+    their deadlines are minutes from now (made at import, a test that ran 7 minutes after the
+    collection on a loaded machine sent a deadline already past: stale, not acted on)."""
+    return {
+        Kind.SPOT_INTERRUPTION: _entry("EC2 Spot Instance Interruption Warning",
+                                       {"instance-id": INSTANCE, "instance-action": "terminate"}),
+        Kind.CAPACITY_RESERVATION_INTERRUPTION: _entry(
+            "EC2 Capacity Reservation Instance Interruption Warning",
+            {"instance-id": INSTANCE, "instance-action": "terminate", "instance-termination-time": _soon(2)}),
+        Kind.CAPACITY_BLOCK_EXPIRY: _entry("Capacity Block Reservation Expiration Warning",
+                                           {"capacity-reservation-id": "cr-0123456789abcdef0",
+                                            "end-date": _soon(40)}),
+        Kind.SCHEDULED_CHANGE: _entry("AWS Health Event", {
+            "service": "EC2", "eventTypeCategory": "scheduledChange",
+            "eventTypeCode": "AWS_EC2_INSTANCE_RETIREMENT_SCHEDULED",
+            "eventArn": "arn:aws:health:us-east-1::event/EC2/AWS_EC2_INSTANCE_RETIREMENT_SCHEDULED/x",
+            "startTime": "Sat, 05 Jun 2027 15:10:09 GMT",
+            "affectedEntities": [{"entityValue": INSTANCE}]}, source="aws.health"),
+        Kind.STATE_CHANGE: _entry("EC2 Instance State-change Notification",
+                                  {"instance-id": INSTANCE, "state": "shutting-down"}),
+        Kind.REBALANCE_RECOMMENDATION: _entry("EC2 Instance Rebalance Recommendation",
+                                              {"instance-id": INSTANCE}),
+        Kind.ASG_LIFECYCLE: _entry("EC2 Instance-terminate Lifecycle Action", {
+            "LifecycleActionToken": "0befcbdb-6ecd-498a-9ff7-ae9b54447cd6",
+            "AutoScalingGroupName": "gpu-workers", "LifecycleHookName": "resilienced",
+            "EC2InstanceId": INSTANCE, "LifecycleTransition": "autoscaling:EC2_INSTANCE_TERMINATING"},
+            source="aws.autoscaling"),
+    }
+
 
 #: Events of the same sources that no rule takes (the daemon would only drop them).
 NOT_MATCHING = [
@@ -238,17 +242,18 @@ async def _one_pass_until_empty(aws: MotoServer, queue_url: str, *, passes: int 
 def test_the_daemon_on_the_stacks_queue_decides_every_event_a_rule_matched(
         aws: MotoServer, stack: dict[str, str]) -> None:
     events = boto3.client("events", endpoint_url=aws.endpoint_url, region_name=REGION)
-    entries = list(MATCHING.values()) + NOT_MATCHING
+    events_sent = matching()
+    entries = list(events_sent.values()) + NOT_MATCHING
     put = events.put_events(Entries=entries[:10])
     put2 = events.put_events(Entries=entries[10:])
     assert put["FailedEntryCount"] == put2["FailedEntryCount"] == 0
     sent = dict(zip((e["EventId"] for e in put["Entries"] + put2["Entries"]),
-                    list(MATCHING) + [None] * len(NOT_MATCHING), strict=True))
+                    list(events_sent) + [None] * len(NOT_MATCHING), strict=True))
 
     decided = asyncio.run(_one_pass_until_empty(aws, stack["QueueUrl"]))
 
     by_id = {outcome.event.event_id: (outcome, verdict) for outcome, verdict in decided}
-    assert len(decided) == len(MATCHING), dumps([o.event for o, _ in decided])
+    assert len(decided) == len(events_sent), dumps([o.event for o, _ in decided])
     for event_id, kind in sent.items():
         if kind is None:
             assert event_id not in by_id, "an event no rule matches reached the queue"
