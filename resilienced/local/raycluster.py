@@ -469,6 +469,12 @@ class LocalRayCluster:
                     f"ray start for {node.name} exited with code {node.process.returncode}; "
                     f"see {node.log_path}:\n{_tail(node.log_path)}{self._gcs_log_tail()}"
                 )
+            if node.is_head and not _listening(self.gcs_port):
+                # no GCS yet: a GCS client would wait its ~30 s for the cluster's id, and a
+                # ``ray start`` that exits meanwhile would be seen only after that
+                last_error = LocalRayError(f"nothing listens on the GCS port {self.gcs_port} yet")
+                time.sleep(0.25)
+                continue
             try:
                 for info in self._node_infos(timeout_s=5.0):
                     # a restarted node reuses its port: the old entry may still be listed ALIVE
@@ -751,6 +757,13 @@ def _sweep(marker_prefix: str) -> None:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
     _wait_gone(found)
+
+
+def _listening(port: int) -> bool:
+    """Whether something accepts TCP connections on 127.0.0.1:``port``."""
+    with socket.socket() as sock:
+        sock.settimeout(1.0)
+        return sock.connect_ex(("127.0.0.1", port)) == 0
 
 
 def _tail(path: Path, lines: int = 20) -> str:
