@@ -56,7 +56,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -289,18 +289,14 @@ class LocalRayCluster:
         self._started = True
         self.temp_dir.mkdir(parents=True, exist_ok=True)
         (self.workdir / "logs").mkdir(parents=True, exist_ok=True)
+        def start_head() -> LocalRayNode:
+            self.gcs_port = self._ports.take()
+            self.address = f"127.0.0.1:{self.gcs_port}"
+            return self._start_node(head=True, labels=self.head_labels, num_cpus=self.head_num_cpus,
+                                    resources=None)
+
         try:
-            for attempt in range(1, NODE_START_ATTEMPTS + 1):
-                self.gcs_port = self._ports.take()
-                self.address = f"127.0.0.1:{self.gcs_port}"
-                try:
-                    self.head = self._start_node(
-                        head=True, labels=self.head_labels, num_cpus=self.head_num_cpus, resources=None
-                    )
-                    return
-                except LocalRayError as error:  # its processes are stopped already
-                    if _RAYLET_TIMED_OUT not in str(error) or attempt == NODE_START_ATTEMPTS:
-                        raise
+            self.head = _with_attempts(start_head)
         except BaseException:
             self.stop()
             raise
@@ -327,14 +323,8 @@ class LocalRayCluster:
             raise ValueError(f"num_cpus must be >= 0, got {num_cpus}")
         _check_labels(labels)
         with self._lock:  # one node start at a time: concurrent starts time out on 2 cores
-            for attempt in range(1, NODE_START_ATTEMPTS + 1):
-                try:
-                    node = self._start_node(head=False, labels=labels, num_cpus=num_cpus, resources=resources,
-                                            node_ip=node_ip)
-                    break
-                except LocalRayError as error:  # its processes are stopped already
-                    if _RAYLET_TIMED_OUT not in str(error) or attempt == NODE_START_ATTEMPTS:
-                        raise
+            node = _with_attempts(lambda: self._start_node(head=False, labels=labels, num_cpus=num_cpus,
+                                                           resources=resources, node_ip=node_ip))
             self.workers.append(node)
             return node
 
@@ -757,6 +747,18 @@ def _sweep(marker_prefix: str) -> None:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
     _wait_gone(found)
+
+
+def _with_attempts(start: Callable[[], LocalRayNode]) -> LocalRayNode:
+    """``start()`` a node, again while Ray gives up on its raylet, :data:`NODE_START_ATTEMPTS` in
+    all; any other failure is raised at once (a failed start has stopped its processes already)."""
+    for _ in range(NODE_START_ATTEMPTS - 1):
+        try:
+            return start()
+        except LocalRayError as error:
+            if _RAYLET_TIMED_OUT not in str(error):
+                raise
+    return start()
 
 
 def _listening(port: int) -> bool:
