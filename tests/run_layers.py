@@ -53,7 +53,7 @@ E2E_PARTS: list[tuple[str, list[str] | None]] = [
 #: The unit and integration layers' parts (``make test`` and ``--all``): two processes of whole
 #: modules, so that they end with the e2e parts instead of alone after them (on their own they
 #: wait more than they compute: about 35 % of two cores). A long test's quick forms are checked
-#: where both are collected; ``tests/test_run_layers.py`` collects the whole suite once.
+#: where both are collected: the last part collects the whole suite (``part_args``' ``collect_all``).
 FAST_PARTS: list[tuple[str, list[str] | None]] = [
     ("intake, recovery, benchmarks, deploy", ["tests/intake", "tests/recovery", "tests/bench", "tests/deploy"]),
     ("the rest", None),
@@ -72,13 +72,24 @@ def names_tests(argv: list[str]) -> bool:
     return any(not arg.startswith("-") and ("::" in arg or Path(arg.split("::")[0]).exists()) for arg in argv)
 
 
-def part_args(parts: list[tuple[str, list[str] | None]]) -> list[tuple[str, list[str]]]:
-    """Each part's pytest arguments: its paths, or ``tests`` without the paths named before."""
+def part_args(parts: list[tuple[str, list[str] | None]], *,
+              collect_all: bool = False) -> list[tuple[str, list[str]]]:
+    """Each part's pytest arguments: its paths, or ``tests`` without the paths named before.
+
+    ``collect_all``: the last part collects all of ``tests`` and deselects what the parts before
+    it run (``--deselect``, a node id prefix) instead of leaving it uncollected (``--ignore``), so
+    that one session sees every module: the long stories' quick forms are checked against the
+    whole suite (tests/conftest.py) in every make test and make test-fast.
+    """
     named: list[str] = []
     out = []
     for name, paths in parts:
         if paths is None:
-            out.append((name, [str(ROOT / "tests"), *(f"--ignore={ROOT / p}" for p in named)]))
+            if collect_all:
+                rest = [f"--deselect={p}/" if (ROOT / p).is_dir() else f"--deselect={p}" for p in named]
+            else:
+                rest = [f"--ignore={ROOT / p}" for p in named]
+            out.append((name, [str(ROOT / "tests"), *rest]))
         else:
             missing = [p for p in paths if not (ROOT / p).exists()]
             if missing:
@@ -117,7 +128,8 @@ def plan(argv: list[str]) -> Plan:
     if named:
         fast = [("unit and integration", fast_selection)]
     else:
-        fast = [(f"unit and integration ({name})", [*args, *fast_selection]) for name, args in part_args(FAST_PARTS)]
+        fast = [(f"unit and integration ({name})", [*args, *fast_selection])
+                for name, args in part_args(FAST_PARTS, collect_all=True)]
     return Plan(mode=mode, argv=argv, parts=parts, fast=[] if mode == "--long" else fast)
 
 

@@ -67,7 +67,7 @@ def test_the_parts_of_make_test_name_paths_that_exist() -> None:
 def test_make_test_leaves_the_long_stories_to_make_test_long_and_coverage_runs_both() -> None:
     default, long, every = run_layers.plan([]), run_layers.plan(["--long", "-x"]), run_layers.plan(["--all"])
     unit_and_integration = [(f"unit and integration ({name})", [*args, "-m", "unit or integration"])
-                            for name, args in run_layers.part_args(run_layers.FAST_PARTS)]
+                            for name, args in run_layers.part_args(run_layers.FAST_PARTS, collect_all=True)]
     assert len(unit_and_integration) == 2 and unit_and_integration[-1][1][0] == str(run_layers.ROOT / "tests")
     assert [args[-2:] for _, args in default.parts] == [["-m", "e2e and not long"]] * 3
     assert default.fast == unit_and_integration
@@ -96,14 +96,19 @@ def collected(where: Path, *args: str) -> set[str]:
     return {line.split("::")[1] for line in done.stdout.splitlines() if "::" in line}
 
 
-def test_a_test_marked_apart_from_its_module_runs_in_its_own_layer_only(tmp_path: Path) -> None:
-    """An e2e test in a unit module, with this suite's conftest hook: before the closest marker
-    became the only one, `make test` ran such tests in both processes (19 of them)."""
-    (tmp_path / "pytest.ini").write_text(INI)
-    (tmp_path / "conftest.py").write_text(
+def with_this_suites_layers(where: Path, *, long: bool = False) -> None:
+    """A pytest.ini and a conftest that registers this suite's layer hook (tests/conftest.py)."""
+    (where / "pytest.ini").write_text(INI.replace("    e2e: e\n", "    e2e: e\n    long: l\n") if long else INI)
+    (where / "conftest.py").write_text(
         f"import sys\nsys.path.insert(0, {str(run_layers.ROOT)!r})\n"
         "from tests.conftest import _ClosestLayer\n"
         "def pytest_configure(config):\n    config.pluginmanager.register(_ClosestLayer())\n")
+
+
+def test_a_test_marked_apart_from_its_module_runs_in_its_own_layer_only(tmp_path: Path) -> None:
+    """An e2e test in a unit module, with this suite's conftest hook: before the closest marker
+    became the only one, `make test` ran such tests in both processes (19 of them)."""
+    with_this_suites_layers(tmp_path)
     (tmp_path / "test_mixed.py").write_text(
         "import pytest\npytestmark = pytest.mark.unit\n"
         "def test_here():\n    pass\n"
@@ -118,11 +123,7 @@ def test_a_test_marked_apart_from_its_module_runs_in_its_own_layer_only(tmp_path
 def test_a_long_story_whose_quick_form_is_gone_stops_the_collection_naming_it(tmp_path: Path) -> None:
     """The check runs in every session that collects the quick form's module: make test's fast
     layers collect them all, so a quick form renamed or deleted fails make test."""
-    (tmp_path / "pytest.ini").write_text(INI.replace("    e2e: e\n", "    e2e: e\n    long: l\n"))
-    (tmp_path / "conftest.py").write_text(
-        f"import sys\nsys.path.insert(0, {str(run_layers.ROOT)!r})\n"
-        "from tests.conftest import _ClosestLayer\n"
-        "def pytest_configure(config):\n    config.pluginmanager.register(_ClosestLayer())\n")
+    with_this_suites_layers(tmp_path, long=True)
     (tmp_path / "test_story.py").write_text(
         "import pytest\npytestmark = pytest.mark.e2e\n"
         "def test_quick():\n    pass\n"
@@ -136,13 +137,36 @@ def test_a_long_story_whose_quick_form_is_gone_stops_the_collection_naming_it(tm
     assert collected(tmp_path, "-m", "e2e and not long") == {"test_quick"}
 
 
-def test_every_long_story_of_the_suite_names_quick_forms_that_make_test_runs() -> None:
-    """The whole suite collected in one session: each long test's quick forms are checked against
-    every module (make test's processes each collect a part of them)."""
+@pytest.mark.unit
+def test_the_last_fast_part_collects_the_whole_suite_and_deselects_what_the_others_run() -> None:
+    """One session of every make test and make test-fast collects every module, so each long
+    story's quick forms are checked against the whole suite (tests/conftest.py)."""
+    parts = run_layers.part_args([("a", ["tests/local"]), ("b", ["tests/trainer/test_elastic_ray.py"]), ("c", None)],
+                                 collect_all=True)
+    assert parts[-1] == ("c", [str(run_layers.ROOT / "tests"), "--deselect=tests/local/",
+                               "--deselect=tests/trainer/test_elastic_ray.py"])
+    for plan in (run_layers.plan([]), run_layers.plan(["--fast"])):
+        last = plan.fast[-1][1]
+        assert last[0] == str(run_layers.ROOT / "tests") and not any(a.startswith("--ignore") for a in last)
+        assert [a for a in last if a.startswith("--deselect")] == [f"--deselect={p}/" for p in run_layers.FAST_PARTS[0][1]]
+
+
+def test_a_quick_form_in_a_deselected_module_is_still_checked(tmp_path: Path) -> None:
+    """``--deselect`` leaves a module collected: a quick form renamed there stops the session
+    that runs only the other modules."""
+    with_this_suites_layers(tmp_path, long=True)
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "test_quick.py").write_text("import pytest\npytestmark = pytest.mark.unit\n"
+                                                      "def test_quik():\n    pass\n")
+    (tmp_path / "test_story.py").write_text(
+        "import pytest\npytestmark = pytest.mark.e2e\n"
+        "@pytest.mark.long('other/test_quick.py::test_quick')\ndef test_story():\n    pass\n")
     done = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
-                           "-m", "long", str(run_layers.ROOT / "tests")],
-                          capture_output=True, text=True, timeout=600, cwd=run_layers.ROOT)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    long = [line for line in done.stdout.splitlines() if "::" in line]
-    assert "tests/local/drill/test_drill.py::test_an_abrupt_loss_resumes_from_the_last_periodic_checkpoint_and_says_" \
-           "what_it_cost" in long
+                           "-c", str(tmp_path / "pytest.ini"), "--rootdir", str(tmp_path), str(tmp_path),
+                           "--deselect=other/", "-m", "unit or integration"],
+                          capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert done.returncode == 4, done.stdout + done.stderr  # pytest's usage error
+    assert "its quick form other/test_quick.py::test_quick is not a collected test" in done.stderr
+    quick = tmp_path / "other" / "test_quick.py"
+    quick.write_text(quick.read_text().replace("test_quik", "test_quick"))
+    assert collected(tmp_path, "--deselect=other/", "-m", "unit or integration") == set()
