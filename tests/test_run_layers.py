@@ -151,6 +151,15 @@ def test_the_last_fast_part_collects_the_whole_suite_and_deselects_what_the_othe
         assert [a for a in last if a.startswith("--deselect")] == [f"--deselect={p}/" for p in run_layers.FAST_PARTS[0][1]]
 
 
+@pytest.mark.unit
+def test_the_drills_abrupt_story_is_left_to_make_test_long() -> None:
+    """What the last fast part's collection checks is there: the drill's abrupt story is long."""
+    from tests.local.drill import test_drill
+
+    story = test_drill.test_an_abrupt_loss_resumes_from_the_last_periodic_checkpoint_and_says_what_it_cost
+    assert "long" in [mark.name for mark in getattr(story, "pytestmark", [])]
+
+
 def test_a_quick_form_in_a_deselected_module_is_still_checked(tmp_path: Path) -> None:
     """``--deselect`` leaves a module collected: a quick form renamed there stops the session
     that runs only the other modules."""
