@@ -29,6 +29,35 @@ def hf(rank: int, world_size: int, cfg: dict[str, Any]) -> None:
     hf_trainer_train.train_func({**cfg, "on_ray": False})
 
 
+def hf_evicted(rank: int, world_size: int, cfg: dict[str, Any]) -> None:
+    """``hf`` evicted as a pod is outside Ray: rank ``cfg["evict_rank"]`` gets SIGTERM once rank 0
+    logged step ``cfg["evict_after"]`` (a thread watching the losses file, so the signal lands
+    wherever the rank is), and the callback gives a SIGTERM ``cfg["sigterm_grace_s"]`` of grace
+    (``PreemptionCallback(sigterm_grace_s=...)``, as a user sets it)."""
+    import functools
+    import json
+    import signal
+    import threading
+    import time
+
+    _environment(rank, world_size)
+    import hf_trainer_train
+    from trainer.integrations.transformers import PreemptionCallback
+
+    hf_trainer_train.PreemptionCallback = functools.partial(PreemptionCallback, sigterm_grace_s=cfg["sigterm_grace_s"])
+    if rank == cfg["evict_rank"]:
+        losses = Path(cfg["losses_out"])
+
+        def evict() -> None:
+            while not any(json.loads(x).get("step", 0) >= cfg["evict_after"]
+                          for x in (losses.read_text().splitlines() if losses.exists() else [])):
+                time.sleep(0.05)
+            os.kill(os.getpid(), signal.SIGTERM)
+
+        threading.Thread(target=evict, daemon=True).start()
+    hf_trainer_train.train_func({**cfg, "on_ray": False})
+
+
 def lightning(rank: int, world_size: int, cfg: dict[str, Any]) -> None:
     _environment(rank, world_size)
     import lightning_train

@@ -51,7 +51,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.long(
     "tests/ray/test_requeue.py::test_elastic_keeps_what_it_got_and_waits_for_the_rest",
     "tests/ray/test_requeue.py::test_elastic_second_notice_adds_nothing_for_the_same_worker_and_one_for_another",
     # a drain through the GCS that a fixed-size run saves at and resumes from on Ray
-    "tests/trainer/test_framework_callbacks.py::test_a_preempted_framework_run_saves_its_step_and_resumes_exactly",
+    "tests/local/drill/test_drill.py::test_a_spot_notice_costs_no_step_and_the_run_lands_on_the_capacity_block",
 )]
 
 #: Room for both notices' windows (~30 steps each), the hold, and the time the run takes at 2

@@ -170,18 +170,24 @@ def preempt_and_replace(cluster: LocalRayCluster, script: Script, aws: MotoServe
     return last
 
 
-#: Lightning's run is in make test-long (docs/development.md, "Long stories"): make test plays the
-#: guard on Ray with Hugging Face's, a SIGTERM's save and exact resume with python -m trainer on
-#: local ranks, and what Lightning's resume restores (RNG states, the data position) in its units.
-LIGHTNING_QUICK = (
-    "tests/trainer/test_framework_callbacks.py::test_a_preempted_framework_run_saves_its_step_and_resumes_exactly[hf]",
+#: Both frameworks' runs on Ray are in make test-long (docs/development.md, "Long stories"; about
+#: 100 CPU-seconds each). make test plays: the guard's save at a SIGTERM and Hugging Face's exact
+#: resume on local gloo ranks (the test below); a Ray drain saving every rank's step and the run
+#: resuming exactly on the replacement, with python -m trainer (the drill's spot story, which
+#: shares the guard's Ray runtime, trainer/runtime.py); what Lightning's resume restores (RNG
+#: states, the data position) in its units; and the guard's decisions in its units.
+ON_RAY_QUICK = (
+    "tests/trainer/test_framework_callbacks.py::test_an_hf_run_evicted_outside_ray_saves_its_step_and_resumes_exactly",
+    "tests/local/drill/test_drill.py::test_a_spot_notice_costs_no_step_and_the_run_lands_on_the_capacity_block",
     "tests/trainer/test_local_resume.py::test_sigterm_saves_the_step_it_is_on_and_the_resumed_run_is_exact",
     "tests/trainer/test_framework_units.py::test_lightning_s_rng_states_come_back_only_at_the_same_world_size",
     "tests/trainer/test_framework_units.py::test_the_resumable_loader_goes_on_where_the_epoch_was_without_loading_the_skipped_rows",
+    "tests/trainer/test_framework_units.py::test_after_a_notice_the_guard_trains_on_while_the_deadline_leaves_room",
 )
 
 
-@pytest.mark.parametrize("framework", ["hf", pytest.param("lightning", marks=pytest.mark.long(*LIGHTNING_QUICK))])
+@pytest.mark.long(*ON_RAY_QUICK)
+@pytest.mark.parametrize("framework", ["hf", "lightning"])
 def test_a_preempted_framework_run_saves_its_step_and_resumes_exactly(
     ray_cluster: LocalRayCluster, aws: MotoServer, tmp_path: Path, framework: str
 ) -> None:
@@ -201,5 +207,37 @@ def test_a_preempted_framework_run_saves_its_step_and_resumes_exactly(
     assert save["trained_before_the_node_went"] == save["step"] < STEPS
     # resumed at the saved step + 1, every step trained once, bit for bit the uninterrupted run
     assert restores == [0, save["step"]]
+    assert Counter(x["step"] for x in steps) == {s: 1 for s in range(1, STEPS + 1)}
+    assert steps == expected
+
+
+def test_an_hf_run_evicted_outside_ray_saves_its_step_and_resumes_exactly(aws: MotoServer, tmp_path: Path) -> None:
+    """``examples/hf_trainer_train.py``'s train function on two local gloo ranks (no Ray), one rank
+    SIGTERMed after step 5 as a pod eviction sends it, with 1 s of grace: every rank saves the
+    step they agree on, trains nothing it would lose, and fails with ``PreemptedError`` at the
+    deadline; the daemon's own check finds that save durable in moto S3 once the FSx stand-in
+    exported it; run again, the run resumes at the saved step + 1 and gives, bit for bit, the
+    losses of the uninterrupted run, each step trained once.  The same on Ray: the test above
+    (make test-long)."""
+    expected = reference_losses("hf", tmp_path / "reference")
+    root, losses = tmp_path / "ck", tmp_path / "losses.jsonl"
+    cfg = {"checkpoint_dir": str(root), "losses_out": str(losses), "steps": STEPS, "every": 0, "keep": 100,
+           "seed": 0, "step_seconds": 0.2}
+
+    started = datetime.now(timezone.utc) - timedelta(milliseconds=1)
+    evicted = run_ranks(framework_ranks.hf_evicted, 2,
+                        {**cfg, "evict_rank": 1, "evict_after": 5, "sigterm_grace_s": 1.0}, timeout=300)
+    assert [(r.error or "").split(":")[0] for r in evicted] == ["PreemptedError"] * 2, evicted
+    saves = preemption_saves(root)
+    save = saves[max(saves)]
+    assert save["world_size"] == 2 and 5 <= save["step"] < STEPS
+    assert max(x["step"] for x in trained(losses)) == save["step"]  # nothing trained after the save
+    waited = durable_in_s3(aws, root, prefix="evicted", notice=started)  # no periodic save: only the notice's
+    assert waited.durable and waited.step == save["step"] and waited.manifest.reason == "preemption", waited
+
+    for result in run_ranks(framework_ranks.hf, 2, cfg, timeout=300):
+        result.unwrap()
+    steps = trained(losses)
+    assert [x["restored"] for x in lines(losses) if "restored" in x] == [0, save["step"]]
     assert Counter(x["step"] for x in steps) == {s: 1 for s in range(1, STEPS + 1)}
     assert steps == expected

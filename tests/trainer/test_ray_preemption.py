@@ -25,12 +25,11 @@ from conftest import DRAIN_TIMEOUT_S, TrainerRun, alive_workers, node_labels
 from resilienced.local.raycluster import LocalRayCluster
 
 #: make test-long (docs/development.md, "Long stories"); make test makes its claims with these, at
-#: less cost: python -m trainer drained on Ray, every rank saving the step before the deadline and
-#: resuming exactly (the drill); Ray Train's preemption on a drain (the Hugging Face run); a SIGTERM
-#: saving the step and a new driver resuming where the run ended (local ranks).
+#: less cost: python -m trainer drained on Ray (Ray Train's preemption on a drain), every rank
+#: saving the step before the deadline and resuming exactly (the drill); a SIGTERM saving the step
+#: and a new driver resuming where the run ended (local ranks).
 pytestmark = [pytest.mark.e2e, pytest.mark.long(
     "tests/local/drill/test_drill.py::test_a_spot_notice_costs_no_step_and_the_run_lands_on_the_capacity_block",
-    "tests/trainer/test_framework_callbacks.py::test_a_preempted_framework_run_saves_its_step_and_resumes_exactly[hf]",
     "tests/trainer/test_local_resume.py::test_sigterm_saves_the_step_it_is_on_and_the_resumed_run_is_exact",
     "tests/trainer/test_checkpoint_manifest.py::test_prune_keeps_the_newest_k_committed_checkpoints",
 )]

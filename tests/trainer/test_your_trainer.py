@@ -35,7 +35,6 @@ from trainer.resilience import verify
 pytestmark = [pytest.mark.e2e, pytest.mark.long(
     "tests/trainer/test_resilience_api.py::test_a_resumed_run_trains_each_step_once_and_reproduces_every_loss_bit_for_bit",
     "tests/trainer/test_resilience_api.py::test_a_checkpoint_torn_mid_save_or_damaged_after_it_is_never_restored",
-    "tests/trainer/test_framework_callbacks.py::test_a_preempted_framework_run_saves_its_step_and_resumes_exactly",
     "tests/local/drill/test_drill.py::test_a_spot_notice_costs_no_step_and_the_run_lands_on_the_capacity_block",
 )]
 
