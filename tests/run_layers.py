@@ -39,7 +39,10 @@ ROOT = Path(__file__).resolve().parent.parent
 #: session fixtures (moto, the trainer tests' Ray cluster); what shares one stays in one part.
 #: Sized from ``--durations`` (docs/development.md): about the same time each.
 E2E_PARTS: list[tuple[str, list[str] | None]] = [
-    ("drill and Ray clusters", ["tests/local", "tests/trainer/test_local_ray_cluster.py"]),
+    # the replay CLI's and the Kubernetes view's own Ray clusters here too: the rest ended last (Dec 4,
+    # runs 75-77: 60 s after this part), these two modules took about 50 s of it
+    ("drill and Ray clusters", ["tests/local", "tests/trainer/test_local_ray_cluster.py",
+                                "tests/cli/test_replay_targets.py", "tests/kube/test_ray_e2e.py"]),
     # the modules on local ranks first: the Ray modules' session cluster starts after them, not
     # before, and is not kept idle while they run
     ("trainer", ["tests/trainer/test_local_resume.py", "tests/trainer/test_elastic_units.py",
