@@ -12,7 +12,7 @@ preemption-safe are marked ``# resilience``: the callback, and the checkpoint to
 
 ``--losses-out`` (rank 0) appends ``{"restored": N}`` once per attempt and ``{"step": N,
 "loss": x}`` per step (the Trainer's logged loss: the mean over the ranks, not rounded).
-tests/trainer/test_hf_callback.py runs this file.
+tests/trainer/test_framework_callbacks.py runs this file on Ray, and its train function on local ranks.
 """
 
 from __future__ import annotations

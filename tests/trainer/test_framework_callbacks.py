@@ -1,4 +1,5 @@
-"""The framework callbacks on a real local multi-node Ray cluster: a run preempted, then resumed.
+"""The framework callbacks on a real local multi-node Ray cluster: a run preempted, then resumed
+(make test-long); and, in make test, the Hugging Face train function evicted on local ranks (last test).
 
 ``examples/hf_trainer_train.py`` (``transformers.Trainer``, ``trainer.integrations.transformers``)
 and ``examples/lightning_train.py`` (``lightning.Trainer.fit`` with ``RayDDPStrategy``,
