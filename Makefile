@@ -11,7 +11,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: demo test test-long test-fast coverage bench chaos redis-server install clean
+.PHONY: demo test test-long test-fast coverage bench chaos redis-server install clean controlplane helm
 
 .DEFAULT_GOAL := test
 
@@ -30,9 +30,21 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(VENV)/bin/resilienced drill
 
-# The e2e layer (but its long stories: make test-long) and the two others side by side
-# (tests/run_layers.py, docs/development.md).
-test: $(STAMP) deploy-tools redis-server
+# The real Kubernetes control plane the cluster layer runs on: kube-apiserver, etcd, the scheduler,
+# the controller-manager, kubectl, kwok, the KubeRay operator and Kueue, built with Go from the
+# module proxy into a cache outside the checkout (~/.cache/resilienced/controlplane, keyed by the
+# versions and the wrappers in tools/controlplane/): once per machine; a second run builds nothing
+# (tests/support/controlplane/build.py; docs/development.md, "The real control plane").
+controlplane: $(STAMP)
+	$(PY) -m tests.support.controlplane.build
+
+# helm (helm.sh/helm/v4), built the same way, for the chart's checks.
+helm: $(STAMP)
+	$(PY) -m tests.support.controlplane.build helm
+
+# The e2e layer (but its long stories: make test-long), the cluster layer and the two others side
+# by side (tests/run_layers.py, docs/development.md).
+test: $(STAMP) deploy-tools redis-server controlplane
 	$(PY) tests/run_layers.py
 
 # The long e2e stories that make test leaves out (pytest.mark.long: each names its quick forms in
@@ -48,7 +60,7 @@ test-fast: $(STAMP) deploy-tools
 # Line coverage of resilienced/, handlers/ and trainer/ over every test (make test's and
 # make test-long's), every subprocess included (tests/run_coverage.py; docs/development.md,
 # "Coverage"). Slower than make test.
-coverage: $(STAMP) deploy-tools redis-server
+coverage: $(STAMP) deploy-tools redis-server controlplane
 	$(PY) tests/run_coverage.py
 
 bench: $(STAMP)

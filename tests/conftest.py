@@ -116,7 +116,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         record.tests += 1
     if unmarked:
         raise pytest.UsageError(
-            "tests without a layer marker (pytestmark = pytest.mark.unit / integration / e2e; "
+            "tests without a layer marker (pytestmark = pytest.mark.unit / integration / cluster / e2e; "
             f"tests/support/layers.py): {', '.join(unmarked[:10])}"
             + (f" and {len(unmarked) - 10} more" if len(unmarked) > 10 else ""))
 
@@ -126,6 +126,8 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
     seen = layers.GUARD.begin()
     if layers.E2E_FIXTURES & set(getattr(item, "fixturenames", ())):
         seen.add("e2e", "a shared Ray cluster or the trainer (fixture)")
+    if layers.CLUSTER_FIXTURES & set(getattr(item, "fixturenames", ())):
+        seen.add("cluster", "the real control plane (fixture)")
     try:
         yield
     finally:

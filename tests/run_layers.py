@@ -10,6 +10,9 @@ measured with one e2e process), so the parts overlap their waits. Exit status: 0
 process passed, else the first non-zero of (the e2e parts in order, the fast layers). Ctrl-C
 stops them all. docs/development.md.
 
+The ``cluster`` layer (the daemon on the real control plane) runs as one more process beside them
+(``pytest -m cluster``), in ``make test`` and ``--all``.
+
 ``--long`` (``make test-long``) runs only the ``long`` stories, as the parts of :data:`LONG_PARTS`;
 ``--fast`` (``make test-fast``) only the unit and integration layers, as the parts of :data:`FAST_PARTS`;
 ``--all`` (``make coverage``) runs every test: the parts of :data:`E2E_PARTS` with the long stories
@@ -25,11 +28,16 @@ import subprocess
 import sys
 import tempfile
 import time
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
 #: What the fast parts run: the unit and integration layers.
 FAST_SELECTION = "unit or integration"
+#: What the cluster part runs (one process beside the others, in ``make test`` and ``--all``): the
+#: ``cluster`` layer, the daemon on the real control plane (tests/support/controlplane), wherever
+#: its tests are (tests/cluster, and the stand-ins' contracts run against the real server).
+CLUSTER_SELECTION = "cluster"
 #: What each mode runs of the e2e layer (the fast layers run beside it, but in ``--long``).
 E2E_SELECTION = {"": "e2e and not long", "--long": "e2e and long", "--all": "e2e"}
 ROOT = Path(__file__).resolve().parent.parent
@@ -112,6 +120,7 @@ class Plan:
     argv: list[str]
     parts: list[tuple[str, list[str]]]
     fast: list[tuple[str, list[str]]]
+    cluster: list[tuple[str, list[str]]] = dataclasses.field(default_factory=list)
 
 
 def plan(argv: list[str]) -> Plan:
@@ -133,7 +142,9 @@ def plan(argv: list[str]) -> Plan:
     else:
         fast = [(f"unit and integration ({name})", [*args, *fast_selection])
                 for name, args in part_args(FAST_PARTS, collect_all=True)]
-    return Plan(mode=mode, argv=argv, parts=parts, fast=[] if mode == "--long" else fast)
+    cluster = [] if mode in ("--long", "--fast") else [
+        ("cluster", ["-m", CLUSTER_SELECTION] if named else [str(ROOT / "tests"), "-m", CLUSTER_SELECTION])]
+    return Plan(mode=mode, argv=argv, parts=parts, fast=[] if mode == "--long" else fast, cluster=cluster)
 
 
 def main(argv: list[str]) -> int:
@@ -141,7 +152,7 @@ def main(argv: list[str]) -> int:
     base = [sys.executable, "-m", "pytest", *run.argv]
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="run-layers-") as kept_dir:
-        everything = [*run.parts, *run.fast]
+        everything = [*run.parts, *run.cluster, *run.fast]
         kept = {name: open(Path(kept_dir) / f"{i}.log", "w+b") for i, (name, _) in enumerate(everything[1:])}
         procs: dict[str, subprocess.Popen[bytes]] = {}
         for i, (name, args) in enumerate(everything):
@@ -159,6 +170,8 @@ def main(argv: list[str]) -> int:
                 for name, proc in list(pending.items()):
                     if proc.poll() is not None:
                         codes[name], took[name] = proc.returncode, time.monotonic() - started
+                        if name == "cluster" and proc.returncode == 5 and names_tests(run.argv):
+                            codes[name] = 0  # the tests named include no cluster test
                         del pending[name]
                 time.sleep(0.2)
         except KeyboardInterrupt:
@@ -184,13 +197,16 @@ def main(argv: list[str]) -> int:
         return ", ".join(f"{name}: {codes[name]} in {took[name]:.0f} s" for name in names)
 
     e2e, fast = [name for name, _ in run.parts], [name for name, _ in run.fast]
+    cluster = [name for name, _ in run.cluster]
     command = {"": "make test", "--long": "make test-long", "--fast": "make test-fast", "--all": "all"}[run.mode]
     said = [f"e2e exit {first_failure(e2e)} ({each(e2e)})"] if e2e else []
+    if cluster:
+        said.append(f"cluster exit {first_failure(cluster)} ({each(cluster)})")
     if fast:
         said.append(f"unit and integration exit {first_failure(fast)} ({each(fast)})")
     summary = f"\n{command}: " + ", ".join(said)
     print(f"{summary}; {total_s:.0f} s in all", flush=True)
-    return first_failure(e2e) or first_failure(fast)
+    return first_failure(e2e) or first_failure(cluster) or first_failure(fast)
 
 
 if __name__ == "__main__":

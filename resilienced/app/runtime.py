@@ -124,11 +124,14 @@ class StandIns:
     ``capacity``: the source of Capacity Blocks instead of EC2 (the drill's static blocks,
     ``resilienced.local.capacity``); ``node_provider``: ray mode's replacement nodes (the drill's
     local provider; without one, Ray's autoscaler replaces the nodes and the requeue only records
-    the capacity decision).
+    the capacity decision); ``ray_control``: kubernetes mode's way to a run's GCS, ``(address,
+    token) -> RayControl`` (the cluster tests' recording stand-in, whose Ray nodes have the pods'
+    IPs; without one, the GCS at the RayCluster's address).
     """
 
     capacity: CapacitySource | None = None
     node_provider: NodeProvider | None = None
+    ray_control: Callable[[str, str | None], RayControl] | None = None
 
 
 @dataclass
@@ -196,7 +199,8 @@ def _recovery_options(settings: Settings, *, export: ExportTasks | None) -> Reco
 
 
 async def _kubernetes(settings: Settings, stack: AsyncExitStack, *, replica: str,
-                      supervisor: Supervisor) -> ModeParts:
+                      supervisor: Supervisor,
+                      ray_control: Callable[[str, str | None], RayControl] | None = None) -> ModeParts:
     """kubernetes mode's adapters, closed by ``stack``; the caches and the sweeper on ``supervisor``."""
     from resilienced.kube.api import connect
     from resilienced.kube.cluster import KubeCluster
@@ -209,7 +213,7 @@ async def _kubernetes(settings: Settings, stack: AsyncExitStack, *, replica: str
 
     api = await connect(kubeconfig=settings.mode.kubeconfig, context=settings.mode.kube_context)
     stack.push_async_callback(api.close)
-    cluster = KubeCluster(api, ray_control_factory=lambda addr, tok: RayGcs(addr, token=tok),
+    cluster = KubeCluster(api, ray_control_factory=ray_control or (lambda addr, tok: RayGcs(addr, token=tok)),
                           replica=replica, supervisor=supervisor)
     await cluster.start()
     stack.push_async_callback(cluster.stop)
@@ -326,7 +330,8 @@ async def open_runtime(
 
         supervisor = supervisor if supervisor is not None else Supervisor()
         if mode is Mode.KUBERNETES:
-            parts = await _kubernetes(settings, stack, replica=replica, supervisor=supervisor)
+            parts = await _kubernetes(settings, stack, replica=replica, supervisor=supervisor,
+                                      ray_control=stand_ins.ray_control)
         else:
             parts = _ray_mode(settings, ec2=ec2, planner=planner, provider=stand_ins.node_provider)
         requeue = (ReportingRequeuer(parts.requeuer, cluster=parts.cluster, metrics=groups.requeue)

@@ -6,6 +6,9 @@ Every test carries exactly one layer marker (the closest wins: a function's over
   (a Unix socket pair, as an asyncio loop makes, is not the network);
 * ``integration``: moto, the emulated Kubernetes API, local HTTP servers, tools run as
   processes (kubectl, promtool, cfn-lint...); no Ray, no trainer, no drill;
+* ``cluster``: the real Kubernetes control plane built from source (tests/support/controlplane:
+  kube-apiserver, etcd, the scheduler, the controller-manager, kwok, the KubeRay operator, Kueue),
+  with moto; no Ray, no trainer, no drill;
 * ``e2e``: a Ray cluster, the trainer (its ranks too), the drill, the campaign.
 
 :class:`LayerGuard` watches every test through a Python audit hook (``sys.addaudithook``:
@@ -36,11 +39,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-LAYERS = ("unit", "integration", "e2e")
+LAYERS = ("unit", "integration", "cluster", "e2e")
 _RANK = {name: rank for rank, name in enumerate(LAYERS)}
 #: Command words that mean Ray, the trainer or the drill (an ``e2e`` start).
 _E2E_WORDS = ("ray", "raylet", "gcs_server", "redis-server")
 _E2E_MODULES = ("trainer", "resilienced drill", "tests.chaos")
+#: The real control plane's programs (tests/support/controlplane/build.py): a ``cluster`` start.
+_CLUSTER_WORDS = ("kube-apiserver", "etcd", "kube-scheduler", "kube-controller-manager", "kwok",
+                  "ray-operator", "kueue")
 
 
 def classify_command(argv: Sequence[str]) -> tuple[str, str]:
@@ -51,6 +57,8 @@ def classify_command(argv: Sequence[str]) -> tuple[str, str]:
     if (names & set(_E2E_WORDS) or "ray/core/src" in line or "ray/_private" in line
             or "import ray" in line or "ray.init(" in line):
         return "e2e", f"Ray ({line[:120]})"
+    if names & set(_CLUSTER_WORDS) or " tests.support.controlplane" in f" {line}":
+        return "cluster", f"the real control plane ({line[:120]})"
     if "-m" in words:
         module = words[words.index("-m") + 1] if words.index("-m") + 1 < len(words) else ""
         rest = " ".join(words[words.index("-m") + 1:words.index("-m") + 3])
@@ -116,6 +124,9 @@ class LayerGuard:
 GUARD = LayerGuard()
 #: Fixtures whose use is an ``e2e`` start even when a test before started them (shared clusters).
 E2E_FIXTURES = frozenset({"ray_head", "ray_cluster", "second_cluster", "trainer_runs"})
+#: Fixtures whose use is a ``cluster`` start even when a test before started them (the real control
+#: plane, one per test process: tests/cluster/conftest.py).
+CLUSTER_FIXTURES = frozenset({"plane"})
 
 
 def started(layer: str, why: str) -> None:
