@@ -39,6 +39,20 @@ def ray_head() -> Iterator[Any]:
         yield cluster
 
 
+@pytest.fixture(scope="session")
+def control_plane() -> Iterator[Any]:
+    """The real Kubernetes control plane (tests/support/controlplane: every component), one per test
+    process, started by the first ``cluster`` test that asks and stopped at the end, also on failure."""
+    from tests.support.controlplane.plane import ControlPlane
+
+    plane = ControlPlane()
+    plane.start()
+    try:
+        yield plane
+    finally:
+        plane.stop()
+
+
 @pytest.fixture
 def aws(moto_server: MotoServer, monkeypatch: pytest.MonkeyPatch) -> Iterator[MotoServer]:
     """A clean moto (reset before each test) and fake credentials in the environment."""

@@ -61,6 +61,34 @@ def flavor_matches(node_labels: Mapping[str, str], placement: Placement) -> bool
     return bool(shared) and all(node_labels[k] == placement.node_selector[k] for k in shared)
 
 
+def flavors_on(flavors: Mapping[str, Mapping[str, str] | None], placement: Placement) -> str | None:
+    """None when the flavors a worker PodSet was assigned put it on ``placement``'s capacity, else
+    what they are instead.
+
+    Kueue assigns a flavor per resource, one from each resource group of the ClusterQueue
+    (``pkg/scheduler/flavorassigner/flavorassigner.go``, v0.17.0: ``podSetAssignment.Flavors`` is
+    keyed by resource): with deploy/examples/kueue.yaml's queue a GPU worker gets ``cpu`` and
+    ``memory`` from a flavor of no node labels and ``nvidia.com/gpu`` from the capacity's flavor.
+    So a flavor that sets none of the placement's keys says nothing either way; one that sets a key
+    to another value (or is gone) contradicts it; at least one must match (:func:`flavor_matches`).
+    Seen on the real Kueue (issue #40): every flavor had to match, so such a run stayed at
+    ``admitted`` until its bound and was moved again.
+    """
+    def shown(name: str, labels: Mapping[str, str] | None) -> str:
+        if labels is None:
+            return f"{name} (not found)"
+        return f"{name} ({', '.join(f'{k}={v}' for k, v in sorted(labels.items())) or 'no node labels'})"
+
+    wrong = [shown(f, labels) for f, labels in flavors.items()
+             if labels is None or (any(k in labels for k in placement.node_selector)
+                                   and not flavor_matches(labels, placement))]
+    if wrong:
+        return ", ".join(wrong)
+    if not any(labels is not None and flavor_matches(labels, placement) for labels in flavors.values()):
+        return ", ".join(shown(f, labels) for f, labels in flavors.items()) or "none named"
+    return None
+
+
 def _listed(items: Sequence[str], what: str) -> str:
     if not items:
         return ""
@@ -110,11 +138,9 @@ class KubeProgress:
                 for flavor in (assignment.get("flavors") or {}).values():
                     if flavor not in flavors:
                         flavors[flavor] = await self._flavor_labels(flavor)
-        wrong = [f"{f} ({', '.join(f'{k}={v}' for k, v in sorted((labels or {}).items())) or 'not found'})"
-                 for f, labels in flavors.items() if labels is None or not flavor_matches(labels, placement)]
-        if wrong or not flavors:
-            return StageSeen(False, f"{wl_name} is admitted on flavor(s) {', '.join(wrong) or 'none named'}, "
-                                    f"not on {placement.describe()}")
+        verdict = flavors_on(flavors, placement)
+        if verdict is not None:
+            return StageSeen(False, f"{wl_name} is admitted on flavor(s) {verdict}, not on {placement.describe()}")
         return StageSeen(True, f"{wl_name} is admitted on flavor(s) {', '.join(sorted(flavors))}",
                          facts={"flavors": sorted(flavors)})
 

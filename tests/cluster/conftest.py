@@ -1,7 +1,7 @@
 """The ``cluster`` layer: the daemon against the real control plane (tests/support/controlplane).
 
-One control plane per test process (``control_plane``, started by the first test that asks and
-stopped at the end, also on failure); each test gets a :class:`World`: a namespace of its own and
+One control plane per test process (``control_plane``, tests/conftest.py: started by the first
+test that asks and stopped at the end, also on failure); each test gets a :class:`World`: a namespace of its own and
 the cluster-scoped objects it made, removed when it ends.  The daemon's ServiceAccount and RBAC are
 those of ``deploy/kubernetes/base``, applied once (``daemon_identity``).  A failed test's report
 carries the end of every component's log.
@@ -17,16 +17,6 @@ from tests.support.controlplane import ControlPlane
 from tests.support.controlplane.world import World, install_daemon_identity
 
 pytestmark = pytest.mark.cluster
-
-
-@pytest.fixture(scope="session")
-def control_plane() -> Iterator[ControlPlane]:
-    plane = ControlPlane()
-    plane.start()
-    try:
-        yield plane
-    finally:
-        plane.stop()
 
 
 @pytest.fixture(scope="session")

@@ -126,7 +126,7 @@ GUARD = LayerGuard()
 E2E_FIXTURES = frozenset({"ray_head", "ray_cluster", "second_cluster", "trainer_runs"})
 #: Fixtures whose use is a ``cluster`` start even when a test before started them (the real control
 #: plane, one per test process: tests/cluster/conftest.py).
-CLUSTER_FIXTURES = frozenset({"plane"})
+CLUSTER_FIXTURES = frozenset({"plane", "control_plane"})
 
 
 def started(layer: str, why: str) -> None:

@@ -104,9 +104,13 @@ def can(plane: ControlPlane, *, verb: str, resource: str, group: str = "", names
 
 
 # --------------------------------------------------------------------------- node shapes
-def karpenter_labels(capacity: str, *, nodepool: str = "gpu", reservation: str | None = None) -> dict[str, str]:
-    """A Karpenter Node's labels (aws/karpenter-provider-aws v1.6+ pkg/apis/v1/labels.go)."""
-    labels = {"karpenter.sh/nodepool": nodepool, "karpenter.sh/capacity-type": capacity}
+def karpenter_labels(capacity: str, *, nodepool: str | None = None, reservation: str | None = None) -> dict[str, str]:
+    """Karpenter's well-known Node labels (aws/karpenter-provider-aws v1.6+ pkg/apis/v1/labels.go);
+    ``nodepool``: the ``karpenter.sh/nodepool`` label of a node Karpenter launched (without it the
+    daemon reads the node as neither Karpenter's nor a node group's, docs/requeue.md "Node shapes")."""
+    labels = {"karpenter.sh/capacity-type": capacity}
+    if nodepool:
+        labels["karpenter.sh/nodepool"] = nodepool
     if reservation:
         labels["karpenter.k8s.aws/capacity-reservation-id"] = reservation
         labels["karpenter.k8s.aws/capacity-reservation-type"] = "capacity-block"

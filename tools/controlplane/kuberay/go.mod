@@ -1,6 +1,8 @@
 // The wrapper that builds the KubeRay operator (github.com/ray-project/kuberay/ray-operator, whose
 // main package is the module root) from the Go module proxy (tools/controlplane/). Nothing of the
 // project imports it.
+// No replace directives: ray-operator v1.5.0's own go.mod has none, and every module it needs
+// (openshift/api pseudo-version, sigs.k8s.io/scheduler-plugins v0.31.8, ...) is served.
 module resilienced.local/controlplane/kuberay
 
 go 1.26.0
