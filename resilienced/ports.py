@@ -284,7 +284,8 @@ class Planner(Protocol):
 
     async def fallback(self, target: Target, *, event: Event, dry_run: bool = False) -> CapacityDecision:
         """Where the run goes after its recovery stalled: decided again, ``target.facts.exclude``
-        passed over, nothing counted (the stalled requeue's notice was counted already)."""
+        passed over; ``event`` is the follow-up's notice, counted once per event id (a replica that
+        takes a follow-up over has not counted it)."""
         ...
 
 

@@ -138,8 +138,19 @@ class CapacityPlanner:
     async def fallback(self, target: Target, *, event: Event, dry_run: bool = False) -> CapacityDecision:
         """Where the run goes after its recovery stalled (``resilienced.recovery.followup``): the
         decision again for ``target``, whose ``facts.exclude`` names the stalled capacity (and any
-        other in its cool-down).  The notice is not counted again and no earlier move is kept."""
-        return await self.plan(CapacityRequest.from_target(target, event=event), dry_run=dry_run)
+        other in its cool-down).  No earlier move is kept.
+
+        ``event`` is the notice the follow-up was opened for; it is counted once per event id, so
+        not again by the replica that decided the first move, but by another replica that took the
+        follow-up over: the history is per replica, and without it that replica's decision went
+        back to the Spot pool that had just been interrupted (seen with two daemon processes on the
+        real control plane, issue #40: the run fell back onto Spot, half its workers unschedulable,
+        and had to be moved a third time)."""
+        request = CapacityRequest.from_target(target, event=event)
+        if not dry_run:
+            self.observe(event, request.pool)
+        return await self.plan(request, dry_run=dry_run, extra_interruptions=self._uncounted(event, request.pool)
+                               if dry_run else ())
 
     async def chain(self, target: Target, *, event: Event, first: CapacityDecision, limit: int = 4,
                     cache: dict[str, object] | None = None) -> list[CapacityDecision]:

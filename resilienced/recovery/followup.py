@@ -390,7 +390,8 @@ class Follower:
         record = replace(record, unusable={**record.unusable, key: (now + self.options.cooldown).isoformat()})
         n = len(record.fallbacks) + 1
         target = target_from(record.target, exclude=unusable_now(record, now=now))
-        decision = await self.planner.fallback(target, event=self._fallback_event(record, n))
+        notice = Event(kind=Kind(record.kind), event_id=record.event_id, time=record.notice_at)
+        decision = await self.planner.fallback(target, event=notice)
         if not decision.places:
             return await self._stuck(record, f"{reason}; nothing to fall back to: {decision.reason}")
         record = await self._save(replace(record, moving={

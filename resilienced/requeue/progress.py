@@ -116,7 +116,7 @@ class KubeProgress:
 
     # ------------------------------------------------------------------ admitted
     async def admitted(self, target: Target, *, capacity: Capacity, reservation_id: str | None) -> StageSeen:
-        placement = _placement(capacity, reservation_id)
+        placement = _placement(capacity, reservation_id, shape=target.facts.node_shape)
         kind, namespace, name = _job_of(target)
         job = await self.objects.find(kind, namespace, name)
         if job is None:
@@ -158,7 +158,7 @@ class KubeProgress:
     # ------------------------------------------------------------------ scheduled
     async def placed(self, target: Target, *, capacity: Capacity, reservation_id: str | None,
                      since: datetime | None = None) -> StageSeen:
-        placement = _placement(capacity, reservation_id)
+        placement = _placement(capacity, reservation_id, shape=target.facts.node_shape)
         namespace, cluster_name, raycluster = await self._cluster_of(target)
         pods = [p for p in await self.objects.pods(
             namespace, label_selector=f"ray.io/cluster={cluster_name},ray.io/node-type=worker")
@@ -225,8 +225,12 @@ class KubeProgress:
         return found
 
 
-def _placement(capacity: Capacity, reservation_id: str | None) -> Placement:
-    return Placement.for_decision(CapacityDecision(capacity, "follow-up", reservation_id=reservation_id))
+def _placement(capacity: Capacity, reservation_id: str | None, *, shape: str | None) -> Placement:
+    """Where the requeuer put the run, in the labels of its node shape, as the requeuers build it
+    (``Placement.for_decision(..., shape=target.facts.node_shape)``).  Seen on the real control plane
+    (issue #40): without the shape the follow-up looked for Karpenter's labels on an EKS node
+    group's Nodes, found the requeued workers "elsewhere" and moved a run that had arrived."""
+    return Placement.for_decision(CapacityDecision(capacity, "follow-up", reservation_id=reservation_id), shape=shape)
 
 
 def _job_of(target: Target) -> tuple[Kind, str, str]:

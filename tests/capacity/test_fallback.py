@@ -50,12 +50,28 @@ async def test_a_fallback_passes_over_the_stalled_block_and_counts_nothing_again
     assert (first.capacity, first.reservation_id) == (Capacity.CAPACITY_BLOCK, "cr-b")  # the latest end
     counted = planner.history.recent(POOL, now=NOW)
     stalled = replace(TARGET, facts=replace(TARGET.facts, exclude=("cr-b",)))
-    second = await planner.fallback(stalled, event=replace(itn("e2"), event_id="e2/fallback-1"))
+    second = await planner.fallback(stalled, event=itn("e2"))
     assert (second.capacity, second.reservation_id) == (Capacity.CAPACITY_BLOCK, "cr-a")
-    assert planner.history.recent(POOL, now=NOW) == counted  # the fallback's event is not an interruption
+    assert planner.history.recent(POOL, now=NOW) == counted  # the notice was counted once, by plan_for
     third = await planner.fallback(replace(TARGET, facts=replace(TARGET.facts, exclude=("cr-b", "cr-a"))),
-                                   event=replace(itn("e2"), event_id="e2/fallback-2"))
+                                   event=itn("e2"))
     assert third.capacity is Capacity.ON_DEMAND
+
+
+async def test_a_replica_that_never_saw_the_notice_counts_it_before_it_falls_back() -> None:
+    """The history is per replica: the replica that takes a follow-up over counts its notice, so its
+    fallback does not go back to the pool just interrupted (issue #40, two daemon processes)."""
+    source = blocks("cr-a")
+    first_replica = CapacityPlanner(source=source, policy=CapacityPolicy(interruption_threshold=1), clock=lambda: NOW)
+    _, first = await first_replica.plan_for(TARGET, event=itn("e1"))
+    assert first.capacity is Capacity.CAPACITY_BLOCK
+    other = CapacityPlanner(source=source, policy=CapacityPolicy(interruption_threshold=1), clock=lambda: NOW)
+    stalled = replace(TARGET, facts=replace(TARGET.facts, exclude=("cr-a",)))
+    fallback = await other.fallback(stalled, event=itn("e1"))
+    assert fallback.capacity is Capacity.ON_DEMAND, fallback.reason
+    assert len(other.history.recent(POOL, now=NOW)) == 1
+    assert (await other.fallback(stalled, event=itn("e1"))).capacity is Capacity.ON_DEMAND
+    assert len(other.history.recent(POOL, now=NOW)) == 1  # once per event id
 
 
 async def test_the_chain_is_the_ranking_after_the_first_decision() -> None:

@@ -92,9 +92,10 @@ FLAVOR_LABELS = {"spot": karpenter_labels("spot"), "block": {"karpenter.sh/capac
                  "od": karpenter_labels("on-demand")}
 
 
-def queue_world(world: World, *, spot: int = 16, block: int = 16, od: int = 16) -> str:
+def queue_world(world: World, *, spot: int = 16, block: int = 16, od: int = 16, cohort: str | None = None) -> str:
     """ResourceFlavors, a ClusterQueue (GPU quota per flavor as given; cpu and memory on a flavor of
-    no labels, as deploy/examples/kueue.yaml has it) and a LocalQueue ``training``; the queue's name."""
+    no labels, as deploy/examples/kueue.yaml has it; in ``cohort`` when given) and a LocalQueue
+    ``training``; the queue's name."""
     ns = world.namespace
     world.create({"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ResourceFlavor",
                   "metadata": {"name": f"{ns}-default"}, "spec": {}})
@@ -102,8 +103,11 @@ def queue_world(world: World, *, spot: int = 16, block: int = 16, od: int = 16) 
         world.create({"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ResourceFlavor",
                       "metadata": {"name": f"{ns}-{name}"}, "spec": {"nodeLabels": labels}})
     quota = {"spot": spot, "block": block, "od": od}
+    cq: JsonObj = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns}}}
+    if cohort:
+        cq["cohortName"] = f"{ns}-{cohort}"
     world.create({"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ClusterQueue", "metadata": {"name": f"{ns}-cq"},
-                  "spec": {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns}},
+                  "spec": {**cq,
                            "queueingStrategy": "BestEffortFIFO",
                            "resourceGroups": [
                                {"coveredResources": ["cpu", "memory"], "flavors": [{"name": f"{ns}-default", "resources": [
