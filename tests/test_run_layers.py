@@ -1,4 +1,4 @@
-"""``make test``'s runner (tests/run_layers.py): both layers run, and either one failing fails it."""
+"""``make test``'s runner (tests/run_layers.py): every layer runs, and any one failing fails it."""
 
 from __future__ import annotations
 
@@ -13,14 +13,15 @@ from tests import run_layers
 pytestmark = pytest.mark.integration  # it starts pytest processes
 
 RUNNER = Path(__file__).resolve().parent / "run_layers.py"
-INI = "[pytest]\nmarkers =\n    unit: u\n    integration: i\n    e2e: e\naddopts = --strict-markers\n"
+INI = "[pytest]\nmarkers =\n    unit: u\n    integration: i\n    cluster: c\n    e2e: e\naddopts = --strict-markers\n"
 
 
-def run(tmp_path: Path, *, unit_passes: bool, e2e_passes: bool) -> subprocess.CompletedProcess:
+def run(tmp_path: Path, *, unit_passes: bool, e2e_passes: bool, cluster_passes: bool = True) -> subprocess.CompletedProcess:
     (tmp_path / "pytest.ini").write_text(INI)
     (tmp_path / "test_layers_here.py").write_text(
         "import pytest\n"
         f"@pytest.mark.unit\ndef test_fast():\n    assert {unit_passes}, 'the unit test failed'\n"
+        f"@pytest.mark.cluster\ndef test_real():\n    assert {cluster_passes}, 'the cluster test failed'\n"
         f"@pytest.mark.e2e\ndef test_slow():\n    assert {e2e_passes}, 'the e2e test failed'\n")
     return subprocess.run([sys.executable, str(RUNNER), "-p", "no:cacheprovider", "-c", str(tmp_path / "pytest.ini"),
                            "--rootdir", str(tmp_path), str(tmp_path)],
@@ -31,16 +32,21 @@ def test_both_layers_pass_and_both_are_reported(tmp_path: Path) -> None:
     done = run(tmp_path, unit_passes=True, e2e_passes=True)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "===== unit and integration (run beside" in done.stdout
-    assert done.stdout.count("1 passed, 1 deselected") == 2
+    assert "===== cluster (run beside" in done.stdout
+    assert done.stdout.count("1 passed, 2 deselected") == 3
     assert "e2e exit 0" in done.stdout and "unit and integration exit 0" in done.stdout
+    assert "cluster exit 0" in done.stdout
 
 
-@pytest.mark.parametrize(("unit_passes", "e2e_passes"), [(False, True), (True, False)], ids=["unit-fails", "e2e-fails"])
-def test_a_failure_in_either_layer_fails_the_run_and_is_shown(tmp_path: Path, unit_passes: bool,
-                                                              e2e_passes: bool) -> None:
-    done = run(tmp_path, unit_passes=unit_passes, e2e_passes=e2e_passes)
+@pytest.mark.parametrize(("unit_passes", "e2e_passes", "cluster_passes"),
+                         [(False, True, True), (True, False, True), (True, True, False)],
+                         ids=["unit-fails", "e2e-fails", "cluster-fails"])
+def test_a_failure_in_any_layer_fails_the_run_and_is_shown(tmp_path: Path, unit_passes: bool,
+                                                           e2e_passes: bool, cluster_passes: bool) -> None:
+    done = run(tmp_path, unit_passes=unit_passes, e2e_passes=e2e_passes, cluster_passes=cluster_passes)
     assert done.returncode == 1, done.stdout + done.stderr
-    assert ("the unit test failed" if not unit_passes else "the e2e test failed") in done.stdout
+    failed = "unit" if not unit_passes else "e2e" if not e2e_passes else "cluster"
+    assert f"the {failed} test failed" in done.stdout
 
 
 @pytest.mark.unit
@@ -79,6 +85,10 @@ def test_make_test_leaves_the_long_stories_to_make_test_long_and_coverage_runs_b
     # tests named: one e2e process on them, long stories included (only those with --long)
     assert run_layers.plan(["tests/trainer"]).parts == [("e2e", ["-m", "e2e"])]
     assert run_layers.plan(["--long", "tests/trainer"]).parts == [("e2e", ["-m", "e2e and long"])]
+    # the cluster layer: one process of its own in make test and --all, none in --long and --fast
+    assert default.cluster == every.cluster == [("cluster", [str(run_layers.ROOT / "tests"), "-m", "cluster"])]
+    assert long.cluster == fast.cluster == []
+    assert run_layers.plan(["tests/cluster"]).cluster == [("cluster", ["-m", "cluster"])]
 
 
 @pytest.mark.unit

@@ -45,7 +45,7 @@ from resilienced.requeue.progress import KubeProgress
 from resilienced.requeue.router import ReportingRequeuer, RequeueRouter
 from resilienced.settings import IntakeSettings
 from tests.requeue.kuberay_sim import KubeRaySim
-from tests.requeue.kueue_sim import FLAVORS, KueueSim, workload_for
+from tests.requeue.kueue_sim import DEFAULT_FLAVOR, FLAVORS, KueueSim, workload_for
 from tests.requeue.scheduler_sim import SchedulerSim
 from tests.support.kubeapi import KubeApiServer, ResourceType
 from trainer import resume
@@ -281,7 +281,7 @@ async def test_a_workload_pending_for_quota_falls_back_to_a_flavor_with_quota(ap
                                                                               s3: Any) -> None:
     kubeapi.register(ResourceType("kueue.x-k8s.io", ("v1beta1", "v1beta2"), "resourceflavors", "ResourceFlavor",
                                   namespaced=False))
-    for name, labels in FLAVORS:
+    for name, labels in (*FLAVORS, DEFAULT_FLAVOR):
         kubeapi.create({"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ResourceFlavor", "metadata": {"name": name},
                         "spec": {"nodeLabels": labels}})
     seed_world(kubeapi, gcs_port=6379)

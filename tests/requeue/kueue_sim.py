@@ -70,6 +70,18 @@ FLAVORS = (
     ("capacity-block", {"karpenter.sh/capacity-type": "reserved"}),
     ("on-demand", {"karpenter.sh/capacity-type": "on-demand"}),
 )
+#: The flavor of no node labels that cpu and memory come from, in a resource group of their own, as
+#: deploy/examples/kueue.yaml sets the queue up: Kueue assigns a flavor per resource, so an
+#: admitted GPU PodSet has ``{"cpu": "default", "memory": "default", "nvidia.com/gpu": <capacity>}``
+#: (v0.17.0 ``pkg/scheduler/flavorassigner``; seen on the real Kueue, tests/cluster/test_daemon.py:
+#: until issue #40 this stand-in assigned one flavor under ``cpu``).
+DEFAULT_FLAVOR = ("default", {})
+GPU = "nvidia.com/gpu"
+
+
+def capacity_flavor(assignment: dict) -> str:
+    """The flavor of a PodSet assignment that carries the capacity (its GPUs')."""
+    return str(assignment["flavors"][GPU])
 
 
 def _cond(obj: dict, type_: str) -> dict | None:
@@ -110,7 +122,8 @@ def _admit(wl: dict, flavor: str | dict[str, str]) -> None:
     """Admit every PodSet on ``flavor`` (``str``) or on its own flavor (``dict`` name -> flavor)."""
     flavors = flavor if isinstance(flavor, dict) else {ps["name"]: flavor for ps in wl["spec"]["podSets"]}
     wl["status"]["admission"] = {"clusterQueue": "cq", "podSetAssignments": [
-        {"name": ps["name"], "flavors": {"cpu": flavors[ps["name"]]}, "count": ps["count"]}
+        {"name": ps["name"], "flavors": {"cpu": DEFAULT_FLAVOR[0], "memory": DEFAULT_FLAVOR[0], GPU: flavors[ps["name"]]},
+         "count": ps["count"]}
         for ps in wl["spec"]["podSets"]]}
     _set_cond(wl, "QuotaReserved", True, "QuotaReserved")
     _set_cond(wl, "Admitted", True, "Admitted")
@@ -332,7 +345,7 @@ class KueueSim:
             return
         podsets = {ps["name"]: ps for ps in wl["spec"]["podSets"]}
         for assignment in wl["status"]["admission"]["podSetAssignments"]:
-            quota.add(assignment["flavors"]["cpu"], _podset_needs(podsets[assignment["name"]]), sign)
+            quota.add(capacity_flavor(assignment), _podset_needs(podsets[assignment["name"]]), sign)
         self.server.put(quota.cq)
 
     def _pending(self, wl: dict, message: str) -> None:
@@ -370,7 +383,7 @@ class KueueSim:
         A conflicting key fails the merge (``PodSetInfo.Merge`` -> ``utilmaps.HaveConflict``):
         the Workload is finished with ``FailedToStart`` and the job stays suspended.
         """
-        flavor_of = {a["name"]: a["flavors"]["cpu"] for a in wl["status"]["admission"]["podSetAssignments"]}
+        flavor_of = {a["name"]: capacity_flavor(a) for a in wl["status"]["admission"]["podSetAssignments"]}
         labels_of = dict(FLAVORS)
         for group in _groups(job):
             selector = group["template"]["spec"].setdefault("nodeSelector", {})
