@@ -4,13 +4,17 @@ The follow-up of a requeued run lives next to the run claims, in ``--claims-name
 coordination.k8s.io/v1 Lease per run, named ``resilienced-fu-<first 20 hex of sha256(run)>``,
 labelled ``app.kubernetes.io/managed-by=resilienced`` and ``resilienced.io/record=follow-up``,
 the record as JSON in the annotation ``resilienced.io/follow-up`` and the run in
-``resilienced.io/run``.  A write is an update carrying the resourceVersion the record was read
-at (409: someone wrote it first: :meth:`put` returns None), so two replicas never both record
-one move; a create that meets 409 AlreadyExists returns None too.  The Lease's spec is not used
+``resilienced.io/run``.  A write is a merge patch carrying the resourceVersion the record was read
+at, a precondition (409: someone wrote it first: :meth:`put` returns None), so two replicas never
+both record one move; a create that meets 409 AlreadyExists returns None too.  Not an update
+(PUT): kube-apiserver creates a Lease that a PUT names and does not find (v1.37.2
+pkg/registry/coordination/lease/strategy.go ``AllowCreateOnUpdate``), so a write at the version of
+a record another replica had deleted brought the record back; a patch of a missing Lease is 404
+(found on the real API server, issue #40: tests/ray/test_followup_contract.py).  The Lease's spec is not used
 as a lease (the per-run move claim is a run claim, ``resilienced.kube.leases``).
 
-Verbs: create, get, update, delete, list on leases in that namespace (the daemon's Role has them
-for its claims).
+Verbs: create, get, patch, delete, list on leases in that namespace (the daemon's Role has them,
+with update for its claims).
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from collections.abc import Mapping
 
 from kubernetes_asyncio import client as k8s
 
-from resilienced.kube.api import KubeStatusError, call
+from resilienced.kube.api import MERGE_PATCH, KubeStatusError, call
 from resilienced.kube.leases import MANAGED_BY
 from resilienced.model import JsonValue
 
@@ -78,8 +82,9 @@ class KubeFollowUps:
                 written = await call(verb="create", resource="leases", request=self._api.create_namespaced_lease(
                     self.namespace, body, _preload_content=False, _request_timeout=self._timeout))
             else:
-                written = await call(verb="update", resource="leases", request=self._api.replace_namespaced_lease(
-                    lease_name(run), self.namespace, body, _preload_content=False, _request_timeout=self._timeout))
+                written = await call(verb="patch", resource="leases", request=self._api.patch_namespaced_lease(
+                    lease_name(run), self.namespace, {"metadata": body["metadata"], "spec": body["spec"]},
+                    _content_type=MERGE_PATCH, _preload_content=False, _request_timeout=self._timeout))
         except KubeStatusError as err:
             if err.status in (404, 409):
                 return None

@@ -66,7 +66,7 @@ RBAC_RULES: tuple[Rule, ...] = (
          "usage, and the ResourceFlavors' nodeLabels, so a capacity without free quota is not chosen"),
     Rule(("",), ("events",), ("create", "get", "patch"), "cluster",
          "Events on Nodes (namespace default) and RayJobs/RayClusters; get + patch count repeats"),
-    Rule(("coordination.k8s.io",), ("leases",), ("create", "get", "update", "delete", "list"), "lease-namespace",
+    Rule(("coordination.k8s.io",), ("leases",), ("create", "get", "update", "patch", "delete", "list"), "lease-namespace",
          "cross-replica claims: one Lease per (event, run); list to sweep done ones"),
     Rule(("",), ("secrets",), ("get",), "ray-namespace",
          "the Ray auth token of a token-mode RayCluster, read by name", resource_names=(AUTH_SECRETS,),

@@ -106,11 +106,12 @@ RBAC_RULES: tuple[Rule, ...] = (
 
 NAMESPACED_RBAC_RULES: Mapping[str, tuple[Rule, ...]] = {
     "daemon": (
-        Rule("coordination.k8s.io", "leases", ("get", "create", "update", "delete", "list"),
-             "resilienced.kube.leases",
+        Rule("coordination.k8s.io", "leases", ("get", "create", "update", "patch", "delete", "list"),
+             "resilienced.kube.leases, resilienced.kube.followups",
              "claims: one Lease per (event id, run) in the daemon's namespace so that only one "
              "replica acts on it (ClaimStore acquire/get/complete/release); list: the sweep of "
-             "done claims older than the dedupe window"),
+             "done claims older than the dedupe window; follow-ups: one Lease per requeued run, "
+             "written with a merge patch at the version read (a PUT would recreate a deleted one)"),
     ),
     "run": (
         Rule("", "secrets", ("get",), "resilienced.kube.tokens",

@@ -5,7 +5,8 @@ on the emulated Kubernetes API server through the real kubernetes_asyncio client
 mode), and ``RayKvClaims`` on the GCS internal KV of a real local Ray cluster (ray mode).  Each
 "replica" of the cross-replica stores has its own client (its own connections); memory is one
 replica's store, so its replicas share it.  Every store runs on a clock the test moves, so TTLs
-and the dedupe window pass without sleeping.
+and the dedupe window pass without sleeping.  The Lease store runs on the real API server too
+(``real-lease``, a ``cluster`` test: tests/support/controlplane), in its namespace ``resilienced``.
 
 Found by this test (issue #22): a holder that lost its claim to another and then completed it
 overwrote the new holder's Lease with "done" (the memory and GCS KV stores left it alone); a
@@ -28,6 +29,8 @@ import pytest
 from resilienced.claims import MemoryClaims
 from resilienced.local.raycluster import LocalRayCluster
 from resilienced.ports import ClaimStore
+from tests.support import layers
+from tests.support.controlplane.rest import RestError
 from tests.support.kubeapi import KubeApiServer
 from tests.support.kubeoptions import LOCAL_BOUND_S
 from tests.support.ray import session_head
@@ -61,7 +64,8 @@ def memory_stores() -> Stores:
                   forget_done=_nothing)
 
 
-def lease_stores(server: KubeApiServer) -> Stores:
+def lease_stores(server: Any) -> Stores:
+    """On ``server``: a :class:`KubeApiServer`, or the real control plane (its ``api_client()``)."""
     from resilienced.kube.leases import KubeLeaseClaims
 
     now = [datetime(2026, 3, 1, 12, 0, tzinfo=timezone.utc)]
@@ -96,6 +100,7 @@ def gcs_stores(cluster: LocalRayCluster) -> Stores:
 @pytest.fixture(params=[
     pytest.param("memory", marks=pytest.mark.unit),
     pytest.param("lease"),
+    pytest.param("real-lease", marks=pytest.mark.cluster),
     pytest.param("gcs-kv", marks=pytest.mark.e2e),
 ])
 async def stores(request: pytest.FixtureRequest) -> AsyncIterator[Stores]:
@@ -109,6 +114,21 @@ async def stores(request: pytest.FixtureRequest) -> AsyncIterator[Stores]:
             finally:
                 for client in made.clients:
                     await client.close()
+    elif request.param == "real-lease":  # the same store on the real API server (the process's control plane)
+        plane = request.getfixturevalue("control_plane")
+        layers.started("cluster", "the real control plane")
+        try:  # the real server keeps Leases only in a namespace that exists
+            plane.admin.request("POST", "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace",
+                                                               "metadata": {"name": "resilienced"}})
+        except RestError as err:
+            if err.status != 409:
+                raise
+        made = lease_stores(plane)
+        try:
+            yield made
+        finally:
+            for client in made.clients:
+                await client.close()
     else:
         yield gcs_stores(session_head(request))
 

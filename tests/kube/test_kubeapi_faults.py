@@ -79,7 +79,8 @@ async def test_request_log_counts_per_verb_and_resource(api: k8s.ApiClient, kube
     await core.list_node(label_selector="a=b")
     await core.patch_node("n1", {"spec": {"unschedulable": True}})
     await custom.list_cluster_custom_object("ray.io", "v1", "rayjobs")
-    await custom.create_namespaced_custom_object("ray.io", "v1", "ml", "rayjobs", {"metadata": {"name": "j"}, "spec": {}})
+    await custom.create_namespaced_custom_object("ray.io", "v1", "ml", "rayjobs", {
+        "apiVersion": "ray.io/v1", "kind": "RayJob", "metadata": {"name": "j"}, "spec": {}})  # a custom resource names its kind
     await custom.patch_namespaced_custom_object_status("ray.io", "v1", "ml", "rayjobs", "j", {"status": {"x": 1}},
                                                       _content_type="application/merge-patch+json")
     counts = kubeapi.counts()

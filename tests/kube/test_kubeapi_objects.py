@@ -1,22 +1,34 @@
-"""The emulator stores objects as the API server does: metadata, conflicts, status, deletes, auth."""
+"""The emulator stores objects as the API server does: metadata, conflicts, status, deletes, auth.
+
+The tests with a ``kubeapi`` run on the emulator and on the real API server (tests/support/controlplane)."""
 
 from __future__ import annotations
 
 import base64
 import json
+from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 from kubernetes_asyncio import client as k8s
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from .conftest import node, pod_template, raycluster
+from tests.support.controlplane.facade import serve, server_params
 from tests.support.kubeapi import KubeApiServer, RbacRule
 
 pytestmark = pytest.mark.integration
 
+
+@pytest.fixture(params=server_params())
+async def kubeapi(request: pytest.FixtureRequest) -> AsyncIterator[Any]:
+    """The emulator, and the real API server (tests/support/controlplane/facade.py) where the test
+    can play there (``emulator_only()`` marks those that cannot)."""
+    async with serve(request) as server:
+        yield server
+
+
 PODSETS = [{"name": "main", "count": 1, "template": pod_template()}]
-EVICTED = {"type": "Evicted", "status": "True", "reason": "Deactivated", "message": "deactivated",
-           "lastTransitionTime": "2026-08-20T12:00:00Z"}
 
 
 async def test_create_sets_metadata_and_resource_versions_increase_across_kinds(api: k8s.ApiClient) -> None:
@@ -40,11 +52,17 @@ async def test_create_twice_is_409_already_exists(api: k8s.ApiClient) -> None:
 
 async def test_generate_name_and_invalid_names(api: k8s.ApiClient) -> None:
     core = k8s.CoreV1Api(api)
-    pod = await core.create_namespaced_pod("ml", {"metadata": {"generateName": "worker-"}, "spec": {"containers": []}})
+    pod = await core.create_namespaced_pod("ml", {"metadata": {"generateName": "worker-"}, "spec": {
+        "containers": [{"name": "ray-worker", "image": "rayproject/ray:2.60.0"}]}})
     assert pod.metadata.name.startswith("worker-") and len(pod.metadata.name) > len("worker-")
     with pytest.raises(ApiException) as err:
         await core.create_namespaced_pod("ml", {"metadata": {"name": "Not_Valid"}, "spec": {}})
     assert err.value.status == 422
+    with pytest.raises(ApiException) as err:  # a pod needs a container with an image (the emulator took none)
+        await core.create_namespaced_pod("ml", {"metadata": {"generateName": "worker-"}, "spec": {
+            "containers": [{"name": "ray-worker"}]}})
+    status = json.loads(err.value.body)
+    assert err.value.status == 422 and status["message"].endswith("is invalid: spec.containers[0].image: Required value")
 
 
 async def test_replace_with_stale_resource_version_is_409_conflict(api: k8s.ApiClient) -> None:
@@ -75,42 +93,56 @@ async def test_generation_bumps_on_spec_change_only(api: k8s.ApiClient) -> None:
 
 
 async def test_status_subresource_separates_status_from_spec(api: k8s.ApiClient, kubeapi: KubeApiServer) -> None:
+    """On a Volcano Job, which no controller of the real plane writes (Kueue rewrites a Workload's
+    conditions as soon as they change)."""
     custom = k8s.CustomObjectsApi(api)
-    body = {"apiVersion": "kueue.x-k8s.io/v1beta1", "kind": "Workload", "metadata": {"name": "w"},
-            "spec": {"active": True, "podSets": PODSETS}, "status": {"conditions": [{"type": "Admitted"}]}}
-    created = await custom.create_namespaced_custom_object("kueue.x-k8s.io", "v1beta1", "ml", "workloads", body)
-    assert "status" not in created  # status is written through the subresource only
+    job = ("batch.volcano.sh", "v1alpha1", "ml", "jobs", "vj")
+    body = {"apiVersion": "batch.volcano.sh/v1alpha1", "kind": "Job", "metadata": {"name": "vj"},
+            "spec": {"minAvailable": 1}, "status": {"state": {"phase": "Pending"}}}
+    created = await custom.create_namespaced_custom_object(*job[:4], body)
+    assert not created.get("status")  # status is written through the subresource only
     merge = {"_content_type": "application/merge-patch+json"}
     await custom.patch_namespaced_custom_object_status(
-        "kueue.x-k8s.io", "v1beta1", "ml", "workloads", "w",
-        {"spec": {"active": False}, "status": {"conditions": [EVICTED]}}, **merge)
-    after_status = kubeapi.get("workloads.kueue.x-k8s.io", "w", namespace="ml")
-    assert after_status["spec"]["active"] is True and after_status["status"]["conditions"][0]["type"] == "Evicted"
+        *job, {"spec": {"minAvailable": 2}, "status": {"state": {"phase": "Running"}}}, **merge)
+    after_status = kubeapi.get("jobs.batch.volcano.sh", "vj", namespace="ml")
+    assert after_status["spec"]["minAvailable"] == 1 and after_status["status"]["state"]["phase"] == "Running"
     await custom.patch_namespaced_custom_object(
-        "kueue.x-k8s.io", "v1beta1", "ml", "workloads", "w",
-        {"spec": {"active": False}, "status": {"conditions": []}}, **merge)
-    after_main = kubeapi.get("workloads.kueue.x-k8s.io", "w", namespace="ml")
-    assert after_main["spec"]["active"] is False and after_main["status"]["conditions"][0]["type"] == "Evicted"
+        *job, {"spec": {"minAvailable": 2}, "status": {"state": {"phase": "Failed"}}}, **merge)
+    after_main = kubeapi.get("jobs.batch.volcano.sh", "vj", namespace="ml")
+    assert after_main["spec"]["minAvailable"] == 2 and after_main["status"]["state"]["phase"] == "Running"
 
 
 async def test_two_versions_share_one_storage(api: k8s.ApiClient) -> None:
     custom = k8s.CustomObjectsApi(api)
-    await custom.create_namespaced_custom_object("kueue.x-k8s.io", "v1beta1", "ml", "workloads",
-                                                 {"metadata": {"name": "w"}, "spec": {"podSets": PODSETS}})
+    await custom.create_namespaced_custom_object("kueue.x-k8s.io", "v1beta1", "ml", "workloads", {
+        "apiVersion": "kueue.x-k8s.io/v1beta1", "kind": "Workload", "metadata": {"name": "w"}, "spec": {"podSets": PODSETS}})
     seen = await custom.get_namespaced_custom_object("kueue.x-k8s.io", "v1beta2", "ml", "workloads", "w")
     assert seen["apiVersion"] == "kueue.x-k8s.io/v1beta2"
 
 
 async def test_volcano_kinds_are_served(api: k8s.ApiClient) -> None:
     custom = k8s.CustomObjectsApi(api)
-    await custom.create_namespaced_custom_object("batch.volcano.sh", "v1alpha1", "ml", "jobs",
-                                                 {"metadata": {"name": "vj"}, "spec": {"minAvailable": 2}})
-    await custom.create_namespaced_custom_object("bus.volcano.sh", "v1alpha1", "ml", "commands",
-                                                 {"metadata": {"name": "restart"}, "action": "RestartJob"})
+    await custom.create_namespaced_custom_object("batch.volcano.sh", "v1alpha1", "ml", "jobs", {
+        "apiVersion": "batch.volcano.sh/v1alpha1", "kind": "Job", "metadata": {"name": "vj"}, "spec": {"minAvailable": 2}})
+    await custom.create_namespaced_custom_object("bus.volcano.sh", "v1alpha1", "ml", "commands", {
+        "apiVersion": "bus.volcano.sh/v1alpha1", "kind": "Command", "metadata": {"name": "restart"}, "action": "RestartJob"})
     jobs = await custom.list_namespaced_custom_object("batch.volcano.sh", "v1alpha1", "ml", "jobs")
     commands = await custom.list_namespaced_custom_object("bus.volcano.sh", "v1alpha1", "ml", "commands")
     assert [j["metadata"]["name"] for j in jobs["items"]] == ["vj"]
     assert commands["items"][0]["action"] == "RestartJob"
+
+
+async def test_a_custom_resource_needs_its_kind_and_api_version(api: k8s.ApiClient, kubeapi: KubeApiServer) -> None:
+    """Decoded as unstructured, a custom resource's body must name its kind (400; the emulator took
+    the URL's); a built-in kind's need not."""
+    with pytest.raises(ApiException) as err:
+        await k8s.CustomObjectsApi(api).create_namespaced_custom_object(
+            "batch.volcano.sh", "v1alpha1", "ml", "jobs", {"metadata": {"name": "vj"}, "spec": {"minAvailable": 2}})
+    assert err.value.status == 400
+    assert "the object provided is unrecognized (must be of type Job): Object 'Kind' is missing" in json.loads(
+        err.value.body)["message"]
+    assert kubeapi.get("jobs.batch.volcano.sh", "vj", namespace="ml") is None
+    await k8s.CoordinationV1Api(api).create_namespaced_lease("ops", {"metadata": {"name": "l1"}, "spec": {}})
 
 
 async def test_delete_preconditions_and_finalizers(api: k8s.ApiClient, kubeapi: KubeApiServer) -> None:
@@ -196,12 +228,23 @@ async def test_kubeconfig_file_reaches_the_server(kubeapi: KubeApiServer, tmp_pa
 
 
 async def test_events_in_both_apis(api: k8s.ApiClient) -> None:
+    """One storage, two views (the emulator kept them apart); an events.k8s.io Event needs a type
+    (422 without).  In ``ops``: the real plane's ``default`` holds the controllers' Events too."""
     core, events = k8s.CoreV1Api(api), k8s.EventsV1Api(api)
-    await core.create_namespaced_event("default", {
-        "metadata": {"name": "n1.1"}, "involvedObject": {"kind": "Node", "name": "n1"}, "reason": "R", "message": "m"})
-    await events.create_namespaced_event("default", {
-        "metadata": {"name": "n1.2"}, "regarding": {"kind": "Node", "name": "n1"}, "reason": "R", "note": "m",
-        "action": "A", "reportingController": "x/y", "reportingInstance": "i", "eventTime": "2026-01-01T00:00:00.000000Z"})
-    assert [e.metadata.name for e in (await core.list_namespaced_event("default")).items] == ["n1.1"]
-    found = await events.list_namespaced_event("default", field_selector="regarding.name=n1")
-    assert [e.metadata.name for e in found.items] == ["n1.2"]
+    pod = {"kind": "Pod", "name": "p1", "namespace": "ops"}
+    await core.create_namespaced_event("ops", {
+        "metadata": {"name": "p1.1"}, "involvedObject": pod, "reason": "R", "message": "m"})
+    new = {"metadata": {"name": "p1.2"}, "regarding": pod, "reason": "R", "note": "n",
+           "action": "A", "reportingController": "x/y", "reportingInstance": "i", "eventTime": "2026-01-01T00:00:00.000000Z"}
+    with pytest.raises(ApiException) as err:
+        await events.create_namespaced_event("ops", new)
+    assert err.value.status == 422 and json.loads(err.value.body)["message"] == (
+        'Event "p1.2" is invalid: type: Invalid value: "": has invalid value: ')
+    await events.create_namespaced_event("ops", {**new, "type": "Normal"})
+    in_core = (await core.list_namespaced_event("ops")).items
+    assert [(e.metadata.name, e.involved_object.name, e.message) for e in in_core] == [("p1.1", "p1", "m"), ("p1.2", "p1", "n")]
+    # as JSON: the client's events.k8s.io model wants an eventTime, which p1.1 has not
+    found = json.loads(await (await events.list_namespaced_event(
+        "ops", field_selector="regarding.name=p1", _preload_content=False)).read())["items"]
+    assert [(e["metadata"]["name"], e["regarding"]["name"], e["note"]) for e in found] == [("p1.1", "p1", "m"), ("p1.2", "p1", "n")]
+    assert (await events.read_namespaced_event("p1.2", "ops")).reporting_controller == "x/y"

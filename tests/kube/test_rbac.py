@@ -9,6 +9,7 @@ import pytest
 from resilienced.errors import PermanentError
 from resilienced.kube.cluster import KubeCluster
 from resilienced.kube.events import EventRecorder
+from resilienced.kube.followups import KubeFollowUps
 from resilienced.kube.leases import KubeLeaseClaims
 from resilienced.kube.rbac import RBAC_RULES, requested_verbs
 from resilienced.kube.events import ObjectRef
@@ -81,6 +82,9 @@ async def test_every_call_of_kubernetes_mode_is_allowed_and_every_rule_is_used(g
         await b.acquire("k", holder="b", ttl_seconds=5)  # create 409, get, update
         await b.release("k", holder="b")  # get, delete
         await a.sweep(older_than=timedelta(hours=24))  # list
+        follow_ups = KubeFollowUps(client, namespace=LEASES_NS)
+        first = await follow_ups.put("ml/train", {"stage": "requeued"}, version=None)  # create
+        assert await follow_ups.put("ml/train", {"stage": "admitted"}, version=first) is not None  # patch
     finally:
         await client.close()
         await server.stop()

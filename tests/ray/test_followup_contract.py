@@ -4,7 +4,8 @@ One table of rules, three stores: ``MemoryFollowUps`` (the tests' in-process dou
 tests/support/followups.py), ``KubeFollowUps`` on Leases of the emulated Kubernetes API server
 through the real kubernetes_asyncio client (kubernetes mode), and ``RayKvFollowUps`` on the GCS
 internal KV of a real local Ray cluster, head only (ray mode).  Each "replica" of the cross-replica stores has
-its own client; the memory store is one replica's, so its replicas share it.
+its own client; the memory store is one replica's, so its replicas share it.  The Lease store runs
+on the real API server too (``real-lease``, a ``cluster`` test: tests/support/controlplane).
 
 Both cross-replica stores share their place with the run claims (the Leases of
 ``--claims-namespace``, the GCS KV namespace ``resilienced``): ``all`` must list follow-ups only.
@@ -27,6 +28,8 @@ import pytest
 from resilienced.local.raycluster import LocalRayCluster
 from resilienced.ports import FollowUpStore
 from tests.support.followups import MemoryFollowUps
+from tests.support import layers
+from tests.support.controlplane.rest import RestError
 from tests.support.kubeapi import KubeApiServer
 from tests.support.kubeoptions import LOCAL_BOUND_S
 from tests.support.ray import session_head
@@ -55,7 +58,8 @@ def memory_stores() -> Stores:
     return Stores(replica=lambda _name: store, claim=no_claim)
 
 
-def lease_stores(server: KubeApiServer) -> Stores:
+def lease_stores(server: Any) -> Stores:
+    """On ``server``: a :class:`KubeApiServer`, or the real control plane (its ``api_client()``)."""
     from resilienced.kube.followups import KubeFollowUps
     from resilienced.kube.leases import KubeLeaseClaims
 
@@ -89,6 +93,7 @@ def gcs_stores(cluster: LocalRayCluster) -> Stores:
 @pytest.fixture(params=[
     pytest.param("memory", marks=pytest.mark.unit),
     pytest.param("lease"),
+    pytest.param("real-lease", marks=pytest.mark.cluster),
     pytest.param("gcs-kv", marks=pytest.mark.e2e),
 ])
 async def stores(request: pytest.FixtureRequest) -> AsyncIterator[Stores]:
@@ -102,6 +107,21 @@ async def stores(request: pytest.FixtureRequest) -> AsyncIterator[Stores]:
             finally:
                 for client in made.clients:
                     await client.close()
+    elif request.param == "real-lease":  # the same store on the real API server (the process's control plane)
+        plane = request.getfixturevalue("control_plane")
+        layers.started("cluster", "the real control plane")
+        try:  # the real server keeps Leases only in a namespace that exists
+            plane.admin.request("POST", "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace",
+                                                               "metadata": {"name": "resilienced"}})
+        except RestError as err:
+            if err.status != 409:
+                raise
+        made = lease_stores(plane)
+        try:
+            yield made
+        finally:
+            for client in made.clients:
+                await client.close()
     else:
         yield gcs_stores(session_head(request))
 
@@ -117,6 +137,9 @@ RECORD = {"state": "following", "stage": "joined", "moves": 1, "capacities": ["s
 
 
 # --------------------------------------------------------------------------- the contract
+#: Found on the real API server (issue #40): a PUT of a missing Lease creates it (its strategy's
+#: AllowCreateOnUpdate; the emulator answered 404 and now creates it too), so KubeFollowUps.put
+#: with a version recreated a deleted record; it writes with a merge patch now (404 when gone).
 async def test_a_run_without_a_record_reads_none_and_nothing_is_listed_for_it(stores: Stores) -> None:
     a = stores.replica("a")
     r = run()

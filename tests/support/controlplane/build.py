@@ -80,6 +80,7 @@ def _stamp(version: str) -> str:
 
 
 KUBE_VERSION = "v1.37.2"
+HELM_VERSION = "v4.3.2"
 COMPONENTS: dict[str, Component] = {c.name: c for c in (
     Component("k8s", KUBE_VERSION, {
         "kube-apiserver": "k8s.io/kubernetes/cmd/kube-apiserver",
@@ -94,14 +95,17 @@ COMPONENTS: dict[str, Component] = {c.name: c for c in (
         Copy("sigs.k8s.io/kwok", "kustomize/stage/pod/fast/pod-ready.yaml", "stages"),
         Copy("sigs.k8s.io/kwok", "kustomize/stage/pod/fast/pod-delete.yaml", "stages"),
     )),
-    Component("kuberay", "v1.5.0", {"ray-operator": "github.com/ray-project/kuberay/ray-operator"}, copies=(
+    Component("kuberay", "v1.6.0", {"ray-operator": "github.com/ray-project/kuberay/ray-operator"}, copies=(
         Copy("github.com/ray-project/kuberay/ray-operator", "config/crd/bases", "crds"),
     )),
     Component("kueue", "v0.17.0", {"kueue": "sigs.k8s.io/kueue/cmd/kueue"}, copies=(
         Copy("sigs.k8s.io/kueue", "config/components/crd/bases", "crds"),
         Copy("sigs.k8s.io/kueue", "config/components/webhook/manifests.yaml", "webhooks"),
     )),
-    Component("helm", "v4.3.2", {"helm": "helm.sh/helm/v4/cmd/helm"}, plane=False),
+    # helm's own Makefile stamps its version (else `helm version` says v4.3, the source's default).
+    Component("helm", HELM_VERSION, {"helm": "helm.sh/helm/v4/cmd/helm"}, plane=False,
+              ldflags=f"-s -w -X helm.sh/helm/v4/internal/version.version={HELM_VERSION} "
+                      "-X helm.sh/helm/v4/internal/version.gitTreeState=clean"),
 )}
 #: What ``make controlplane`` builds: the plane's components (helm has ``make helm``).
 PLANE = tuple(name for name, c in COMPONENTS.items() if c.plane)
@@ -154,8 +158,8 @@ def built(name: str) -> Path:
     component = COMPONENTS[name]
     folder = cache_root() / component.key()
     if not (folder / "BUILD.json").exists():
-        raise MissingBuild(f"the control plane's {name} ({component.version}) is not built in {folder}: "
-                           "run `make controlplane`")
+        what, target = (f"the control plane's {name}", "make controlplane") if component.plane else (name, f"make {name}")
+        raise MissingBuild(f"{what} ({component.version}) is not built in {folder}: run `{target}`")
     return folder
 
 

@@ -51,6 +51,8 @@ SWEPT = ("rayjobs.ray.io", "rayclusters.ray.io", "workloads.kueue.x-k8s.io", "jo
 PATCH_TYPES = {"merge": "application/merge-patch+json", "json": "application/json-patch+json",
                "strategic": "application/strategic-merge-patch+json"}
 GONE_TIMEOUT_S = 30.0
+#: The taints the node-lifecycle controller takes off a Node once it is Ready.
+_NOT_READY = ("node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable")
 #: The garbage collector's own finalizers (a deletion in progress), left in place.
 _GC_FINALIZERS = ("foregroundDeletion", "orphan")
 
@@ -140,6 +142,10 @@ class RealKubeApi:
             self.ensure_namespace(namespace)
         self._swept = [self.discovery.resource(name) for name in swept]
         self._before = {r: self._uids(r) for r in self._swept}
+        #: resourceVersions of the states the facade's own writes made, names of what it deleted:
+        #: a watch's events of the test's own doing (kwok and the controllers write too)
+        self.written: set[str] = set()
+        self.deleted: set[str] = set()
 
     # ------------------------------------------------------------------ what the emulator offers
     @property
@@ -165,9 +171,12 @@ class RealKubeApi:
         status = body.pop("status", None)
         namespace = self._namespace_of(rtype, body)
         self._sweep(rtype)
-        made = self.admin.request("POST", self.admin.path(obj["apiVersion"], rtype.plural, namespace=namespace), body)
+        made = self._wrote(self.admin.request("POST", self.admin.path(obj["apiVersion"], rtype.plural,
+                                                                        namespace=namespace), body))
         if status and rtype.status:
             made = self._write_status(rtype, made, status)
+        if rtype.key == "nodes":
+            made = self._settled(made)
         return made
 
     def seed(self, *objects: Mapping[str, Any]) -> list[JsonObj]:
@@ -184,7 +193,7 @@ class RealKubeApi:
         status = body.pop("status", None)
         body["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
         path = self.admin.path(obj["apiVersion"], rtype.plural, namespace=namespace, name=body["metadata"]["name"])
-        made = self.admin.request("PUT", path, body)
+        made = self._wrote(self.admin.request("PUT", path, body))
         if status and rtype.status:
             made = self._write_status(rtype, made, status)
         return made
@@ -213,16 +222,22 @@ class RealKubeApi:
         if kind != "json" and isinstance(body, Mapping) and "status" in body and rtype.status:
             rest = {k: v for k, v in body.items() if k != "status"}
             if rest:
-                self.admin.request("PATCH", path, rest, content_type=PATCH_TYPES[kind])
-            return self.admin.request("PATCH", path + "/status", {"status": body["status"]},
-                                      content_type=PATCH_TYPES[kind])
-        return self.admin.request("PATCH", path, body, content_type=PATCH_TYPES[kind])
+                self._wrote(self.admin.request("PATCH", path, rest, content_type=PATCH_TYPES[kind]))
+            return self._wrote(self.admin.request("PATCH", path + "/status", {"status": body["status"]},
+                                                  content_type=PATCH_TYPES[kind]))
+        return self._wrote(self.admin.request("PATCH", path, body, content_type=PATCH_TYPES[kind]))
 
     def delete(self, resource: str, name: str, *, namespace: str | None = None) -> None:
         """Delete at once (a pod's grace period 0: no kubelet is asked to stop it)."""
         rtype = self.discovery.resource(resource)
         self.admin.request("DELETE", self._path(rtype, namespace, name),
                            {"apiVersion": "v1", "kind": "DeleteOptions", "gracePeriodSeconds": 0})
+        self.deleted.add(name)
+
+    def caused(self, kind: str, name: str, resource_version: str) -> bool:
+        """Whether a watch event (type, object name, resourceVersion) shows one of the facade's
+        own writes rather than one of kwok's or a controller's."""
+        return resource_version in self.written or (kind == "DELETED" and name in self.deleted)
 
     # ------------------------------------------------------------------ namespaces and clean-up
     def ensure_namespace(self, namespace: str) -> None:
@@ -270,7 +285,29 @@ class RealKubeApi:
 
     def _write_status(self, rtype: Resource, made: JsonObj, status: Any) -> JsonObj:
         path = self._path(rtype, made["metadata"].get("namespace"), made["metadata"]["name"]) + "/status"
-        return self.admin.request("PATCH", path, {"status": status}, content_type=PATCH_TYPES["merge"])
+        return self._wrote(self.admin.request("PATCH", path, {"status": status}, content_type=PATCH_TYPES["merge"]))
+
+    def _wrote(self, obj: JsonObj) -> JsonObj:
+        self.written.add(str(obj.get("metadata", {}).get("resourceVersion", "")))
+        return obj
+
+    def _settled(self, node: JsonObj) -> JsonObj:
+        """A new Node once the plane is done with it: the ``node.kubernetes.io/not-ready`` taint the
+        TaintNodesByCondition admission plugin puts on every new Node, kwok's Ready status and the
+        node-lifecycle controller's removal of that taint (tests/support/controlplane/world.py
+        ``World.nodes``); kwok's next heartbeat is 20 to 45 s away (its node-heartbeat stage)."""
+        name = node["metadata"]["name"]
+
+        def settled() -> JsonObj | None:
+            found = self.get("nodes", name)
+            if found is None:
+                return None
+            conditions = (found.get("status") or {}).get("conditions") or []
+            taints = (found.get("spec") or {}).get("taints") or []
+            ready = any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
+            return found if ready and not any(t["key"] in _NOT_READY for t in taints) else None
+
+        return dict(self.plane.wait_for(f"Node {name} Ready and untainted", settled, timeout=GONE_TIMEOUT_S))
 
     def _sweep(self, rtype: Resource) -> None:
         """Remember a kind written through the facade (what was there before it stays)."""

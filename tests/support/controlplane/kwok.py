@@ -6,7 +6,7 @@ The Stages are kwok's own YAMLs from its module (``build.py`` copies them into t
 (kustomize/stage/node/heartbeat), ``pod-ready`` and ``pod-delete`` (kustomize/stage/pod/fast).
 Left out on purpose: the fast set's ``pod-complete``, which ends every running pod owned by a Job
 at once (kustomize/stage/pod/fast/README.md) and so would end KubeRay's submitter Job, and with
-it the RayJob, 30 s later (ray-operator v1.5.0 ``rayjob_controller.go``,
+it the RayJob, 30 s later (ray-operator v1.6.0 ``rayjob_controller.go``,
 ``DefaultSubmitterFinishedTimeout``).  A pod then runs until it is deleted, as a training pod does.
 """
 

@@ -1,4 +1,4 @@
-"""The KubeRay operator (ray-operator v1.5.0) and Kueue (v0.17.0) as host processes.
+"""The KubeRay operator (ray-operator v1.6.0) and Kueue (v0.17.0) as host processes.
 
 KubeRay runs as its ``main.go`` allows out of cluster: a kubeconfig, no leader election, health
 on a port of ours, no webhooks (they are on only with ``ENABLE_WEBHOOKS=true``).
