@@ -38,13 +38,14 @@ demo: $(STAMP)
 controlplane: $(STAMP)
 	$(PY) -m tests.support.controlplane.build
 
-# helm (helm.sh/helm/v4), built the same way, for the chart's checks.
+# helm (helm.sh/helm/v4, v4.3.2), built the same way into the same cache, for the chart's checks
+# (tests/deploy/test_helm.py, tests/cluster/test_helm.py): once per machine, ~3 min cold.
 helm: $(STAMP)
 	$(PY) -m tests.support.controlplane.build helm
 
 # The e2e layer (but its long stories: make test-long), the cluster layer and the two others side
 # by side (tests/run_layers.py, docs/development.md).
-test: $(STAMP) deploy-tools redis-server controlplane
+test: $(STAMP) deploy-tools redis-server controlplane helm
 	$(PY) tests/run_layers.py
 
 # The long e2e stories that make test leaves out (pytest.mark.long: each names its quick forms in
@@ -54,13 +55,13 @@ test-long: $(STAMP)
 
 # The unit and integration layers (tests/support/layers.py): no Ray, trainer or drill; two
 # processes side by side (tests/run_layers.py --fast).
-test-fast: $(STAMP) deploy-tools
+test-fast: $(STAMP) deploy-tools helm
 	$(PY) tests/run_layers.py --fast
 
 # Line coverage of resilienced/, handlers/ and trainer/ over every test (make test's and
 # make test-long's), every subprocess included (tests/run_coverage.py; docs/development.md,
 # "Coverage"). Slower than make test.
-coverage: $(STAMP) deploy-tools redis-server controlplane
+coverage: $(STAMP) deploy-tools redis-server controlplane helm
 	$(PY) tests/run_coverage.py
 
 bench: $(STAMP)
