@@ -179,6 +179,10 @@ IAM_ACTIONS: Mapping[str, Call] = {
     "ec2:CreateTags": Call("ec2", ("PurchaseCapacityBlock",), "resilienced.capacity.ec2",
                            "the purchase's TagSpecifications (resilienced.io/purchase-key) on the "
                            "new capacity reservation"),
+    "ec2:DescribeSpotPriceHistory": Call("ec2", ("DescribeSpotPriceHistory",), "resilienced.aws.pricing",
+                                         "the ledger: the Spot price of the run's pool"),
+    "pricing:GetProducts": Call("pricing", ("GetProducts",), "resilienced.aws.pricing",
+                                "the ledger: the On-Demand price of the run's instance type"),
     "s3:ListBucket": Call("s3", ("ListObjectsV2",), "resilienced.aws.s3",
                           "durable: list the run's checkpoint prefix"),
     "s3:GetObject": Call("s3", ("GetObject", "HeadObject"), "resilienced.aws.s3",

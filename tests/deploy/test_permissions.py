@@ -170,7 +170,8 @@ def test_the_iam_policy_grants_exactly_iam_actions() -> None:
 def test_only_calls_without_resource_level_permissions_get_resource_star() -> None:
     star = {a for s in _statements(load_template(STACK)) if s["Resource"] == "*" for a in _actions(s)}
     assert star == {"ec2:DescribeInstances", "ec2:DescribeCapacityReservations",
-                    "ec2:DescribeCapacityBlockOfferings", "fsx:DescribeDataRepositoryTasks"}
+                    "ec2:DescribeCapacityBlockOfferings", "fsx:DescribeDataRepositoryTasks",
+                    "ec2:DescribeSpotPriceHistory", "pricing:GetProducts"}  # the ledger's prices
 
 
 def test_every_iam_action_names_real_botocore_operations() -> None:
