@@ -164,9 +164,11 @@ IAM_ACTIONS: Mapping[str, Call] = {
     "sqs:GetQueueAttributes": Call("sqs", ("GetQueueAttributes",), "resilienced.aws.sqs",
                                    "start-up and readiness: the queue answers, its RedrivePolicy "
                                    "(maxReceiveCount)"),
-    "ec2:DescribeInstances": Call("ec2", ("DescribeInstances",), "resilienced.capacity.ec2",
+    "ec2:DescribeInstances": Call("ec2", ("DescribeInstances",),
+                                  "resilienced.capacity.ec2, resilienced.aws.ec2nodes",
                                   "instances in a Capacity Block (expiry); ray mode: instance -> "
-                                  "private IP"),
+                                  "private IP; the EC2 node provider: its own instances (by tag), the "
+                                  "lost instance's type and zone"),
     "ec2:DescribeCapacityReservations": Call("ec2", ("DescribeCapacityReservations",),
                                              "resilienced.capacity.ec2",
                                              "requeue: an active Capacity Block/ODCR with room"),
@@ -176,9 +178,22 @@ IAM_ACTIONS: Mapping[str, Call] = {
                                                "requeue, buying on: find a Capacity Block offering"),
     "ec2:PurchaseCapacityBlock": Call("ec2", ("PurchaseCapacityBlock",), "resilienced.capacity.ec2",
                                       "requeue, buying on: buy it (price-capped, idempotent by tag)"),
-    "ec2:CreateTags": Call("ec2", ("PurchaseCapacityBlock",), "resilienced.capacity.ec2",
+    "ec2:CreateTags": Call("ec2", ("PurchaseCapacityBlock", "RunInstances"),
+                           "resilienced.capacity.ec2, resilienced.aws.ec2nodes",
                            "the purchase's TagSpecifications (resilienced.io/purchase-key) on the "
-                           "new capacity reservation"),
+                           "new capacity reservation; a replacement node's TagSpecifications "
+                           "(resilienced.io/launched-by and the node's labels) at launch; each grant "
+                           "is limited by ec2:CreateAction to its one operation"),
+    # Only with ray mode's EC2 node provider (deploy/aws: parameter Ec2NodeProvider).
+    "ec2:RunInstances": Call("ec2", ("RunInstances",), "resilienced.aws.ec2nodes",
+                             "ray mode on EC2: launch a replacement node from the launch template, "
+                             "only tagged resilienced.io/launched-by=<owner>"),
+    "ec2:TerminateInstances": Call("ec2", ("TerminateInstances",), "resilienced.aws.ec2nodes",
+                                   "ray mode on EC2: give back a replacement that never joined, only "
+                                   "instances tagged resilienced.io/launched-by=<owner>"),
+    # Authorised on RunInstances: the launch template's instance profile role (Ec2NodeRoleArn).
+    "iam:PassRole": Call("ec2", ("RunInstances",), "resilienced.aws.ec2nodes",
+                         "ray mode on EC2: the nodes' role, passed to ec2.amazonaws.com at launch"),
     "ec2:DescribeSpotPriceHistory": Call("ec2", ("DescribeSpotPriceHistory",), "resilienced.aws.pricing",
                                          "the ledger: the Spot price of the run's pool"),
     "pricing:GetProducts": Call("pricing", ("GetProducts",), "resilienced.aws.pricing",

@@ -209,8 +209,11 @@ def test_the_stack_deploys_with_its_queue_dlq_rules_and_policy(aws: MotoServer, 
         document = json.loads(document) if isinstance(document, str) else document
         actions |= {a for s in document["Statement"]
                     for a in ([s["Action"]] if isinstance(s["Action"], str) else s["Action"])}
+    # Ec2NodeProvider left "false": no instance is launched (ray mode's EC2 node provider is off)
+    assert "Ec2NodeProviderPolicyArn" not in stack and "Ec2NodeRolePassPolicyArn" not in stack
     assert actions == set(IAM_ACTIONS) - {"ec2:DescribeCapacityBlockOfferings", "ec2:PurchaseCapacityBlock",
-                                          "ec2:CreateTags"}
+                                          "ec2:CreateTags", "ec2:RunInstances", "ec2:TerminateInstances",
+                                          "iam:PassRole"}
     role = iam.get_role(RoleName=role_name)["Role"]
     trust = role["AssumeRolePolicyDocument"]
     trust = json.loads(trust) if isinstance(trust, str) else trust
@@ -218,6 +221,33 @@ def test_the_stack_deploys_with_its_queue_dlq_rules_and_policy(aws: MotoServer, 
     issuer = PARAMETERS["OidcIssuer"]
     assert statement["Condition"]["StringEquals"] == {
         f"{issuer}:sub": "system:serviceaccount:resilienced:resilienced", f"{issuer}:aud": "sts.amazonaws.com"}
+
+
+def test_the_ec2_node_provider_policies_come_with_its_parameters(aws: MotoServer) -> None:
+    """Ec2NodeProvider "true" and the nodes' role: the provider's two policies, attached to the role."""
+    cfn = boto3.client("cloudformation", endpoint_url=aws.endpoint_url, region_name=REGION)
+    node_role = "arn:aws:iam::123456789012:role/ray-nodes"
+    parameters = {**PARAMETERS, "Ec2NodeProvider": "true", "Ec2NodeOwner": "ray-train-a", "Ec2NodeRoleArn": node_role}
+    cfn.create_stack(StackName="resilienced-ec2", TemplateBody=STACK.read_text(), Capabilities=["CAPABILITY_IAM"],
+                     Parameters=[{"ParameterKey": k, "ParameterValue": v} for k, v in parameters.items()])
+    (described,) = cfn.describe_stacks(StackName="resilienced-ec2")["Stacks"]
+    assert described["StackStatus"] == "CREATE_COMPLETE", described.get("StackStatusReason")
+    outputs = {o["OutputKey"]: o["OutputValue"] for o in described["Outputs"]}
+    iam = boto3.client("iam", endpoint_url=aws.endpoint_url, region_name=REGION)
+    role_name = outputs["RoleArn"].rpartition("/")[2]
+    attached = {p["PolicyArn"] for p in iam.list_attached_role_policies(RoleName=role_name)["AttachedPolicies"]}
+    assert {outputs["Ec2NodeProviderPolicyArn"], outputs["Ec2NodeRolePassPolicyArn"]} <= attached
+    statements = []
+    for arn in (outputs["Ec2NodeProviderPolicyArn"], outputs["Ec2NodeRolePassPolicyArn"]):
+        version = iam.get_policy(PolicyArn=arn)["Policy"]["DefaultVersionId"]
+        document = iam.get_policy_version(PolicyArn=arn, VersionId=version)["PolicyVersion"]["Document"]
+        statements += (json.loads(document) if isinstance(document, str) else document)["Statement"]
+    by_sid = {s["Sid"]: s for s in statements}
+    assert by_sid["LaunchTaggedReplacements"]["Condition"] == {
+        "StringEquals": {"aws:RequestTag/resilienced.io/launched-by": "ray-train-a"}}
+    assert by_sid["TerminateOwnReplacementsOnly"]["Condition"] == {
+        "StringEquals": {"ec2:ResourceTag/resilienced.io/launched-by": "ray-train-a"}}
+    assert by_sid["PassTheNodeRoleToEc2"]["Resource"] == node_role
 
 
 async def _one_pass_until_empty(aws: MotoServer, queue_url: str, *, passes: int = 5) -> list[tuple[Any, Verdict]]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ast
 import importlib
+import json
 import importlib.util
 import pkgutil
 from collections import Counter
@@ -159,12 +160,46 @@ def _actions(statement: dict[str, Any]) -> list[str]:
     return [action] if isinstance(action, str) else list(action)
 
 
+def _resources(statement: dict[str, Any]) -> list[str]:
+    resource = statement["Resource"]
+    return [json.dumps(r, sort_keys=True) for r in (resource if isinstance(resource, list) else [resource])]
+
+
 def test_the_iam_policy_grants_exactly_iam_actions() -> None:
     statements = _statements(load_template(STACK))
     actions = [a for s in statements for a in _actions(s)]
-    assert Counter(actions) == Counter(set(IAM_ACTIONS)), "an action missing, extra, or granted twice"
+    assert set(actions) == set(IAM_ACTIONS), "an action missing or extra"
+    grants = Counter((a, r) for s in statements for a in _actions(s) for r in _resources(s))
+    assert not [g for g, n in grants.items() if n > 1], "an action granted twice on one resource"
     assert all(s["Effect"] == "Allow" for s in statements)
     assert not [a for a in actions if "*" in a]
+
+
+def _granting(action: str) -> list[dict[str, Any]]:
+    return [s for s in _statements(load_template(STACK)) if action in _actions(s)]
+
+
+def test_instances_are_launched_tagged_tagged_at_launch_only_and_terminated_only_when_tagged() -> None:
+    """The EC2 node provider's grants carry the tag conditions its code keeps (resilienced.aws.ec2nodes)."""
+    from resilienced.aws.ec2nodes import LAUNCHED_BY_TAG
+
+    owner = {"Ref": "Ec2NodeOwner"}
+    run = _granting("ec2:RunInstances")
+    tagged = [s for s in run if any("instance/*" in r or "volume/*" in r for r in _resources(s))]
+    assert len(tagged) == 1 and tagged[0]["Condition"] == {
+        "StringEquals": {f"aws:RequestTag/{LAUNCHED_BY_TAG}": owner}}
+    assert all("Condition" in s or not any("instance/*" in r for r in _resources(s)) for s in run)
+    # CreateTags: each grant limited to the one operation that tags, together exactly the Call's
+    create = _granting("ec2:CreateTags")
+    assert sorted(s["Condition"]["StringEquals"]["ec2:CreateAction"] for s in create) \
+        == sorted(IAM_ACTIONS["ec2:CreateTags"].operations)
+    [terminate] = _granting("ec2:TerminateInstances")
+    assert terminate["Condition"] == {"StringEquals": {f"ec2:ResourceTag/{LAUNCHED_BY_TAG}": owner}}
+    assert _resources(terminate) == [json.dumps(
+        {"Fn::Sub": "arn:${AWS::Partition}:ec2:${AWS::Region}:${AWS::AccountId}:instance/*"})]
+    [passrole] = _granting("iam:PassRole")
+    assert passrole["Resource"] == {"Ref": "Ec2NodeRoleArn"}
+    assert passrole["Condition"] == {"StringEquals": {"iam:PassedToService": "ec2.amazonaws.com"}}
 
 
 def test_only_calls_without_resource_level_permissions_get_resource_star() -> None:
@@ -178,7 +213,8 @@ def test_every_iam_action_names_real_botocore_operations() -> None:
     session = botocore.session.get_session()
     for action, call in IAM_ACTIONS.items():
         model = session.get_service_model(call.service)
-        assert action.split(":")[0] == model.signing_name or action.split(":")[0] == call.service, action
+        # iam:PassRole is authorised on the call that passes the role (EC2's RunInstances)
+        assert action.split(":")[0] in (model.signing_name, call.service) or action == "iam:PassRole", action
         for operation in call.operations:
             assert operation in model.operation_names, f"{action}: {call.service} has no {operation}"
 
@@ -210,7 +246,7 @@ def test_adapters_that_list_their_iam_actions_match_permissions_exactly() -> Non
     exported = _modules_exporting_iam_actions()
     assert "resilienced.capacity.ec2" in exported  # the first adapter that lists its own
     for module, actions in exported.items():
-        claimed = {a for a, call in IAM_ACTIONS.items() if call.used_by == module}
+        claimed = {a for a, call in IAM_ACTIONS.items() if module in call.used_by.split(", ")}
         assert set(actions) == claimed, f"{module}: IAM_ACTIONS {sorted(actions)} vs permissions {sorted(claimed)}"
 
 
