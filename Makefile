@@ -21,8 +21,9 @@ $(STAMP): pyproject.toml
 	$(VENV_PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	# torch is pinned here too: a newer or unpinned torch pulls a multi-GB CUDA build. The hf and
-	# lightning extras (the framework callbacks' tests) pull no other torch.
-	$(PY) -m pip install -q "torch==2.13.0" -e ".[train,test,hf,lightning]"
+	# lightning extras (the framework callbacks' tests) pull no other torch; plot (matplotlib) draws
+	# `resilienced report --plot` and `resilienced drill --plot` (tests/test_plot.py).
+	$(PY) -m pip install -q "torch==2.13.0" -e ".[train,test,hf,lightning,plot]"
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -2,7 +2,7 @@
 
 Every setting is a field of a frozen dataclass *group* (``QueueSettings``, ``IntakeSettings``,
 ``ModeSettings``, ``RecoverySettings``, ``CapacityPolicy``, ``HttpSettings``, ``LogSettings``,
-``NotifySettings``, ``FollowUpSettings``).
+``NotifySettings``, ``FollowUpSettings``, ``LedgerSettings``).
 A field is declared with :func:`~resilienced.options.option` (the machinery lives in
 :mod:`resilienced.options`), which carries its
 flag (``--visibility-timeout``), its environment variables (``RESILIENCED_VISIBILITY_TIMEOUT``,
@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import enum
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -534,6 +535,40 @@ class FollowUpSettings(Group):
         _require_range("--max-fallbacks", self.max_fallbacks, 0, 10)
 
 
+def _ratio(value: str) -> float:
+    number = float(value)
+    if not 0 <= number <= 1:
+        raise ValueError(f"expected a ratio between 0 and 1, got {value!r}")
+    return number
+
+
+@dataclass(frozen=True)
+class LedgerSettings(Group):
+    """The ledger: what each interruption cost and what the capacity cost (docs/operations.md)."""
+
+    TITLE: ClassVar[str] = "ledger"
+
+    on_demand_prices: str | None = option(
+        None, parse=text, metavar="FILE",
+        help="JSON file of On-Demand prices per instance-hour in USD ({\"on-demand\": {\"p5.48xlarge\": "
+             "98.32, \"us-west-2/p5.48xlarge\": ...}, \"capacity-block\": {\"cr-...\": {\"upfront_fee\": ..., "
+             "\"hours\": ..., \"instances\": ...}}}), read first; what it lacks is asked of the AWS Pricing API "
+             "(GetProducts, us-east-1). For clusters that cannot reach the Pricing API. Unset: the API only.")
+    goodput_floor: float = option(
+        0.8, parse=_ratio, metavar="RATIO",
+        help="The goodput below which a run is alerted on (ResilienceRunGoodputLow), 0-1: exported as "
+             "resilienced_goodput_floor_ratio for the alert rule. 0.8: a run that loses a fifth of its "
+             "GPU time to interruptions is worth a look.")
+
+    def validate(self) -> None:
+        _require_range("--goodput-floor", self.goodput_floor, 0, 1)
+        if self.on_demand_prices is not None:  # read once here; its entries are checked as the daemon opens it
+            try:
+                json.loads(Path(self.on_demand_prices).read_text())
+            except (OSError, ValueError) as e:
+                raise ConfigError("--on-demand-prices", f"{self.on_demand_prices}: {e}") from None
+
+
 # --------------------------------------------------------------------------- all groups
 _JOIN_KINDS = ("spot", "capacity-block", "on-demand")
 
@@ -567,6 +602,7 @@ class Settings:
     capacity: CapacityPolicy = field(default_factory=CapacityPolicy)
     notify: NotifySettings = field(default_factory=NotifySettings)
     follow_up: FollowUpSettings = field(default_factory=FollowUpSettings)
+    ledger: LedgerSettings = field(default_factory=LedgerSettings)
     # -- Another group: add a field and an entry in GROUPS; `run` then takes its flags.
 
     GROUPS: ClassVar[dict[str, type[Group]]] = {
@@ -579,6 +615,7 @@ class Settings:
         "capacity": CapacityPolicy,
         "notify": NotifySettings,
         "follow_up": FollowUpSettings,
+        "ledger": LedgerSettings,
     }
 
     @classmethod

@@ -501,4 +501,20 @@ def test_the_daemon_outside_local_needs_only_the_base_dependencies() -> None:
     base = base_distributions()
     missing = {name: where for name, where in third_party_imports(daemon).items()
                if not any(canonicalize_name(d) in base for d in providers.get(name, []))}
+    # an optional extra of the daemon's own (OPTIONAL_EXTRAS: the plots' matplotlib) is allowed in its
+    # one module, imported inside a function only (never when the module is imported)
+    for name, module in OPTIONAL_EXTRAS.items():
+        if name in missing and missing[name].startswith(MODULES[module].relative_to(ROOT).as_posix()):
+            assert name not in third_party_imports([module], module_level=True), f"{module} imports {name} at import"
+            assert name not in third_party_imports([m for m in daemon if m != module]), f"{name} outside {module}"
+            del missing[name]
     assert missing == {}
+
+
+#: optional extras of pyproject.toml the daemon's modules may use, each in its one module only, lazily
+OPTIONAL_EXTRAS = {"matplotlib": "resilienced.ops.plot"}
+
+
+def test_the_optional_extras_are_declared_and_pinned() -> None:
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert "matplotlib==" in " ".join(extras["plot"]) and "plot" in (ROOT / "Makefile").read_text()

@@ -1,4 +1,4 @@
-"""resilienced.ledger: each part and figure of a recovery's ledger, against a run whose cost is
+"""resilienced.ops.ledger: each part and figure of a recovery's ledger, against a run whose cost is
 known by construction (every time a whole second on a scripted timeline)."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from resilienced.ledger import (
+from resilienced.ops.ledger import (
     PARTS,
     CapacityUse,
     Gpus,
@@ -134,3 +134,39 @@ def test_earlier_recoveries_count_in_the_runs_goodput() -> None:
     carried = Ledger(**{**led.__dict__, "earlier_lost_gpu_seconds": 57600 - 5968.0})
     assert carried.goodput.value == 0.5
     assert isinstance(CapacityUse.from_json(led.capacity[0].as_json()), CapacityUse)
+
+
+def test_the_metrics_count_a_ledger_once_and_keep_the_run_set_bounded() -> None:
+    from prometheus_client import CollectorRegistry
+
+    from resilienced.ops.ledger_metrics import LedgerMetrics
+
+    registry = CollectorRegistry()
+    m = LedgerMetrics(registry, goodput_floor=0.7)
+    led = ledger({"spot": SPOT, "capacity-block": BLOCK, "on-demand": OD})
+    m.count(led)
+    value = registry.get_sample_value
+    assert value("resilienced_lost_gpu_seconds_total", {"part": "capacity_wait"}) == 4640.0
+    assert value("resilienced_lost_gpu_seconds_total", {"part": "steps_repeated"}) == 160.0
+    assert value("resilienced_capacity_premium_usd_total", {"capacity": "capacity-block"}) == 26.0
+    assert value("resilienced_capacity_premium_usd_total", {"capacity": "on-demand"}) == 6.0
+    assert value("resilienced_run_goodput_ratio", {"run": "ns/job"}) == led.goodput.value
+    assert value("resilienced_goodput_floor_ratio", {}) == 0.7
+    m.keep_only(["ns/other"])
+    assert value("resilienced_run_goodput_ratio", {"run": "ns/job"}) is None
+
+
+def test_the_ledger_settings(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from resilienced.errors import ConfigError
+    from resilienced.settings import Settings
+
+    assert Settings.from_args([], {}).ledger.goodput_floor == 0.8
+    assert Settings.from_args([], {"RESILIENCED_GOODPUT_FLOOR": "0.6"}).ledger.goodput_floor == 0.6
+    with pytest.raises(ConfigError, match="--goodput-floor"):
+        Settings.from_args(["--goodput-floor", "1.5"], {})
+    path = tmp_path / "prices.json"
+    path.write_text("not json")
+    with pytest.raises(ConfigError, match="--on-demand-prices"):
+        Settings.from_args(["--on-demand-prices", str(path)], {}).ledger.validate()
+    path.write_text('{"p5.48xlarge": 98.32}')
+    Settings.from_args(["--on-demand-prices", str(path)], {}).ledger.validate()

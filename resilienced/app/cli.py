@@ -33,6 +33,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "replay": ("resilienced.app.replay", "say what the daemon would decide for message bodies in files"),
     "status": ("resilienced.app.status", "what the daemon did to which run, read back from its claims"),
     "inject": ("resilienced.app.inject", "put events on a queue or an event bus, as AWS would (game days)"),
+    "report": ("resilienced.app.report", "what each interruption of a run cost and what its capacity cost (its ledger)"),
 }
 
 

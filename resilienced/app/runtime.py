@@ -50,6 +50,7 @@ from resilienced.aws.autoscaling import Lifecycle
 from resilienced.aws.clients import open_client
 from resilienced.claims import MemoryClaims
 from resilienced.errors import ConfigError, ResilienceError
+from resilienced.ops.ledger_metrics import LedgerMetrics
 from resilienced.ops.metrics import Metrics
 from resilienced.model import Target
 from resilienced.ops.notify import Notifier, NotifyMetrics, load_template
@@ -102,6 +103,7 @@ class MetricGroups:
     interruptions: Counter  # resilienced_interruptions_total
     notify: NotifyMetrics
     follow_up: FollowUpMetrics
+    ledger: LedgerMetrics
 
 
 def metric_groups(metrics: Metrics) -> MetricGroups:
@@ -112,7 +114,7 @@ def metric_groups(metrics: Metrics) -> MetricGroups:
     r = metrics.registry
     return MetricGroups(recovery=RecoveryMetrics(r), requeue=RequeueMetrics(r),
                         interruptions=interruption_counter(r), notify=NotifyMetrics(r),
-                        follow_up=FollowUpMetrics(r))
+                        follow_up=FollowUpMetrics(r), ledger=LedgerMetrics(r))
 
 
 @dataclass(frozen=True)
@@ -297,6 +299,7 @@ async def open_runtime(
 
     mode = settings.mode.kind
     groups = metric_groups(metrics)  # in every mode: the same series for dashboards and alerts
+    groups.ledger.floor.set(settings.ledger.goodput_floor)
     if mode is Mode.PLAN:
         yield Runtime(responder=PlanLogger(),
                       claims=MemoryClaims(done_ttl_seconds=settings.intake.dedupe_seconds))

@@ -1,4 +1,4 @@
-"""Prices per instance-hour for the ledger (``resilienced.ledger``): Spot, On-Demand, a Capacity Block.
+"""Prices per instance-hour for the ledger (``resilienced.ops.ledger``): Spot, On-Demand, a Capacity Block.
 
 * Spot: EC2 ``DescribeSpotPriceHistory`` for the instance type in the zone (``ProductDescriptions``
   ``Linux/UNIX`` and ``Linux/UNIX (Amazon VPC)``, ``StartTime`` = ``EndTime`` = the moment asked:
@@ -11,7 +11,7 @@
   API answers in us-east-1, eu-central-1 and ap-south-1 only: its client is opened in
   :data:`PRICING_REGION`), the ``OnDemand`` term's price per ``Hrs`` in USD.
 * A Capacity Block: its upfront fee over its duration and instances
-  (:func:`resilienced.ledger.block_price`), from the offering the daemon bought, or the file's
+  (:func:`resilienced.ops.ledger.block_price`), from the offering the daemon bought, or the file's
   ``capacity-block`` entry for the reservation.
 
 Nothing here raises: a price that cannot be read is ``Price(None, source, reason)`` with the
@@ -38,7 +38,7 @@ from typing import Any
 
 from resilienced.aws import errors
 from resilienced.errors import ConfigError
-from resilienced.ledger import Price, block_price
+from resilienced.ops.ledger import Price, block_price
 from resilienced.model import CapacityOffering, JsonValue
 
 #: Every IAM action this module calls; the deploy/ IAM policy grants them.

@@ -48,6 +48,9 @@ class Part(str, enum.Enum):
 
 #: The parts, in the order they are shown.
 PARTS: tuple[str, ...] = tuple(p.value for p in Part)
+#: The moments a ledger marks (``Ledger.marks``): the notice, training stopped on the lost node, the
+#: requeue, the capacity placed, training again.
+MARKS: tuple[str, ...] = ("notice", "stopped", "requeued", "placed", "again")
 #: The capacities a price is read for (the ``capacity`` label of the premium counter).
 CAPACITIES: tuple[str, ...] = ("spot", "capacity-block", "on-demand")
 FORMAT = "resilienced-ledger/1"
@@ -314,6 +317,7 @@ class Ledger:
     productive_gpu_seconds: Known
     earlier_lost_gpu_seconds: float = 0.0
     notes: tuple[str, ...] = field(default_factory=tuple)
+    marks: Mapping[str, str] = field(default_factory=dict)  # what happened when (ISO): MARKS, for the plot
 
     @property
     def lost_gpu_seconds(self) -> float:
@@ -359,7 +363,7 @@ class Ledger:
                                        "source": self.productive_gpu_seconds.source},
             "earlier_lost_gpu_seconds": self.earlier_lost_gpu_seconds,
             "goodput": good.value, "goodput_reason": good.reason,
-            "notes": list(self.notes),
+            "notes": list(self.notes), "marks": dict(self.marks),
         }
 
     @classmethod
@@ -380,7 +384,8 @@ class Ledger:
                 prices={str(k): Price.from_json(v) for k, v in dict(data.get("prices") or {}).items()},  # type: ignore[arg-type]
                 productive_gpu_seconds=Known(_num(productive.get("value")), str(productive.get("source") or "")),  # type: ignore[union-attr]
                 earlier_lost_gpu_seconds=float(data.get("earlier_lost_gpu_seconds") or 0.0),  # type: ignore[arg-type]
-                notes=tuple(str(n) for n in data.get("notes") or ()))  # type: ignore[union-attr]
+                notes=tuple(str(n) for n in data.get("notes") or ()),  # type: ignore[union-attr]
+                marks={str(k): str(v) for k, v in dict(data.get("marks") or {}).items()})  # type: ignore[arg-type]
         except (KeyError, TypeError, ValueError, StopIteration) as e:
             raise ValueError(f"ledger of {data.get('run')!r}: {type(e).__name__}: {e}") from None
 
@@ -406,9 +411,12 @@ def compute(r: Recovery, *, run: str, event_id: str, at: datetime, capacity: Seq
             prices: Mapping[str, Price], productive_gpu_seconds: Known, earlier_lost_gpu_seconds: float = 0.0,
             notes: Sequence[str] = ()) -> Ledger:
     """The ledger of the recovery ``r`` (its parts from :func:`lost_parts`)."""
+    marks = {name: moment.isoformat() for name, moment in (
+        ("notice", r.notice_at), ("stopped", r.training_stopped_at), ("requeued", r.requeued_at),
+        ("placed", r.placed_at), ("again", r.training_again_at)) if moment is not None}
     return Ledger(run=run, event_id=event_id, notice_at=r.notice_at, at=at, gpus=r.gpus, lost=lost_parts(r),
                   capacity=tuple(capacity), prices=dict(prices), productive_gpu_seconds=productive_gpu_seconds,
-                  earlier_lost_gpu_seconds=earlier_lost_gpu_seconds, notes=tuple(notes))
+                  earlier_lost_gpu_seconds=earlier_lost_gpu_seconds, notes=tuple(notes), marks=marks)
 
 
 def summary(ledger: Ledger) -> dict[str, JsonValue]:

@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_the_documented_commands_are_all_registered():
     # demo and drill come from the package's entry points: an install without them loses them
-    assert set(cli.commands()) == {"run", "replay", "status", "inject", "demo", "drill"}
+    assert set(cli.commands()) == {"run", "replay", "status", "inject", "report", "demo", "drill"}
 
 
 def test_every_registered_command_has_configure_and_main():

@@ -104,6 +104,20 @@ ROWS: list[tuple[str, list[tuple[str, str, str, list[dict[str, Any]], str]]]] = 
          [q("sum by (outcome) (increase(resilienced_recoveries_total[$__rate_interval]))", "{{outcome}}")],
          "resumed, stuck, superseded."),
     ]),
+    ("What interruptions cost: the ledger", [
+        ("Lost GPU-seconds, by part", "timeseries", "s",
+         [q("sum by (part) (increase(resilienced_lost_gpu_seconds_total[$__rate_interval]))", "{{part}}")],
+         "GPU-seconds the interruptions cost (steps trained twice, the save's pause, idle until training "
+         "again, the capacity wait), each recovery's ledger (resilienced report RUN shows one run's)."),
+        ("Run goodput", "timeseries", "percentunit",
+         [q("min by (run) (resilienced_run_goodput_ratio)", "{{run}}"),
+          q("max(resilienced_goodput_floor_ratio)", "floor (--goodput-floor)")],
+         "Productive GPU-seconds / GPU-seconds held, per run with a follow-up record; the alert "
+         "ResilienceRunGoodputLow fires below the floor."),
+        ("Premium over Spot", "timeseries", "currencyUSD",
+         [q("sum by (capacity) (increase(resilienced_capacity_premium_usd_total[$__rate_interval]))", "{{capacity}}")],
+         "What the moves off Spot cost over Spot's price (Capacity Block fee per instance-hour, On-Demand)."),
+    ]),
     ("Requeues and dead letters", [
         ("Requeues by capacity", "timeseries", "none",
          [q("sum by (capacity) (increase(resilienced_requeues_total[$__rate_interval]))", "{{capacity}}")],
