@@ -233,3 +233,21 @@ def test_a_replica_killed_mid_follow_up_leaves_a_run_the_other_moves_once(stage:
     run.ended("resumed", timeout=120)
     assert len(events(run.world, "Requeued")) == 2, [e.get("message") for e in events(run.world, "Requeued")]
     run.stop()
+
+
+def test_when_no_capacity_can_place_the_run_the_follow_up_ends_stuck_and_says_why(stage: Any) -> None:
+    """Neither the Capacity Block's Nodes nor On-Demand Nodes exist: the real scheduler leaves the
+    workers Unschedulable on the block, then on On-Demand after the one fallback allowed; the
+    follow-up ends ``stuck`` with the scheduler's message and a RecoveryStuck Event, never a
+    success (nothing trains: no resume record is written)."""
+    run: Run = stage(queue=False, block_nodes=0, on_demand=0, flags=(*STALL, "--max-fallbacks", "1"))
+    run.interrupt()
+    record = run.ended("stuck", timeout=150)
+    assert [f["to"] for f in record["fallbacks"]] == ["on-demand"], json.dumps(record["fallbacks"], indent=1)
+    assert "training" not in record["reached"], record["reached"]
+    assert "didn't match Pod's node affinity/selector" in json.dumps(record), json.dumps(record, indent=1)
+    stuck = events(run.world, "RecoveryStuck")
+    assert stuck and "1 fallback(s) made, at most 1" in stuck[0]["message"], [e.get("message") for e in stuck]
+    assert len(events(run.world, "Requeued")) == 2
+    run.stop()
+
