@@ -459,7 +459,7 @@ async def run_burst(*, world: World, sqs: Any, endpoint: str, claims_kind: str, 
         claims = (MemoryClaims() if claims_kind == "memory"
                   else KubeLeaseClaims(stack.api, namespace=LEASE_NAMESPACE))
         recovery = Recovery(cluster=stack.kube, claims=claims, ray_control=stack.kube.ray_control, store=None,
-                            planner=None, requeue=None, metrics=RecoveryMetrics(CollectorRegistry()))
+                            mover=None, metrics=RecoveryMetrics(CollectorRegistry()))
         settings = QueueSettings(queue_url=queue_url, region=REGION, endpoint_url=endpoint, wait_seconds=1,
                                  batch_size=10, concurrency=concurrency, visibility_timeout=60)
         settled: list[Result] = []

@@ -26,6 +26,7 @@ FollowUpStore     ``kube.followups.KubeFollowUps`` (Leases),      the same, real
                   ``ray.followups.RayKvFollowUps`` (GCS KV)       MemoryFollowUps`` in unit tests)
 Progress          ``requeue.progress.KubeProgress``,              the same, real (emulated API,
                   ``ray.progress.RayProgress``                    real local Ray cluster)
+Replacements      ``ray.replacement.ReplacementAnnouncer``        the same, real (local Ray cluster)
 ================  ==============================================  ==================================
 """
 
@@ -36,6 +37,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Protocol, runtime_checkable
 
+from resilienced.errors import TemporaryError
 from resilienced.model import (
     Capacity,
     CapacityDecision,
@@ -288,6 +290,13 @@ class Planner(Protocol):
         takes a follow-up over has not counted it)."""
         ...
 
+    async def decide_again(self, target: Target, *, event: Event, unavailable: str,
+                           instance_count: int) -> CapacityDecision:
+        """The decision after an applier found no capacity in ``unavailable`` (a capacity type or a
+        reservation id; marked out of capacity for the run's pool) for ``instance_count`` instances
+        (:class:`NoCapacity`); a ``wait`` decision carries its ``retry_after``."""
+        ...
+
 
 @runtime_checkable
 class Requeuer(Protocol):
@@ -319,6 +328,27 @@ class Withdraws(Protocol):
         ...
 
 
+class NoCapacity(TemporaryError):
+    """An applier (or a :class:`NodeProvider`) found no capacity in the decided pool right now (an
+    insufficient-capacity error).  ``recovery.move.Mover`` decides again on it, in both modes.
+
+    ``asked``: instances asked of the pool; ``given``: how many it gave before it ran out; ``kept``:
+    whether those stay (an elastic run grows by what there is; a gang gives them back), with
+    ``changes`` saying what was kept, in words.
+    """
+
+    def __init__(self, capacity: Capacity, message: str = "", *, asked: int = 0, given: int = 0,
+                 kept: bool = False, changes: Sequence[str] = ()) -> None:
+        super().__init__(f"no {capacity.value} capacity{': ' + message if message else ''}", delay=60.0)
+        self.capacity = capacity
+        self.asked, self.given, self.kept, self.changes = asked, given, kept, tuple(changes)
+
+    @property
+    def still_missing(self) -> int:
+        """How many instances the next decision must place."""
+        return self.asked - self.given if self.kept else self.asked
+
+
 @dataclass(frozen=True)
 class ProvidedNode:
     """A node a :class:`NodeProvider` launched."""
@@ -337,8 +367,7 @@ class NodeProvider(Protocol):
     async def launch(self, *, capacity: Capacity, node_labels: Sequence[Mapping[str, str]],
                      reservation_id: str | None = None) -> list[ProvidedNode]:
         """Start one node per entry of ``node_labels`` (extra labels each); may return fewer
-        than asked when the pool runs out; raises ``resilienced.ray.requeue.NoCapacity`` when
-        it got none."""
+        than asked when the pool runs out; raises :class:`NoCapacity` when it got none."""
         ...
 
     async def release(self, nodes: Sequence[ProvidedNode]) -> None:
@@ -351,6 +380,17 @@ class NodeProvider(Protocol):
 
     async def available(self, capacity: Capacity) -> int | None:
         """How many more nodes ``capacity`` can give (None: not known)."""
+        ...
+
+
+@runtime_checkable
+class Replacements(Protocol):
+    """Where an elastic run learns when its replacement is expected to join
+    (``resilienced.ray.replacement.ReplacementAnnouncer``: the run's GCS KV)."""
+
+    async def announce(self, target: Target, result: RequeueResult) -> dict[str, JsonValue] | None:
+        """Write the expected join for the workers ``result`` replaces; None when there is nothing
+        to write or it cannot be written (the run then shrinks at once)."""
         ...
 
 

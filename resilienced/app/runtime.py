@@ -62,13 +62,14 @@ from resilienced.ports import (
     FollowUpStore,
     NodeProvider,
     ObjectStore,
-    Progress,
     Planner,
+    Progress,
     RayControl,
     Requeuer,
     Responder,
 )
 from resilienced.recovery.followup import Follower, FollowUpMetrics, FollowUpOptions
+from resilienced.recovery.move import Mover
 from resilienced.recovery.plan_only import PlanLogger
 from resilienced.recovery.responder import Recovery, RecoveryMetrics, RecoveryOptions
 from resilienced.settings import Mode, Settings
@@ -233,7 +234,7 @@ async def _kubernetes(settings: Settings, stack: AsyncExitStack, *, replica: str
                      progress=KubeProgress(api, kueue=kueue))
 
 
-def _ray_mode(settings: Settings, *, ec2: AioBaseClient, planner: Planner, provider: NodeProvider | None) -> ModeParts:
+def _ray_mode(settings: Settings, *, ec2: AioBaseClient, provider: NodeProvider | None) -> ModeParts:
     """ray mode's adapters (no requeuer without a node provider)."""
     from resilienced.ray.claims import RayKvClaims
     from resilienced.ray.cluster import RayModeCluster
@@ -247,8 +248,7 @@ def _ray_mode(settings: Settings, *, ec2: AioBaseClient, planner: Planner, provi
                              instance_label=settings.mode.instance_label,
                              instance_type=settings.mode.instance_type)
     claims = RayKvClaims(kv=ray, done_ttl_seconds=settings.intake.dedupe_seconds)
-    requeuer = (RayModeRequeuer(provider, planner=planner, instance_type=settings.mode.instance_type)
-                if provider is not None else None)
+    requeuer = RayModeRequeuer(provider) if provider is not None else None
 
     async def ray_control(target: Target) -> RayControl:
         return ray
@@ -257,13 +257,31 @@ def _ray_mode(settings: Settings, *, ec2: AioBaseClient, planner: Planner, provi
                      follow_ups=RayKvFollowUps(kv=ray), progress=RayProgress(ray))
 
 
-def _follower(settings: Settings, parts: ModeParts, *, planner: Planner, requeue: Requeuer | None,
+def _following(settings: Settings) -> bool:
+    return settings.follow_up.follow_up
+
+
+def _mover(settings: Settings, parts: ModeParts, *, planner: Planner, metrics: RequeueMetrics) -> Mover | None:
+    """The one owner of moving a run (None when the mode has no applier: nothing is requeued)."""
+    from resilienced.ray.replacement import ReplacementAnnouncer
+    from resilienced.requeue.router import ReportingRequeuer
+
+    if parts.requeuer is None:
+        return None
+    following = _following(settings)
+    return Mover(planner=planner, requeue=ReportingRequeuer(parts.requeuer, cluster=parts.cluster, metrics=metrics),
+                 claims=parts.claims if following else None, follow_ups=parts.follow_ups if following else None,
+                 replacements=ReplacementAnnouncer(parts.ray_control, priors=settings.recovery.node_join_priors),
+                 claim_ttl_s=settings.follow_up.follow_up_claim_ttl_seconds)
+
+
+def _follower(settings: Settings, parts: ModeParts, *, mover: Mover | None,
               store: ObjectStore, metrics: FollowUpMetrics, notifier: Notifier | None, replica: str) -> Follower | None:
     """The follow-up of ``settings.follow_up`` (None when off, or when nothing is requeued)."""
     from resilienced.followup import Bounds
 
     fs = settings.follow_up
-    if not fs.follow_up or requeue is None:
+    if not _following(settings) or mover is None:
         return None
     options = FollowUpOptions(
         bounds=Bounds(admitted=timedelta(seconds=fs.admitted_bound_seconds),
@@ -272,8 +290,8 @@ def _follower(settings: Settings, parts: ModeParts, *, planner: Planner, requeue
         max_fallbacks=fs.max_fallbacks, cooldown=timedelta(seconds=fs.fallback_cooldown_seconds),
         interval_s=fs.follow_up_interval_seconds, claim_ttl_s=fs.follow_up_claim_ttl_seconds,
         keep=timedelta(seconds=settings.intake.dedupe_seconds), mode=settings.mode.kind.value)
-    return Follower(store=parts.follow_ups, claims=parts.claims, cluster=parts.cluster, progress=parts.progress,
-                    planner=planner, requeue=requeue, objects=store, options=options, metrics=metrics,
+    return Follower(store=parts.follow_ups, cluster=parts.cluster, progress=parts.progress,
+                    mover=mover, objects=store, options=options, metrics=metrics,
                     notifier=notifier, replica=replica)
 
 
@@ -295,7 +313,6 @@ async def open_runtime(
     from resilienced.aws.s3 import S3Store
     from resilienced.capacity.ec2 import Ec2Capacity
     from resilienced.capacity.planner import CapacityPlanner
-    from resilienced.requeue.router import ReportingRequeuer
 
     mode = settings.mode.kind
     groups = metric_groups(metrics)  # in every mode: the same series for dashboards and alerts
@@ -336,17 +353,16 @@ async def open_runtime(
             parts = await _kubernetes(settings, stack, replica=replica, supervisor=supervisor,
                                       ray_control=stand_ins.ray_control)
         else:
-            parts = _ray_mode(settings, ec2=ec2, planner=planner, provider=stand_ins.node_provider)
-        requeue = (ReportingRequeuer(parts.requeuer, cluster=parts.cluster, metrics=groups.requeue)
-                   if parts.requeuer is not None else None)
-        follower = _follower(settings, parts, planner=planner, requeue=requeue, store=store,
+            parts = _ray_mode(settings, ec2=ec2, provider=stand_ins.node_provider)
+        mover = _mover(settings, parts, planner=planner, metrics=groups.requeue)
+        follower = _follower(settings, parts, mover=mover, store=store,
                              metrics=groups.follow_up, notifier=notifier, replica=replica)
         if follower is not None:  # its scope ends first, before the clients it uses close
             following = await stack.enter_async_context(supervisor.scope())
             following.spawn(follower.run(), name="resilienced.follow-up")
         recovery = Recovery(
             cluster=parts.cluster, claims=parts.claims, ray_control=parts.ray_control, store=store,
-            planner=planner, requeue=requeue, capacity=capacity, export=export,
+            mover=mover, capacity=capacity, export=export,
             lifecycle=lifecycle, options=options, metrics=groups.recovery,
             notifier=notifier, follower=follower,
         )

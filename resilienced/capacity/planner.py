@@ -107,7 +107,12 @@ class CapacityPlanner:
 
         A dry run decides as if the interruption were counted but leaves the history as it was.
         ``cache``: EC2's answers (reservations, offerings) kept for further decisions of one plan.
+        The one caller is ``resilienced.recovery.move.Mover`` (the move of a run has one owner).
         """
+        return await self._decide(target, event=event, dry_run=dry_run, cache=cache)
+
+    async def _decide(self, target: Target, *, event: Event, dry_run: bool,
+                      cache: dict[str, object] | None) -> tuple[CapacityRequest, CapacityDecision]:
         request = CapacityRequest.from_target(target, event=event)
         if not dry_run:
             self.observe(event, request.pool)
@@ -128,7 +133,7 @@ class CapacityPlanner:
         ``fallbacks`` a stalled recovery would try after it (:meth:`chain`): a target of the
         ``replay --dry-run --json`` plan.  Reads only; counts nothing, buys nothing."""
         cache: dict[str, object] = {}  # one read of EC2 for the decision and its chain
-        _, decision = await self.plan_for(target, event=event, dry_run=True, cache=cache)
+        _, decision = await self._decide(target, event=event, dry_run=True, cache=cache)
         out = target.as_json()
         out.update(decision.as_json())
         out["fallbacks"] = [{k: v for k, v in d.as_json().items() if k in ("capacity", "reservation_id", "reason")}
@@ -136,7 +141,8 @@ class CapacityPlanner:
         return out
 
     async def fallback(self, target: Target, *, event: Event, dry_run: bool = False) -> CapacityDecision:
-        """Where the run goes after its recovery stalled (``resilienced.recovery.followup``): the
+        """Where the run goes after its recovery stalled (``resilienced.recovery.move.Mover``, for the
+        follow-up): the
         decision again for ``target``, whose ``facts.exclude`` names the stalled capacity (and any
         other in its cool-down).  No earlier move is kept.
 
@@ -151,6 +157,22 @@ class CapacityPlanner:
             self.observe(event, request.pool)
         return await self.plan(request, dry_run=dry_run, extra_interruptions=self._uncounted(event, request.pool)
                                if dry_run else ())
+
+    async def decide_again(self, target: Target, *, event: Event, unavailable: str,
+                           instance_count: int) -> CapacityDecision:
+        """The decision after an applier found no capacity in ``unavailable`` (a capacity type or a
+        reservation id), marked out for the run's pool in the ICE cache, for ``instance_count``
+        instances (``ports.NoCapacity``; ``recovery.move.Mover`` asks).  A target whose request
+        cannot be built (a fact missing) waits; a ``wait`` always carries its ``retry_after``."""
+        try:
+            request = CapacityRequest.from_target(target, event=event)
+        except ValueError as e:
+            return CapacityDecision(Capacity.WAIT, f"cannot decide again: {e}", retry_after=self.policy.wait_retry)
+        self.mark_unavailable(request.pool, unavailable)
+        decision = await self.plan(replace(request, instance_count=instance_count))
+        if decision.capacity is Capacity.WAIT and decision.retry_after is None:
+            decision = replace(decision, retry_after=self.policy.wait_retry)
+        return decision
 
     async def chain(self, target: Target, *, event: Event, first: CapacityDecision, limit: int = 4,
                     cache: dict[str, object] | None = None) -> list[CapacityDecision]:

@@ -15,9 +15,8 @@ from collections.abc import Mapping, Sequence
 
 from resilienced.model import Capacity
 from resilienced.local.raycluster import LocalRayCluster, LocalRayNode
-from resilienced.ports import ProvidedNode
+from resilienced.ports import NoCapacity, ProvidedNode
 from resilienced.ray.cluster import CAPACITY_TYPE_LABEL, INSTANCE_ID_LABEL, RESERVATION_LABEL
-from resilienced.ray.requeue import NoCapacity
 
 
 def made_up_instance_id() -> str:

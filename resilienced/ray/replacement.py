@@ -35,12 +35,12 @@ from __future__ import annotations
 import json
 import statistics
 import time
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Protocol
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any, Protocol, runtime_checkable
 
 from resilienced.log import get as get_logger
-from resilienced.model import Capacity, RequeueResult, Target
-from resilienced.ports import RayNode
+from resilienced.model import Capacity, JsonValue, RequeueResult, Target
+from resilienced.ports import RayControl, RayNode
 from resilienced.ray.requeue import REPLACES_LABEL
 
 log = get_logger(__name__)
@@ -57,6 +57,7 @@ GIVE_UP_S = 3600.0
 CAPACITY_KINDS = ("spot", "capacity-block", "on-demand")
 
 
+@runtime_checkable
 class BoardKv(Protocol):
     """The GCS calls the board needs (``RayGcs`` has them)."""
 
@@ -107,6 +108,30 @@ def announcement(target: Target, result: RequeueResult) -> dict[str, Any] | None
             "capacity": None if waiting else result.capacity.value,
             "replacements": list((result.details or {}).get("nodes") or []),
             "why_none": f"no capacity: {result.reason}" if waiting else ""}
+
+
+class ReplacementAnnouncer:
+    """:class:`~resilienced.ports.Replacements`: the board of the run's Ray cluster, reached through
+    the mode's way to a run's GCS.
+
+    Args:
+        ray_control: the run's GCS (kubernetes mode: per RayCluster; ray mode: the one GCS).
+        priors: seconds a node takes to join per capacity kind (``--node-join-seconds``).
+    """
+
+    def __init__(self, ray_control: Callable[[Target], Awaitable[RayControl]], *,
+                 priors: Mapping[str, float]) -> None:
+        self.ray_control = ray_control
+        self.priors = dict(priors)
+
+    async def announce(self, target: Target, result: RequeueResult) -> dict[str, JsonValue] | None:
+        what = announcement(target, result)
+        if what is None:
+            return None
+        ray = await self.ray_control(target)
+        if not isinstance(ray, BoardKv):
+            return None  # a Ray control without the internal KV (a stand-in of the cluster tests)
+        return await ReplacementBoard(ray, priors=self.priors).announce(**what)
 
 
 class ReplacementBoard:

@@ -6,10 +6,12 @@ In ray mode the capacity type is a node label (``resilienced.io/capacity-type``:
 decided pool; Ray Train then restarts the worker group on them and resumes from the newest
 complete checkpoint.
 
-All or nothing: when the provider has no capacity there (:class:`NoCapacity`) or gives fewer
-nodes than needed, the requeuer releases what it got, marks the pool unavailable in the planner's
-ICE cache, and decides again (so Spot with no room becomes a Capacity Block, then On-Demand);
-when nothing is left the result is ``wait`` and nothing is held.
+A pure applier: it launches the decided capacity or raises :class:`~resilienced.ports.NoCapacity`.
+All or nothing: when the provider has no capacity there or gives fewer nodes than needed, a gang
+gives back what it got (an elastic run keeps it: it grows by what there is) and the requeuer
+raises ``NoCapacity``; :class:`resilienced.recovery.move.Mover` marks the pool out and decides
+again (so Spot with no room becomes a Capacity Block, then On-Demand), as for every mode; when
+nothing is left the decision is ``wait`` and nothing is held.
 
 Idempotent: every replacement node carries ``resilienced.io/replaces=<lost instance id>``; a
 second application finds the replacements alive and launches nothing.
@@ -23,24 +25,12 @@ id) whose ``ray start`` joins with the same labels; it is not part of this packa
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import replace
 
-from resilienced.capacity.planner import CapacityPlanner
-from resilienced.capacity.request import CapacityRequest
-from resilienced.errors import TemporaryError
 from resilienced.model import Capacity, CapacityDecision, Event, JsonValue, RequeueResult, Target
-from resilienced.ports import NodeProvider, ProvidedNode
+from resilienced.ports import NoCapacity, NodeProvider, ProvidedNode
 from resilienced.ray.cluster import ELASTIC_LABEL, RESERVATION_LABEL
 
 REPLACES_LABEL = "resilienced.io/replaces"
-
-
-class NoCapacity(TemporaryError):
-    """The provider has no capacity in the asked pool right now (an insufficient-capacity error)."""
-
-    def __init__(self, capacity: Capacity, message: str = "") -> None:
-        super().__init__(f"no {capacity.value} capacity{': ' + message if message else ''}", delay=60.0)
-        self.capacity = capacity
 
 
 class RayModeRequeuer:
@@ -48,34 +38,19 @@ class RayModeRequeuer:
 
     Args:
         provider: starts nodes per capacity pool.
-        planner: decides again when a pool turns out to have no capacity (None: report ``wait``).
-        instance_type: the pool's instance type when the target does not say (the local drill).
-        max_attempts: decisions tried before giving up with ``wait`` (spot, block, on-demand).
     """
 
     kind = "ray"
 
-    def __init__(self, provider: NodeProvider, *, planner: CapacityPlanner | None = None,
-                 instance_type: str | None = None, max_attempts: int = 4) -> None:
+    def __init__(self, provider: NodeProvider) -> None:
         self.provider = provider
-        self.planner = planner
-        self._instance_type = instance_type
-        self._max_attempts = max_attempts
-
-    def _request(self, target: Target, event: Event) -> CapacityRequest | None:
-        if not target.facts.instance_type and self._instance_type:
-            target = replace(target, facts=replace(target.facts, instance_type=self._instance_type))
-        try:
-            return CapacityRequest.from_target(target, event=event)
-        except ValueError:
-            return None
 
     async def requeue(
         self, target: Target, *, decision: CapacityDecision, event: Event, dry_run: bool = False
     ) -> RequeueResult:
-        request = self._request(target, event)
-        lost = tuple(request.lost_instance_ids if request else
-                     target.facts.lost_instance_ids or (target.instance_id,))
+        """Launch the decided capacity for the lost instances not replaced yet; raise
+        :class:`~resilienced.ports.NoCapacity` when the pool gives fewer than that."""
+        lost = tuple(target.facts.lost_instance_ids or (target.instance_id,))
         replaced = {n.labels.get(REPLACES_LABEL): n for n in await self.provider.nodes()}
         missing = [i for i in lost if i not in replaced]
         if not missing:
@@ -93,45 +68,35 @@ class RayModeRequeuer:
                 reason="plan only",
                 changes=(f"would launch {len(missing)} {decision.capacity.value} node(s) replacing "
                          f"{', '.join(missing)}",))
-
         elastic = target.facts.elastic is True
-        tried: list[str] = []
-        kept: list[ProvidedNode] = []  # elastic: what a pool gave, kept even when short
-        current = decision
-        for _ in range(self._max_attempts):
-            if not current.places:
-                break
-            extra = {ELASTIC_LABEL: "true"} if elastic else {}
-            labels = [{REPLACES_LABEL: i, **extra} for i in missing]
-            asked = len(missing)
-            try:
-                got = await self.provider.launch(capacity=current.capacity, node_labels=labels,
-                                                 reservation_id=current.reservation_id)
-            except NoCapacity:
-                got = []
-            if len(got) == len(missing):
-                return self._launched(target, current, [*kept, *got], tried, elastic=elastic)
-            if got and elastic:  # the run grows by what there is; the rest is asked for again
-                kept += got
-                missing = [i for i in missing if i not in {n.labels.get(REPLACES_LABEL) for n in got}]
-            elif got:  # a partial gang is never left waiting: give back what was got
-                await self.provider.release(got)
-            tried.append(f"{current.capacity.value} gave {len(got)} of {asked}")
-            if self.planner is None or request is None:
-                current = CapacityDecision(Capacity.WAIT, "no planner to decide again", retry_after=None)
-                break
-            self.planner.mark_unavailable(request.pool, current.reservation_id or current.capacity)
-            current = await self.planner.plan(replace(request, instance_count=len(missing)))
-        reason = f"{'; '.join(tried)}; {current.reason}"
-        details: dict[str, JsonValue] = {"tried": tried}
+        if not decision.places:
+            return self._waiting(target, decision, replaced, lost, missing, elastic=elastic)
+        extra = {ELASTIC_LABEL: "true"} if elastic else {}
+        labels = [{REPLACES_LABEL: i, **extra} for i in missing]
+        try:
+            got = await self.provider.launch(capacity=decision.capacity, node_labels=labels,
+                                             reservation_id=decision.reservation_id)
+        except NoCapacity:
+            got = []
+        if len(got) == len(missing):
+            return self._launched(target, decision, got, elastic=elastic)
+        if got and not elastic:  # a partial gang is never left waiting: give back what was got
+            await self.provider.release(got)
+        raise NoCapacity(decision.capacity, f"the provider gave {len(got)} of {len(missing)}", asked=len(missing),
+                         given=len(got), kept=elastic and bool(got), changes=_launch_change(got) if elastic else ())
+
+    def _waiting(self, target: Target, decision: CapacityDecision, replaced: dict[str | None, ProvidedNode],
+                 lost: Sequence[str], missing: Sequence[str], *, elastic: bool) -> RequeueResult:
+        """No capacity decided: nothing launched (an elastic run goes on at the size it has)."""
+        reason = decision.reason
+        details: dict[str, JsonValue] = {"tried": []}
         if elastic:
             reason += (f"; the run goes on at the smaller size, nothing stopped (still short of "
                        f"{', '.join(missing)})")
-            details.update(elastic=True, nodes=[n.instance_id for n in kept], missing=list(missing))
-        return RequeueResult(
-            run_key=target.run_key, kind=self.kind, capacity=Capacity.WAIT, reason=reason, decision=current,
-            retry_after=current.retry_after or (self.planner.policy.wait_retry if self.planner else None),
-            changes=tuple(_launch_change(kept)), details=details)
+            details.update(elastic=True, nodes=[replaced[i].instance_id for i in lost if i in replaced],
+                           missing=list(missing))
+        return RequeueResult(run_key=target.run_key, kind=self.kind, capacity=Capacity.WAIT, reason=reason,
+                             decision=decision, retry_after=decision.retry_after, details=details)
 
     async def withdraw(self, target: Target, *, capacity: Capacity, reservation_id: str | None) -> list[str]:
         """Give back the replacement nodes asked of ``capacity`` for the run's lost instances
@@ -146,12 +111,10 @@ class RayModeRequeuer:
         return [f"released {n.capacity.value} node {n.instance_id} (replaced {n.labels.get(REPLACES_LABEL)})"
                 for n in stalled]
 
-    def _launched(self, target: Target, current: CapacityDecision, nodes: list[ProvidedNode], tried: list[str],
-                  *, elastic: bool) -> RequeueResult:
+    def _launched(self, target: Target, current: CapacityDecision, nodes: list[ProvidedNode], *,
+                  elastic: bool) -> RequeueResult:
         reason = f"launched {len(nodes)} {current.capacity.value} node(s): {current.reason}"
-        if tried:
-            reason = f"{'; '.join(tried)}; then {reason}"
-        details: dict[str, JsonValue] = {"tried": tried, "nodes": [n.instance_id for n in nodes]}
+        details: dict[str, JsonValue] = {"tried": [], "nodes": [n.instance_id for n in nodes]}
         if elastic:
             reason += "; elastic: the other workers kept training"
             details["elastic"] = True

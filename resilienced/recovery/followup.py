@@ -2,7 +2,7 @@
 
 The :class:`Follower` is a long-lived task of the daemon (a reconciler, as Karpenter's are).
 ``Recovery`` opens a follow-up (:meth:`Follower.open`) once a requeue placed a run, in the same
-move claim as the requeue, and then completes the notice: the SQS message is not held for the
+move claim as the requeue (``recovery.move.Mover``, which makes every move of a run), and then completes the notice: the SQS message is not held for the
 minutes a run takes to train again (docs/requeue.md, "Following the run after the requeue").
 Every ``interval`` the follower lists the follow-ups (``ports.FollowUpStore``: a Lease per run
 in kubernetes mode, the GCS KV in ray mode) and, for each open one, under the run's move claim
@@ -25,8 +25,7 @@ Each end and each fallback is an Event on the run, a webhook notification and me
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta, timezone
 
@@ -34,7 +33,6 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from resilienced import log
 from resilienced.aws.s3 import ObjectNotFound, parse_s3_uri
-from resilienced.claims import HeldClaim, held_claim
 from resilienced.clock import utcnow
 from resilienced.errors import PermanentError, ResilienceError, TemporaryError
 from resilienced.followup import (
@@ -63,7 +61,8 @@ from resilienced.model import (
     Target,
 )
 from resilienced.ops.notify import Notifier
-from resilienced.ports import ClaimStore, Cluster, FollowUpStore, ObjectStore, Planner, Progress, Requeuer, Withdraws
+from resilienced.ports import Cluster, FollowUpStore, ObjectStore, Progress
+from resilienced.recovery.move import Mover, read_follow_up
 from trainer import resume
 
 REASON_TRAINING_RESUMED = "TrainingResumed"
@@ -120,56 +119,27 @@ class Follower:
     """Follows requeued runs until they train again (see the module docstring).
 
     Args:
-        store: the follow-up records.  claims: the move claims (the run claims' store).
+        store: the follow-up records.
         cluster: where Events go.  progress: the looks at a run's stages.
-        planner / requeue: the fallback's decision and its application.
+        mover: the fallback's decision and its application (``recovery.move``), and the move claim.
         objects: S3, where the trainer's resume records are (None: training cannot be seen).
         replica: this daemon replica's name (the claims' holder).
     """
 
-    def __init__(self, *, store: FollowUpStore, claims: ClaimStore, cluster: Cluster, progress: Progress,
-                 planner: Planner, requeue: Requeuer, objects: ObjectStore | None,
+    def __init__(self, *, store: FollowUpStore, cluster: Cluster, progress: Progress,
+                 mover: Mover, objects: ObjectStore | None,
                  options: FollowUpOptions = FollowUpOptions(), metrics: FollowUpMetrics | None = None,
                  notifier: Notifier | None = None, replica: str = "resilienced",
                  clock: Callable[[], datetime] = utcnow) -> None:
-        self.store, self.claims, self.cluster, self.progress = store, claims, cluster, progress
-        self.planner, self.requeue, self.objects = planner, requeue, objects
+        self.store, self.cluster, self.progress = store, cluster, progress
+        self.mover, self.objects = mover, objects
         self.options, self.metrics, self.notifier = options, metrics, notifier
         self.replica, self.clock = replica, clock
         self._log = log.get("resilienced.followup")
 
     # ------------------------------------------------------------------ for Recovery
-    @staticmethod
-    def move_key(run: str) -> str:
-        return f"move/{run}"
-
-    @contextlib.asynccontextmanager
-    async def moving(self, run: str, *, holder: str, ttl: float | None = None) -> AsyncIterator[HeldClaim | None]:
-        """Hold the run's move claim for the block (yields None when another replica holds it).
-
-        ``claims.held_claim``: renewed every third of ``ttl`` while held (default ``claim_ttl_s``);
-        released at the end, also after a failure, but not when the holder is cancelled (a replica
-        stopped mid-move: nobody moves the run until the TTL ran out, while that move may still be
-        in flight).
-        """
-        async with held_claim(self.claims, self.move_key(run), holder=holder, logger=self._log,
-                              ttl_seconds=ttl or self.options.claim_ttl_s, what="move claim",
-                              release_on_cancel=False) as held:
-            yield held
-
     async def read(self, run: str) -> FollowUp | None:
-        found = await self.store.get(run)
-        if found is None:
-            return None
-        try:
-            return FollowUp.from_json(found[0], version=found[1])
-        except ValueError as e:  # a corrupt record must not block the run: it is replaced
-            self._log.warning("follow-up record unreadable", run=run, error=str(e))
-            return None
-
-    async def exclusions(self, run: str) -> tuple[str, ...]:
-        """The capacity that stalled a recovery of ``run`` and is still in its cool-down."""
-        return unusable_now(await self.read(run), now=self.clock())
+        return await read_follow_up(self.store, run, logger=self._log)
 
     async def open(self, target: Target, *, event: Event, result: RequeueResult,
                    durable: Mapping[str, JsonValue] | None = None) -> FollowUp | None:
@@ -253,7 +223,8 @@ class Follower:
 
     async def _follow(self, record: FollowUp) -> FollowUp:
         """One run, under its move claim; the record as it is afterwards."""
-        async with self.moving(record.run, holder=f"{self.replica}/follow-up") as held:
+        async with self.mover.moving(record.run, holder=f"{self.replica}/follow-up",
+                                     ttl=self.options.claim_ttl_s) as held:
             if not held:
                 return record  # another replica follows or moves it now
             try:
@@ -391,7 +362,7 @@ class Follower:
         n = len(record.fallbacks) + 1
         target = target_from(record.target, exclude=unusable_now(record, now=now))
         notice = Event(kind=Kind(record.kind), event_id=record.event_id, time=record.notice_at)
-        decision = await self.planner.fallback(target, event=notice)
+        decision = await self.mover.fallback(target, event=notice)
         if not decision.places:
             return await self._stuck(record, f"{reason}; nothing to fall back to: {decision.reason}")
         record = await self._save(replace(record, moving={
@@ -404,11 +375,9 @@ class Follower:
         moving = dict(record.moving or {})
         decision = _decision(moving["to"])
         target = target_from(record.target, exclude=unusable_now(record, now=self.clock()))
-        if isinstance(self.requeue, Withdraws):
-            await self.requeue.withdraw(target, capacity=Capacity(record.capacity),
-                                        reservation_id=record.reservation_id)
         event = Event(kind=Kind(record.kind), event_id=moving["event_id"], time=record.notice_at)
-        result = await self.requeue.requeue(target, decision=decision, event=event)
+        result = await self.mover.apply(target, decision=decision, event=event,
+                                        withdraw=(Capacity(record.capacity), record.reservation_id))
         if result.refused or result.capacity is Capacity.WAIT:
             return await self._stuck(record, f"{moving['reason']}; the move to {decision.capacity.value} "
                                              f"did not place the run: {result.reason}")

@@ -16,8 +16,9 @@
    * DURABLE: wait until a checkpoint saved after the notice is in S3 (manifest and every file),
      else record the newest durable one from before the notice and the steps that costs;
    * REQUEUE: for an instance already gone (state change), find the newest durable checkpoint
-     the run will resume from; decide the capacity (Spot / Capacity Block / On-Demand / wait) and
-     apply it to the whole gang, under the run's move claim; then open the run's follow-up
+     the run will resume from; move the run (``recovery.move.Mover``: decide the capacity, Spot /
+     Capacity Block / On-Demand / wait, and apply it to the whole gang), under the run's move
+     claim; then open the run's follow-up
      (``recovery.followup.Follower``), which watches it until it trains again and falls back
      when it stalls, long after this message is deleted;
 
@@ -33,7 +34,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from functools import partial
 
@@ -46,15 +47,15 @@ from resilienced.claims import held_claim
 from resilienced.clock import utcnow
 from resilienced.recovery.durable import DurableResult, newest_durable, wait_durable
 from resilienced.recovery.followup import Follower
+from resilienced.recovery.move import Mover
 from resilienced.recovery.targets import find_targets
-from resilienced.ray.replacement import ReplacementBoard, announcement
 from resilienced.errors import (
     PermanentError,
     ResilienceError,
     TemporaryError,
     backends_of,
 )
-from resilienced.model import Capacity, Event, JsonValue, Kind, Outcome, Plan, RequeueResult, Result, Step, Target
+from resilienced.model import Capacity, Event, JsonValue, Kind, Outcome, Plan, Result, Step, Target
 from resilienced.ops.notify import Notifier
 from resilienced.ports import (
     CapacitySource,
@@ -62,9 +63,7 @@ from resilienced.ports import (
     Cluster,
     ExportTasks,
     ObjectStore,
-    Planner,
     RayControl,
-    Requeuer,
 )
 from resilienced.ops.run_record import RunRecord
 
@@ -92,7 +91,8 @@ class RecoveryOptions:
     renewed every third of it while its holder works (the daemon passes the queue's visibility
     timeout, as for event claims), so a killed replica's run is taken over within it.
     ``node_join_seconds``: per capacity kind, the seconds a replacement node takes to join before
-    the daemon has measured any (the prior of an elastic run's replacement estimate).
+    the daemon has measured any (the prior of an elastic run's replacement estimate, given to
+    ``ray.replacement.ReplacementAnnouncer``).
     """
 
     durable_grace_seconds: float = 60.0
@@ -156,7 +156,7 @@ class Recovery:
         ray_control: the GCS adapter for a target's Ray cluster.
         store: S3, where checkpoints become durable (None: the durable step is skipped with a
             warning; never trusted).
-        planner / requeue: the capacity decision and the appliers (None: the requeue step
+        mover: decides and applies the move of a run (``recovery.move``; None: the requeue step
             only says it cannot act).
         capacity: the EC2 side, to find a Capacity Block's instances.
         export: FSx export tasks (``--export-mode task``); None: DRA auto-export.
@@ -173,8 +173,7 @@ class Recovery:
         claims: ClaimStore,
         ray_control: Callable[[Target], Awaitable[RayControl]],
         store: ObjectStore | None = None,
-        planner: Planner | None = None,
-        requeue: Requeuer | None = None,
+        mover: Mover | None = None,
         capacity: CapacitySource | None = None,
         export: ExportTasks | None = None,
         lifecycle: Lifecycle | None = None,
@@ -188,8 +187,7 @@ class Recovery:
         self.claims = claims
         self.ray_control = ray_control
         self.store = store
-        self.planner = planner
-        self.requeue = requeue
+        self.mover = mover
         self.capacity = capacity
         self.export = export
         self.lifecycle = lifecycle
@@ -410,57 +408,33 @@ class Recovery:
                 f"({event.kind.value}); run {target.run_key} resumes from "
                 + (f"step {newest.step}, saved {resume['checkpoint_age_s']:.0f}s before"
                    if newest is not None else "scratch (nothing durable)")))
-        if self.planner is None or self.requeue is None:
+        if self.mover is None:
             report.steps["requeue"] = {"capacity": None, "reason": "no capacity planner or requeuer configured"}
             return
         if self.follower is None:
             await self._requeue_held(event, target, report)
             return
-        async with self.follower.moving(target.run_key, holder=holder, ttl=self.options.claim_ttl_seconds) as held:
+        async with self.mover.moving(target.run_key, holder=holder, ttl=self.options.claim_ttl_seconds) as held:
             if not held:  # its follow-up (or another delivery) moves the run now: come back shortly
                 raise TemporaryError(f"run {target.run_key} is being moved by its follow-up now", delay=5.0)
             await self._requeue_held(event, target, report)
 
     async def _requeue_held(self, event: Event, target: Target, report: RunReport) -> None:
-        """Decide, apply, and open the follow-up (holding the run's move claim, when following)."""
-        assert self.planner is not None and self.requeue is not None
-        follower = self.follower
-        exclude = await follower.exclusions(target.run_key) if follower is not None else ()
-        if exclude:  # what stalled an earlier recovery of this run, in its cool-down
-            target = replace(target, facts=replace(target.facts, exclude=tuple(dict.fromkeys(
-                [*target.facts.exclude, *exclude]))))
-        _request, decision = await self.planner.plan_for(target, event=event)
-        result = await self.requeue.requeue(target, decision=decision, event=event)
-        report.steps["requeue"] = result.as_json()
-        announced = await self._announce_replacement(target, result)
-        if announced is not None:
-            report.steps["requeue"]["replacement"] = announced
+        """Move the run (``recovery.move.Mover``) and open the follow-up (holding the run's move
+        claim, when following)."""
+        assert self.mover is not None
+        moved = await self.mover.move(target, event=event)
+        result = moved.result
+        report.steps["requeue"] = moved.as_json()
         if result.capacity is Capacity.WAIT:
             delay = result.retry_after.total_seconds() if result.retry_after else None
             raise TemporaryError(f"run {target.run_key} waits for capacity: {result.reason}", delay=delay)
-        if follower is not None:
-            opened = await follower.open(target, event=event, result=result,
-                                         durable=report.steps.get("durable") or report.steps.get("resume"))
+        if self.follower is not None:
+            opened = await self.follower.open(target, event=event, result=result,
+                                              durable=report.steps.get("durable") or report.steps.get("resume"))
             if opened is not None:
                 report.steps["follow_up"] = {"event_id": opened.event_id, "stage": opened.stage,
                                              "stages": list(opened.stages), "capacity": opened.where}
-
-    async def _announce_replacement(self, target: Target, result: RequeueResult) -> dict[str, JsonValue] | None:
-        """An elastic run: write when its replacement is expected, for the run to decide whether to
-        shrink or wait (:mod:`resilienced.ray.replacement`); None when there is nothing to write
-        or it cannot be written (the run then shrinks at once, as without the record)."""
-        what = announcement(target, result)
-        if what is None:
-            return None
-        try:
-            ray = await self.ray_control(target)
-            if not all(hasattr(ray, m) for m in ("kv_put", "kv_get", "kv_keys")):
-                return None  # a Ray control without the internal KV (a test double)
-            board = ReplacementBoard(ray, priors=self.options.node_join_seconds)  # type: ignore[arg-type]
-            return await board.announce(**what)
-        except ResilienceError as e:
-            self._log.warning("could not announce the replacement", run=target.run_key, error=str(e))
-            return None
 
     async def _complete_lifecycle(self, plan: Plan) -> str:
         if self.lifecycle is None:

@@ -1,4 +1,7 @@
-"""Ray mode against a real local Ray cluster: replacement nodes from the decided pool, all or nothing."""
+"""Ray mode against a real local Ray cluster: replacement nodes from the decided pool, all or nothing.
+
+``RayModeRequeuer`` only applies (launches the decided pool or raises ``NoCapacity``); deciding again
+when a pool has no room is ``recovery.move.Mover``'s, as in kubernetes mode."""
 
 from __future__ import annotations
 
@@ -19,7 +22,9 @@ from resilienced.model import Event, Kind, RunFacts, Target
 from resilienced.ports import CapacityReservation
 from resilienced.ray.cluster import CAPACITY_TYPE_LABEL, INSTANCE_ID_LABEL, RESERVATION_LABEL, RayModeCluster
 from resilienced.ray.gcs import RayGcs
-from resilienced.ray.requeue import REPLACES_LABEL, NoCapacity, RayModeRequeuer
+from resilienced.ports import NoCapacity
+from resilienced.ray.requeue import REPLACES_LABEL, RayModeRequeuer
+from resilienced.recovery.move import Mover
 from tests.support.kubeoptions import LOCAL_BOUND_S
 
 from .conftest import local_cluster
@@ -61,8 +66,8 @@ async def test_spot_with_no_room_gets_a_capacity_block_node(cluster: LocalRayClu
     _, decision = await planner.plan_for(target("i-0000000000000dead"), event=event)
     assert decision.capacity is Capacity.SPOT  # one interruption: Spot still looks healthy...
 
-    requeuer = RayModeRequeuer(provider, planner=planner)
-    result = await requeuer.requeue(target("i-0000000000000dead"), decision=decision, event=event)
+    requeuer = Mover(planner=planner, requeue=RayModeRequeuer(provider))
+    result = await requeuer.apply(target("i-0000000000000dead"), decision=decision, event=event)
     # ...but the provider has no Spot: the pool is marked out and the block is chosen instead.
     assert result.capacity is Capacity.CAPACITY_BLOCK and result.reservation_id == "cr-0local", result.reason
     assert "spot gave 0 of 1" in result.reason
@@ -72,7 +77,7 @@ async def test_spot_with_no_room_gets_a_capacity_block_node(cluster: LocalRayClu
     assert replacement.labels[INSTANCE_ID_LABEL].startswith("i-0") and len(replacement.labels[INSTANCE_ID_LABEL]) == 19
     assert await provider.available(Capacity.CAPACITY_BLOCK) == 1
 
-    again = await requeuer.requeue(target("i-0000000000000dead"), decision=decision, event=event)
+    again = await requeuer.apply(target("i-0000000000000dead"), decision=decision, event=event)
     assert again.changes == () and "already replaced" in again.reason
     assert len(alive_with(cluster, REPLACES_LABEL, "i-0000000000000dead")) == 1
     await provider.release(await provider.nodes())
@@ -86,7 +91,7 @@ async def test_a_gang_that_does_not_fit_holds_nothing_and_waits(cluster: LocalRa
     decision = await planner.plan(
         CapacityRequest.from_target(target("i-0000000000000aaa", "i-0000000000000bbb"), event=event))
     assert decision.capacity is Capacity.SPOT
-    result = await RayModeRequeuer(provider, planner=planner).requeue(
+    result = await Mover(planner=planner, requeue=RayModeRequeuer(provider)).apply(
         target("i-0000000000000aaa", "i-0000000000000bbb"), decision=decision, event=event)
     assert result.capacity is Capacity.WAIT and result.retry_after is not None, result.reason
     assert result.details["tried"] == ["spot gave 0 of 2", "capacity-block gave 1 of 2"]
@@ -115,22 +120,22 @@ async def test_elastic_second_notice_adds_nothing_for_the_same_worker_and_one_fo
         cluster: LocalRayCluster) -> None:
     provider = LocalNodeProvider(cluster, capacity={"capacity-block": 2})
     planner = CapacityPlanner(source=StaticCapacity([block(2)]), policy=CapacityPolicy())
-    requeuer = RayModeRequeuer(provider, planner=planner)
+    requeuer = Mover(planner=planner, requeue=RayModeRequeuer(provider))
     first, second = "i-00000000000e1a01", "i-00000000000e1a02"
     decision = CapacityDecision(Capacity.CAPACITY_BLOCK, "block", reservation_id="cr-0local")
     try:
-        result = await requeuer.requeue(elastic_target(first), decision=decision,
+        result = await requeuer.apply(elastic_target(first), decision=decision,
                                         event=Event(kind=Kind.SPOT_INTERRUPTION, event_id="ev-e1", instance_ids=(first,)))
         assert result.capacity is Capacity.CAPACITY_BLOCK and result.details["elastic"], result.reason
         [node] = alive_with(cluster, REPLACES_LABEL, first)
         assert node.labels["resilienced.io/elastic"] == "true"  # losing the replacement is elastic too
 
-        again = await requeuer.requeue(elastic_target(first), decision=decision,
+        again = await requeuer.apply(elastic_target(first), decision=decision,
                                        event=Event(kind=Kind.SPOT_INTERRUPTION, event_id="ev-e2", instance_ids=(first,)))
         assert again.changes == () and "already replaced" in again.reason
         assert len(await provider.nodes()) == 1 and await provider.available(Capacity.CAPACITY_BLOCK) == 1
 
-        other = await requeuer.requeue(elastic_target(second), decision=decision,
+        other = await requeuer.apply(elastic_target(second), decision=decision,
                                        event=Event(kind=Kind.SPOT_INTERRUPTION, event_id="ev-e3", instance_ids=(second,)))
         assert other.changed, other.reason
         assert sorted(n.labels[REPLACES_LABEL] for n in await provider.nodes()) == [first, second]
@@ -145,7 +150,7 @@ async def test_elastic_keeps_what_it_got_and_waits_for_the_rest(cluster: LocalRa
     event = Event(kind=Kind.SPOT_INTERRUPTION, event_id="ev-e4", instance_ids=lost)
     try:
         decision = await planner.plan(CapacityRequest.from_target(elastic_target(*lost), event=event))
-        result = await RayModeRequeuer(provider, planner=planner).requeue(
+        result = await Mover(planner=planner, requeue=RayModeRequeuer(provider)).apply(
             elastic_target(*lost), decision=decision, event=event)
         # Unlike a gang (test above), the one block node is kept: the run grows by what there is.
         assert result.capacity is Capacity.WAIT and result.retry_after is not None, result.reason
@@ -162,7 +167,8 @@ async def test_elastic_with_no_capacity_launches_nothing_and_says_why(cluster: L
     lost = "i-00000000000e1c01"
     event = Event(kind=Kind.SPOT_INTERRUPTION, event_id="ev-e5", instance_ids=(lost,))
     decision = await planner.plan(CapacityRequest.from_target(elastic_target(lost), event=event))
-    result = await RayModeRequeuer(provider, planner=planner).requeue(elastic_target(lost), decision=decision, event=event)
+    result = await Mover(planner=planner, requeue=RayModeRequeuer(provider)).apply(
+        elastic_target(lost), decision=decision, event=event)
     assert result.capacity is Capacity.WAIT and result.changes == () and "smaller size" in result.reason
     assert await provider.nodes() == []
 

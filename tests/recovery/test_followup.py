@@ -38,7 +38,9 @@ from resilienced.kube.cluster import KubeCluster
 from resilienced.kube.followups import KubeFollowUps
 from resilienced.kube.leases import KubeLeaseClaims
 from resilienced.model import Result
+from resilienced.ray.replacement import ReplacementAnnouncer
 from resilienced.recovery.followup import Follower, FollowUpMetrics, FollowUpOptions
+from resilienced.recovery.move import Mover
 from resilienced.recovery.responder import Recovery, RecoveryOptions
 from resilienced.requeue.kueue import KueueRequeuer
 from resilienced.requeue.progress import KubeProgress
@@ -85,15 +87,19 @@ class Follow:
         self.kueue = KueueRequeuer(api, poll_interval_s=0.02, settle_timeout_s=10)
         self.requeue = ReportingRequeuer(RequeueRouter(api, kueue=self.kueue), cluster=self.cluster)
         self.registry = CollectorRegistry()
+        follow_ups = KubeFollowUps(api, namespace=DAEMON_NS)
+        self.mover = Mover(planner=self.planner, requeue=self.requeue, claims=self.claims, follow_ups=follow_ups,
+                           replacements=ReplacementAnnouncer(self.cluster.ray_control, priors={}),
+                           claim_ttl_s=30, clock=now)
         self.follower = Follower(
-            store=KubeFollowUps(api, namespace=DAEMON_NS), claims=self.claims, cluster=self.cluster,
-            progress=KubeProgress(api, kueue=self.kueue), planner=self.planner, requeue=self.requeue,
+            store=follow_ups, cluster=self.cluster,
+            progress=KubeProgress(api, kueue=self.kueue), mover=self.mover,
             objects=S3Store(client=s3), metrics=FollowUpMetrics(self.registry), replica=f"replica-{replica}",
             options=FollowUpOptions(bounds=Bounds(admitted=BOUND, scheduled=BOUND, training=BOUND),
                                     max_fallbacks=max_fallbacks, interval_s=0.05, claim_ttl_s=30),
             clock=now)
         self.recovery = Recovery(cluster=self.cluster, claims=self.claims, ray_control=self.cluster.ray_control,
-                                 store=S3Store(client=s3), planner=self.planner, requeue=self.requeue,
+                                 store=S3Store(client=s3), mover=self.mover,
                                  options=RecoveryOptions(durable_poll_seconds=0.1), follower=self.follower,
                                  clock=now)
 
@@ -349,7 +355,7 @@ async def test_a_replica_killed_mid_follow_up_is_taken_over_and_the_run_is_moved
         await requeued_onto_the_block(a, when=clock[0])
         deleted = worker_pods_deleted(kubeapi)
         dying = DiesAfterTheMove(a.requeue)
-        a.follower.requeue = dying
+        a.mover.requeue = dying
         a.later(BOUND + timedelta(seconds=1))
         killed = asyncio.create_task(a.follower.pass_once())
         await asyncio.wait_for(dying.applied.wait(), 10)

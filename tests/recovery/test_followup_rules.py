@@ -149,14 +149,13 @@ def test_a_follow_up_notification_says_how_the_run_came_back() -> None:
 async def test_a_new_move_replaces_the_open_follow_up_and_a_redelivery_keeps_it() -> None:
     from prometheus_client import CollectorRegistry
 
-    from resilienced.claims import MemoryClaims
     from tests.support.followups import MemoryFollowUps
     from resilienced.model import Capacity, Event, Kind, RequeueResult
     from resilienced.recovery.followup import Follower, FollowUpMetrics
 
     registry = CollectorRegistry()
-    follower = Follower(store=MemoryFollowUps(), claims=MemoryClaims(), cluster=None, progress=None,  # type: ignore[arg-type]
-                        planner=None, requeue=None, objects=None, metrics=FollowUpMetrics(registry),  # type: ignore[arg-type]
+    follower = Follower(store=MemoryFollowUps(), cluster=None, progress=None,  # type: ignore[arg-type]
+                        mover=None, objects=None, metrics=FollowUpMetrics(registry),  # type: ignore[arg-type]
                         clock=lambda: T0)
 
     def moved(capacity: Capacity, *, changes: tuple[str, ...] = ("patched",), **details) -> RequeueResult:

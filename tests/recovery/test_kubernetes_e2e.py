@@ -41,6 +41,8 @@ from resilienced.local.raycluster import LocalRayCluster
 from resilienced.ops.metrics import Metrics
 from resilienced.ray.gcs import RayGcs
 from resilienced.recovery.responder import Recovery, RecoveryMetrics, RecoveryOptions
+from resilienced.recovery.move import Mover
+from resilienced.ray.replacement import ReplacementAnnouncer
 from resilienced.requeue.router import ReportingRequeuer, RequeueMetrics, RequeueRouter
 from resilienced.settings import IntakeSettings, QueueSettings
 from tests.support.kubeapi import KubeApiServer
@@ -82,9 +84,10 @@ class Replica:
                                   policy=CapacityPolicy(interruption_threshold=1))
         recovery = Recovery(
             cluster=self.cluster, claims=claims, ray_control=self.cluster.ray_control,
-            store=S3Store(client=s3), planner=planner,
-            requeue=ReportingRequeuer(RequeueRouter(self.api), cluster=self.cluster,
-                            metrics=RequeueMetrics(self.metrics.registry)),
+            store=S3Store(client=s3),
+            mover=Mover(planner=planner, requeue=ReportingRequeuer(RequeueRouter(self.api), cluster=self.cluster,
+                                                                   metrics=RequeueMetrics(self.metrics.registry)),
+                        replacements=ReplacementAnnouncer(self.cluster.ray_control, priors={})),
             options=RecoveryOptions(durable_grace_seconds=30, durable_poll_seconds=0.2),
             metrics=RecoveryMetrics(self.metrics.registry))
         self.consumer = Consumer(

@@ -33,6 +33,8 @@ from handlers.asg_lifecycle import LifecycleAction
 from resilienced.aws.autoscaling import Lifecycle
 from resilienced.recovery.responder import Recovery, RecoveryMetrics, RecoveryOptions
 from resilienced.requeue.router import ReportingRequeuer, RequeueRouter
+from resilienced.recovery.move import Mover
+from resilienced.ray.replacement import ReplacementAnnouncer
 from resilienced.settings import IntakeSettings
 from tests.support.kubeapi import KubeApiServer
 from tests.support.kubeoptions import FAST
@@ -80,8 +82,9 @@ class World:
         self.planner = CapacityPlanner(source=capacity, policy=policy)
         self.recovery = Recovery(
             cluster=self.cluster, claims=self.claims, ray_control=self.cluster.ray_control,
-            store=S3Store(client=s3), planner=self.planner,
-            requeue=ReportingRequeuer(RequeueRouter(api), cluster=self.cluster), capacity=capacity,
+            store=S3Store(client=s3),
+            mover=Mover(planner=self.planner, requeue=ReportingRequeuer(RequeueRouter(api), cluster=self.cluster),
+                        replacements=ReplacementAnnouncer(self.cluster.ray_control, priors={})), capacity=capacity,
             options=RecoveryOptions(durable_grace_seconds=grace, durable_poll_seconds=0.1))
 
     def events(self, reason: str) -> list[dict[str, Any]]:

@@ -308,7 +308,7 @@ async def test_the_daemon_takes_the_served_workload_version_at_start_up(
         settings = Settings.from_args(["--mode", "kubernetes", "--kubeconfig", str(kubeconfig), "--region", "us-east-1",
                                        "--endpoint-url", "http://127.0.0.1:9", "--kueue-api-version", setting], {})
         async with open_runtime(settings, metrics=Metrics(), replica="r1") as runtime:
-            assert runtime.responder.requeue.requeuer.kueue.workload.version == used
+            assert runtime.responder.mover.requeue.requeuer.kueue.workload.version == used
 
 
 def slice_of(job: dict, name: str, *, finished: bool) -> dict:
