@@ -109,6 +109,16 @@ class QuotaExceeded(NoCapacity):
         self.quota = quota
 
 
+class LeftToAutoscaler(NoCapacity):
+    """The decided capacity is one Ray's autoscaler gives on this cluster: it replaces the node
+    (docs/ray.md "Ray's own autoscaler"); the daemon launches nothing of it."""
+
+    def __init__(self, capacity: Capacity) -> None:
+        super().__init__(capacity, f"Ray's autoscaler gives {capacity.value} nodes on this cluster "
+                                   f"(--ec2-autoscaler-capacities): it replaces the lost node, the daemon "
+                                   f"launches none")
+
+
 def quota_name(code: str, *, capacity: Capacity, instance_type: str | None) -> str:
     """The Service Quotas name of the quota an answer ``code`` hit (EC2's vCPU-based quotas are
     per family group: ``Running On-Demand P instances``, ``All P Spot Instance Requests``)."""
@@ -173,13 +183,18 @@ class Ec2NodeProvider:
             On-Demand launches (None: the template's).
         reservations: where a Capacity Block's instance type and zone are read (the daemon's
             ``CapacitySource``); None: the template's type, and no subnet choice for a block.
+        autoscaler_capacities: the capacities Ray's own autoscaler gives on this cluster (its node
+            types: ``--ec2-autoscaler-capacities``); a launch of one of them is left to it
+            (:class:`LeftToAutoscaler`, a ``NoCapacity``: the decision moves on to what only the
+            daemon launches, a Capacity Block, else waits while the autoscaler replaces the node).
     """
 
     def __init__(self, client: AioBaseClient, *, launch_template: str, gcs_address: str,
                  launch_template_version: str = "$Default", owner: str = "resilienced",
                  subnets: Mapping[str, str] | None = None,
                  on_demand_reservation_preference: str | None = None,
-                 reservations: CapacitySource | None = None) -> None:
+                 reservations: CapacitySource | None = None,
+                 autoscaler_capacities: Sequence[Capacity | str] = ()) -> None:
         self._client = client
         key = "LaunchTemplateId" if _TEMPLATE_ID.match(launch_template) else "LaunchTemplateName"
         self._template = {key: launch_template, "Version": launch_template_version}
@@ -188,6 +203,7 @@ class Ec2NodeProvider:
         self._subnets = dict(subnets or {})
         self._on_demand_preference = on_demand_reservation_preference
         self._reservations = reservations
+        self._autoscaler = frozenset(Capacity(c) for c in autoscaler_capacities)
 
     # ------------------------------------------------------------------ NodeProvider
     async def available(self, capacity: Capacity) -> int | None:
@@ -205,6 +221,8 @@ class Ec2NodeProvider:
         capacity = Capacity(capacity)
         if capacity is Capacity.WAIT:
             raise ValueError("capacity 'wait' is not a pool")
+        if capacity in self._autoscaler:
+            raise LeftToAutoscaler(capacity)
         placement = await self._placement(capacity, reservation_id, node_labels)
         got: list[ProvidedNode] = []
         for labels in node_labels:

@@ -45,11 +45,12 @@ class MotoServer:
     """
 
     def __init__(self, *, port: int | None = None, log_path: Path | None = None,
-                 start_timeout: float = 60.0) -> None:
+                 start_timeout: float = 60.0, env: dict[str, str] | None = None) -> None:
         self.port = port or free_port()
         self.endpoint_url = f"http://127.0.0.1:{self.port}"
         self._log_path = log_path
         self._start_timeout = start_timeout
+        self._env = dict(env or {})  # more environment for the server (motoserver's settings)
         self._proc: subprocess.Popen[bytes] | None = None
         self._log = None
 
@@ -58,6 +59,7 @@ class MotoServer:
             return self
         env = dict(os.environ)
         env.update(FAKE_CREDENTIALS)
+        env.update(self._env)
         self._log = open(self._log_path, "ab") if self._log_path else subprocess.DEVNULL
         self._proc = subprocess.Popen(
             [sys.executable, "-m", "resilienced.local.motoserver", "-H", "127.0.0.1", "-p", str(self.port)],

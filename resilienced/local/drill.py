@@ -84,7 +84,11 @@ BUCKET = "resilienced-drill"
 PREFIX = "runs/drill"
 INSTANCE_TYPE = "drill.cpu"
 BLOCK_ID = "cr-0d1e2a3b4c5d6e7f8"
+ZONE = f"{REGION}a"  # the block's zone
 SCENARIOS = ("spot", "abrupt", "elastic", "stalled")
+#: ``local``: Ray nodes started by the local provider; ``ec2``: instances launched through EC2's API
+#: on moto by the production provider, each joined by the user-data hook (``resilienced.local.ec2``).
+PROVIDERS = ("local", "ec2")
 #: Scenarios that play a Spot notice (rebalance, notice, termination at the deadline).
 NOTICE_SCENARIOS = ("spot", "elastic", "stalled")
 #: The daemon's follow-up bounds in the drill (time is compressed, as the notice is): a replacement
@@ -143,6 +147,7 @@ class DrillOptions:
     notify_webhook: str | None = None
     node_boot_seconds: float = 0.0
     join_estimate_seconds: float | None = None
+    provider: str = "local"
 
     @property
     def join_estimate(self) -> float | None:
@@ -167,6 +172,8 @@ class DrillOptions:
                                                      f"({self.steps - 1}), got {self.interrupt_at_step}")
         if self.spot_capacity < 0:
             raise ConfigError("--spot-capacity", f"must be >= 0, got {self.spot_capacity}")
+        if self.provider not in PROVIDERS:
+            raise ConfigError("--provider", f"expected one of {', '.join(PROVIDERS)}, got {self.provider!r}")
         if self.scenario not in SCENARIOS:
             raise ConfigError("--scenario", f"expected one of {', '.join(SCENARIOS)}, got {self.scenario!r}")
         if self.scenario == "elastic" and self.workers < 2:
@@ -329,7 +336,7 @@ def report_from(
     reference: dict[int, float], notice: float | None, durable_at: float | None, capacity: str | None,
     trainer_exit: int | None, node_spans: Sequence[tuple[float, float | None]] = (),
     fixed_reference: dict[int, float] | None = None, replacement: dict[str, JsonValue] | None = None,
-    follow_up: Mapping[str, JsonValue] | None = None,
+    follow_up: Mapping[str, JsonValue] | None = None, ec2: Mapping[str, JsonValue] | None = None,
 ) -> dict[str, JsonValue]:
     """The drill's report, from what the trainer, the daemon and the reference wrote.
 
@@ -338,7 +345,8 @@ def report_from(
     (None: the same run).  ``node_spans``: (joined, gone or None) of every worker node, for
     ``worker_seconds_idle`` and ``restarts``.  ``replacement``: what the daemon announced to an
     elastic run (``resilienced.ray.replacement``), against when the replacement joined;
-    ``follow_up``: the daemon's follow-up record (:func:`follow_up_facts`), None: not read."""
+    ``follow_up``: the daemon's follow-up record (:func:`follow_up_facts`), None: not read;
+    ``ec2``: ``--provider ec2``'s ``ec2_launches`` and ``ec2_terminations`` (:func:`ec2_checks`)."""
     run = resume_facts(metrics=metrics, events=events, notice=notice)
     interrupted_at, checkpoint_step, resumed_at = run.interrupted_at, run.checkpoint_step, run.resumed_at
     losses = loss_facts(options, metrics, reference, fixed_reference)
@@ -365,6 +373,8 @@ def report_from(
         checks["requeued on capacity that exists"] = capacity in ("spot", "capacity-block", "on-demand")
     followed, follow_checks = follow_up_facts(options, follow_up)
     checks.update(follow_checks)
+    if ec2 is not None:
+        checks.update(ec2_checks(options, ec2))
     return {
         "ok": all(checks.values()),
         "scenario": options.scenario,
@@ -388,8 +398,27 @@ def report_from(
         **{k: v for k, v in losses.items() if k not in ("every_step", "steps_trained_twice")},
         **restart_report(metrics=metrics, events=events, node_spans=node_spans, replacement=replacement),
         **idle,
+        **(dict(ec2) if ec2 is not None else {}),
         "checks": checks,
     }
+
+
+def ec2_checks(options: DrillOptions, ec2: Mapping[str, JsonValue]) -> dict[str, bool]:
+    """``--provider ec2``: the replacement was an EC2 launch; a block launch named the block; in the
+    stalled story the block's instance was terminated before the On-Demand launch."""
+    launches = [launch for launch in ec2.get("ec2_launches") or () if not launch.get("error")]
+    block = [launch for launch in launches if launch["market"] == "capacity-block"]
+    checks = {"the replacement was launched through EC2's API": bool(launches)}
+    if options.scenario in ("spot", "stalled") and options.spot_capacity == 0:
+        checks["the Capacity Block launch names the block's reservation id"] = bool(block) and all(
+            launch["reservation_id"] == BLOCK_ID for launch in block)
+    if options.scenario == "stalled":
+        terminated = list(ec2.get("ec2_terminations") or ())
+        on_demand = [launch for launch in launches if launch["market"] == "on-demand"]
+        checks["the stalled block's instance was terminated, then On-Demand launched"] = bool(
+            block and on_demand and all(launch["instance_id"] in terminated for launch in block)
+            and launches.index(on_demand[0]) > launches.index(block[-1]))
+    return checks
 
 
 def follow_up_facts(options: DrillOptions, record: Mapping[str, JsonValue] | None) -> tuple[dict[str, JsonValue], dict[str, bool]]:
@@ -593,6 +622,9 @@ def table(report: dict[str, JsonValue]) -> str:
         return report.get(key)
 
     lines = [f"  {k:<{width}}  {shown(k)}" for k in keys]
+    lines += [f"  {'ec2_launch':<{width}}  {launch}" for launch in report.get("ec2_launches") or ()]
+    if "ec2_terminations" in report:
+        lines.append(f"  {'ec2_terminations':<{width}}  {report['ec2_terminations']}")
     lines += [f"  {'check':<{width}}  {'passed' if v else 'FAILED'}: {name}"
               for name, v in report["checks"].items()]
     return "\n".join(lines) + "\n"
@@ -722,6 +754,7 @@ class Drill:
         self._spans: dict[str, list[float | None]] = {}  # worker node name -> [joined, gone]
         self.terminated = False  # stopped by SIGTERM
         self.follow_up: dict[str, JsonValue] | None = None  # the daemon's follow-up of the run, as last read
+        self._ec2: tuple[Any, str, str, Any] | None = None  # --provider ec2: client, subnet, template, recorder
 
     # ------------------------------------------------------------------ parts
     def _trainer_args(self, *, ray_address: str, checkpoint_dir: Path, metrics: Path,
@@ -897,7 +930,7 @@ class Drill:
                        f"spot capacity {self.o.spot_capacity}, notice {self.o.notice_seconds:g}s, "
                        f"daemon {'on' if self.o.daemon else 'off'}\n  work dir {self.workdir}\n")
         async with contextlib.AsyncExitStack() as stack:
-            moto = MotoServer(log_path=self.workdir / "moto.log")
+            moto = MotoServer(log_path=self.workdir / "moto.log", env=self._moto_env())
             stack.callback(moto.stop)
             await _in_thread(moto.start)
             queue_url = await self._provision_aws(moto.endpoint_url)
@@ -908,6 +941,8 @@ class Drill:
             await self._start_exporter(stack, moto.endpoint_url)
             stop = asyncio.Event()
             daemon_task = None
+            if self.o.provider == "ec2":
+                await self._start_ec2(stack, moto.endpoint_url, cluster)
             if self.o.daemon:
                 daemon_task = await self._start_daemon(stack, moto.endpoint_url, queue_url, cluster, stop)
             watcher = self._watcher = asyncio.create_task(self._watch_trainer(), name="drill.watch")
@@ -947,7 +982,7 @@ class Drill:
                              durable_at=self.durable_at,
                              capacity=(follow_up or {}).get("capacity") or self.capacity, trainer_exit=code,
                              node_spans=[(span[0], span[1]) for span in self._spans.values()],
-                             replacement=self.replacement, follow_up=follow_up)
+                             replacement=self.replacement, follow_up=follow_up, ec2=self._ec2_report())
         return report
 
     def _start_reference(self, stack: contextlib.AsyncExitStack) -> asyncio.Task[dict[int, float]] | None:
@@ -1025,6 +1060,43 @@ class Drill:
             provider = StallingProvider(provider, stalled=("capacity-block",))
         return provider
 
+    def _moto_env(self) -> dict[str, str]:
+        """--provider ec2: moto's EC2 has the capacity the local provider would have."""
+        from resilienced.local.motoserver import EC2_CAPACITY_ENV
+
+        if self.o.provider != "ec2":
+            return {}
+        stalled = self.o.scenario == "stalled"
+        return {EC2_CAPACITY_ENV: json.dumps({"spot": self.o.spot_capacity, "capacity-block": self.o.workers,
+                                              "on-demand": self.o.workers if stalled else 0})}
+
+    async def _start_ec2(self, stack: contextlib.AsyncExitStack, endpoint: str, cluster: Any) -> None:
+        """--provider ec2: the client the daemon's Ec2NodeProvider launches with (its calls recorded),
+        a subnet in the block's zone, the launch template, and the user-data hook."""
+        from aiobotocore.session import get_session
+
+        from resilienced.local.ec2 import Ec2Recorder, UserDataHook, provision
+
+        client = await stack.enter_async_context(
+            get_session().create_client("ec2", region_name=REGION, endpoint_url=endpoint))
+        recorder = Ec2Recorder()
+        recorder.install(client)
+        subnet, template = await provision(client, zone=ZONE)
+        hook = UserDataHook(client, cluster, boot_seconds=self.o.node_boot_seconds,
+                            never_join=("capacity-block",) if self.o.scenario == "stalled" else (),
+                            note=lambda text: self.timeline.add("ec2", text))
+        task = asyncio.create_task(hook.run(), name="drill.user-data")
+        stack.push_async_callback(_cancel, task)
+        self._ec2 = (client, subnet, template, recorder)
+        self.timeline.add("ec2", f"moto EC2: launch template {template}, subnet {subnet} in {ZONE}; "
+                                 f"capacity {self._moto_env()}")
+
+    def _ec2_report(self) -> dict[str, JsonValue] | None:
+        if self._ec2 is None:
+            return None
+        recorder = self._ec2[3]
+        return {"ec2_launches": list(recorder.launches), "ec2_terminations": list(recorder.terminations)}
+
     def _daemon_settings(self, endpoint: str, queue_url: str, cluster: Any) -> Settings:
         """The daemon's settings in the drill: ray mode on the local cluster with its token, the moto
         queue, short polls, and follow-up bounds scaled to the drill's notice and node boot."""
@@ -1057,10 +1129,19 @@ class Drill:
 
         now = utcnow()
         block = CapacityReservation(
-            reservation_id=BLOCK_ID, instance_type=INSTANCE_TYPE, availability_zone=f"{REGION}a",
+            reservation_id=BLOCK_ID, instance_type=INSTANCE_TYPE, availability_zone=ZONE,
             reservation_type="capacity-block", state="active", available_instances=self.o.workers,
             total_instances=self.o.workers, start=now - timedelta(hours=1), end=now + timedelta(days=1))
-        return StandIns(capacity=StaticCapacity([block]), node_provider=self._provider(cluster))
+        capacity = StaticCapacity([block])
+        if self._ec2 is None:
+            return StandIns(capacity=capacity, node_provider=self._provider(cluster))
+        from resilienced.aws.ec2nodes import Ec2NodeProvider
+        from resilienced.local.ec2 import OWNER
+
+        client, subnet, template, _ = self._ec2
+        return StandIns(capacity=capacity, node_provider=Ec2NodeProvider(
+            client, launch_template=template, gcs_address=cluster.address, owner=OWNER,
+            subnets={ZONE: subnet}, reservations=capacity))
 
     async def _start_daemon(self, stack: contextlib.AsyncExitStack, endpoint: str, queue_url: str,
                             cluster: Any, stop: asyncio.Event) -> asyncio.Task[int]:
@@ -1093,7 +1174,8 @@ class Drill:
                 raise DrillError(f"the daemon did not start: {task.exception() or task.result()}")
             raise DrillError("the daemon did not start within 60s")
         self.timeline.add("daemon", f"running in ray mode on {queue_url.rsplit('/', 1)[-1]}; "
-                                    f"provider: spot {self.o.spot_capacity}, capacity-block "
+                                    + ("EC2 (moto) " if self._ec2 is not None else "")
+                                    + f"provider: spot {self.o.spot_capacity}, capacity-block "
                                     f"{BLOCK_ID} {self.o.workers}"
                                     + (" (its nodes never join), on-demand " + str(self.o.workers)
                                        if stalled else "")
@@ -1306,6 +1388,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--spot-capacity", type=int, default=d.spot_capacity,
                         help="replacement Spot nodes the local provider has (0: none, so the run "
                              "goes to the Capacity Block)")
+    parser.add_argument("--provider", choices=PROVIDERS, default=d.provider,
+                        help="local: replacement Ray nodes started on this machine; ec2: the daemon's "
+                             "EC2 node provider launches instances through EC2's API on moto (over "
+                             "HTTP), each joined by a hook playing deploy/aws/ray-node-user-data.sh; "
+                             "the report lists ec2_launches")
     parser.add_argument("--seed", type=int, default=d.seed)
     parser.add_argument("--scenario", choices=SCENARIOS, default=d.scenario,
                         help="spot: rebalance, notice, termination at the deadline; abrupt: the "
@@ -1359,7 +1446,7 @@ def main(args: argparse.Namespace) -> int:
         json_report=args.json_report, notice_seconds=args.notice_seconds,
         checkpoint_every=args.checkpoint_every, preemption_poll=args.preemption_poll,
         daemon=args.daemon == "on", step_seconds=args.step_seconds, timeout=args.timeout,
-        workdir=args.workdir, notify_webhook=args.notify_webhook,
+        workdir=args.workdir, notify_webhook=args.notify_webhook, provider=args.provider,
     ).validate()
     drill = Drill(options)
     try:

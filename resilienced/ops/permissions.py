@@ -207,6 +207,10 @@ IAM_ACTIONS: Mapping[str, Call] = {
     "fsx:DescribeDataRepositoryTasks": Call("fsx", ("DescribeDataRepositoryTasks",),
                                             "resilienced.aws.fsx",
                                             "durable, export mode 'task': wait for SUCCEEDED"),
+    "autoscaling:RecordLifecycleActionHeartbeat": Call(
+        "autoscaling", ("RecordLifecycleActionHeartbeat",), "resilienced.aws.autoscaling",
+        "asg_lifecycle: keep the terminate hook waiting while the drain, the save and the durable "
+        "wait go on (recovery.heartbeat)"),
     "autoscaling:CompleteLifecycleAction": Call("autoscaling", ("CompleteLifecycleAction",),
                                                 "resilienced.aws.autoscaling",
                                                 "asg_lifecycle: CONTINUE once the checkpoint is durable"),

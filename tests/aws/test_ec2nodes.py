@@ -21,6 +21,7 @@ from resilienced.aws.ec2nodes import (
     LAUNCH_TOKEN_TAG,
     LAUNCHED_BY_TAG,
     Ec2NodeProvider,
+    LeftToAutoscaler,
     QuotaExceeded,
     client_token,
     labels_from_tags,
@@ -264,6 +265,19 @@ async def test_any_other_refusal_is_permanent(world: World) -> None:
     world.proxy.fail(403, code="UnauthorizedOperation", style="ec2", match=aws_action("RunInstances"))
     with pytest.raises(PermanentError, match="RunInstances: UnauthorizedOperation"):
         await world.provider().launch(capacity=Capacity.ON_DEMAND, node_labels=[{REPLACES: "i-0eeeeeeeeeeeeeee1"}])
+
+
+# --------------------------------------------------------------------------- Ray's autoscaler
+async def test_a_capacity_the_autoscaler_gives_is_left_to_it_and_a_block_is_launched(world: World) -> None:
+    block = world.blocks.add_block(instance_type="p5.48xlarge", availability_zone="us-east-1a", total=1)
+    provider = world.provider(autoscaler_capacities=("spot", "on-demand"))
+    for capacity in (Capacity.SPOT, Capacity.ON_DEMAND):
+        with pytest.raises(LeftToAutoscaler, match=f"Ray's autoscaler gives {capacity.value} nodes"):
+            await provider.launch(capacity=capacity, node_labels=[{REPLACES: "i-0aaaaaaaaaaaaaaa9"}])
+    assert not [s for s in world.sent if _own(world, s)] and await world.live() == []
+    [node] = await provider.launch(capacity=Capacity.CAPACITY_BLOCK, reservation_id=block.reservation_id,
+                                   node_labels=[{REPLACES: "i-0aaaaaaaaaaaaaaa9"}])
+    assert node.capacity is Capacity.CAPACITY_BLOCK  # what the autoscaler's node types cannot give
 
 
 # --------------------------------------------------------------------------- release, nodes
