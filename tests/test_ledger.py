@@ -170,3 +170,4 @@ def test_the_ledger_settings(tmp_path) -> None:  # type: ignore[no-untyped-def]
         Settings.from_args(["--on-demand-prices", str(path)], {}).ledger.validate()
     path.write_text('{"p5.48xlarge": 98.32}')
     Settings.from_args(["--on-demand-prices", str(path)], {}).ledger.validate()
+

@@ -281,7 +281,8 @@ def restore_rng(state: dict[str, Any]) -> None:
 
 # ---------------------------------------------------------------------- the manifest, written
 def build_manifest(
-    step_dir: Path, step: int, *, world_size: int, reason: str, hashed: tuple[FileEntry, ...] = ()
+    step_dir: Path, step: int, *, world_size: int, reason: str, hashed: tuple[FileEntry, ...] = (),
+    save_seconds: float | None = None,
 ) -> Manifest:
     """The manifest of a step directory: ``hashed`` entries as given, every other file hashed here."""
     files = {e.path: e for e in hashed}
@@ -293,7 +294,7 @@ def build_manifest(
     now = time.time()
     return Manifest(
         step=step, world_size=world_size, time=datetime.fromtimestamp(now, tz=timezone.utc), saved_at_unix=now, reason=reason,
-        files=tuple(files[k] for k in sorted(files)),
+        files=tuple(files[k] for k in sorted(files)), save_seconds=save_seconds,
     )
 
 
@@ -491,7 +492,8 @@ class CheckpointStore:
         if self.rank == 0:
             assert gathered is not None
             manifest = build_manifest(directory, step, world_size=self.world_size, reason=reason,
-                                      hashed=tuple(e for rank_entries in gathered for e in rank_entries))
+                                      hashed=tuple(e for rank_entries in gathered for e in rank_entries),
+                                      save_seconds=time.perf_counter() - started)
             total = sum(f.size for f in manifest.files)
             put_manifest(directory, manifest, torn=lambda: self.at_phase("manifest-torn", step))
             self.at_phase("manifest-written", step)

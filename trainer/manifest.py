@@ -9,8 +9,12 @@ has no torch, the training image has no daemon.
 
     {"format": "resilienced-checkpoint/1", "step": N, "world_size": W,
      "time": "2026-11-30T00:00:00.123456Z", "saved_at_unix": 1796083200.123456,
-     "reason": "preemption" | "periodic" | "final" | "resize",
+     "reason": "preemption" | "periodic" | "final" | "resize", "save_seconds": 0.14,
      "files": [{"path": "__0_0.distcp", "size": 123, "sha256": "<hex>"}, ...]}
+
+``save_seconds`` (optional: older trainers do not write it, a reader takes it as unknown): from the
+start of the save to its manifest, what the daemon's ledger counts as the save's pause
+(``resilienced.ops.ledger``; an asynchronous save paused training for less: its staging only).
 
 ``files`` lists every file of the step directory except ``manifest.json`` itself, by posix path
 relative to the step directory; nothing outside that list is needed to resume.  ``step-<N>``
@@ -58,12 +62,14 @@ class Manifest:
     saved_at_unix: float
     reason: str
     files: tuple[FileEntry, ...]
+    save_seconds: float | None = None  # start of the save -> its manifest (None: not written)
 
     def to_json(self) -> str:
+        extra = {} if self.save_seconds is None else {"save_seconds": round(self.save_seconds, 6)}
         return json.dumps({
             "format": FORMAT, "step": self.step, "world_size": self.world_size,
             "time": utc_iso(self.time), "saved_at_unix": self.saved_at_unix, "reason": self.reason,
-            "files": [{"path": f.path, "size": f.size, "sha256": f.sha256} for f in self.files],
+            **extra, "files": [{"path": f.path, "size": f.size, "sha256": f.sha256} for f in self.files],
         }, indent=1)
 
     @classmethod
@@ -87,9 +93,13 @@ class Manifest:
         when = parse_utc(data["time"])
         if when is None:
             raise ManifestError(where, f"time {data['time']!r} is not ISO-8601 UTC")
+        took = data.get("save_seconds")
+        if took is not None and (not isinstance(took, (int, float)) or isinstance(took, bool) or took < 0):
+            raise ManifestError(where, f"field 'save_seconds' is not a number >= 0: {took!r}")
         return cls(step=data["step"], world_size=data["world_size"], time=when,
                    saved_at_unix=float(saved), reason=data["reason"],
-                   files=_files(data["files"], where=where))
+                   files=_files(data["files"], where=where),
+                   save_seconds=None if took is None else float(took))
 
 
 def _json_object(raw: bytes | str, *, where: str) -> dict:

@@ -59,11 +59,13 @@ from urllib.parse import urlsplit
 from resilienced import log
 from resilienced.clock import utcnow
 from resilienced.errors import ConfigError, ResilienceError
+from resilienced.local.drill_ledger import PRICED_AS
 from resilienced.ray.cluster import CAPACITY_TYPE_LABEL as CAPACITY_LABEL
 from resilienced.ray.cluster import ELASTIC_LABEL
 from resilienced.ray.cluster import INSTANCE_ID_LABEL as INSTANCE_LABEL
 from resilienced.settings import (
     FollowUpSettings,
+    LedgerSettings,
     HttpSettings,
     IntakeSettings,
     ModeSettings,
@@ -137,6 +139,7 @@ class DrillOptions:
     scenario: str = "spot"
     keep: bool = False
     json_report: str | None = None
+    plot: str | None = None  # --plot FILE.png: the run's timeline (issue #43)
     notice_seconds: float = 25.0
     checkpoint_every: int = 10
     preemption_poll: float = 0.5
@@ -613,10 +616,15 @@ def table(report: dict[str, JsonValue]) -> str:
             "notice_to_resumed_s", "capacity", "daemon_training_again_s", "recovery_stages", "fallbacks",
             "losses_match_uninterrupted", "loss_max_rel_diff", "loss_diff_from_step", "world_size_schedule",
             "restarts", "restarts_measured", "elastic_decision", "replacement", "resumed_world_size",
-            "back_to_full_s", "worker_seconds_idle")
+            "back_to_full_s", "worker_seconds_idle", "ledger")
     width = max(len(k) for k in keys)
 
     def shown(key: str) -> Any:
+        if key == "ledger":
+            led = report.get(key) or {}
+            cost = led.get("cost") or {}
+            return (f"lost {led.get('lost_gpu_seconds')} GPU-s {led.get('parts')}, goodput {led.get('goodput')}, "
+                    f"premium {cost.get('premium')} USD, prices {cost.get('prices')}") if led else None
         if key == "fallbacks":
             return "; ".join(f"{f.get('from')} -> {f.get('to')}" for f in report.get(key) or []) or "none"
         return report.get(key)
@@ -754,6 +762,7 @@ class Drill:
         self._spans: dict[str, list[float | None]] = {}  # worker node name -> [joined, gone]
         self.terminated = False  # stopped by SIGTERM
         self.follow_up: dict[str, JsonValue] | None = None  # the daemon's follow-up of the run, as last read
+        self.ledger: Any = None  # the recovery's ledger (resilienced.local.drill_ledger), once reported
         self._ec2: tuple[Any, str, str, Any] | None = None  # --provider ec2: client, subnet, template, recorder
 
     # ------------------------------------------------------------------ parts
@@ -977,13 +986,57 @@ class Drill:
                     async with asyncio.timeout(30):
                         await daemon_task
             reference, fixed = await self._references(early)
+            prices = await self._prices(moto.endpoint_url)
         report = report_from(options=self.o, metrics=self.metrics.lines, events=self.events.lines,
                              reference=reference, fixed_reference=fixed, notice=self.timeline.notice,
                              durable_at=self.durable_at,
                              capacity=(follow_up or {}).get("capacity") or self.capacity, trainer_exit=code,
                              node_spans=[(span[0], span[1]) for span in self._spans.values()],
                              replacement=self.replacement, follow_up=follow_up, ec2=self._ec2_report())
+        report["ledger"] = self._ledger(report, follow_up, prices)
         return report
+
+    def _price_file(self) -> Path:
+        """The drill's ``--on-demand-prices`` file (On-Demand and the block's fee), for the daemon and the ledger."""
+        from resilienced.local.drill_ledger import price_file
+
+        path = self.workdir / "prices.json"
+        return path if path.exists() else price_file(path, instance_type=PRICED_AS, block_id=BLOCK_ID,
+                                                     instances=self.o.workers)
+
+    async def _prices(self, endpoint: str) -> dict[str, Any]:
+        """The ledger's prices: Spot from moto's DescribeSpotPriceHistory, the rest from the price file."""
+        from resilienced.local.drill_ledger import drill_prices
+
+        return await drill_prices(endpoint=endpoint, region=REGION, zone=f"{REGION}a", instance_type=PRICED_AS,
+                                  block_id=BLOCK_ID, file=self._price_file(), at=utcnow())
+
+    def _ledger(self, report: Mapping[str, JsonValue], follow_up: Mapping[str, JsonValue] | None,
+                prices: Mapping[str, Any]) -> dict[str, JsonValue] | None:
+        """The report's ``ledger`` (``resilienced.local.drill_ledger``); kept for ``--plot``."""
+        from resilienced.local.drill_ledger import drill_ledger, report_ledger
+
+        record = dict(follow_up or {})
+        spans = [(span[0], span[1]) for span in self._spans.values()]
+        if self.timeline.notice is None:
+            return None
+        self.ledger = drill_ledger(
+            run=str(record.get("run") or "drill"), event_id=str(record.get("event_id") or "drill"),
+            workers=self.o.workers, metrics=self.metrics.lines, events=self.events.lines, notice=self.timeline.notice,
+            steps_trained_twice=int(report.get("steps_trained_twice") or 0), follow_up=record or None,
+            prices=prices, node_spans=spans)
+        return report_ledger(self.ledger, worker_seconds_idle=report.get("worker_seconds_idle"),  # type: ignore[arg-type]
+                             node_spans=spans, workers=self.o.workers)
+
+    def plot(self, path: str) -> Path | None:
+        """``--plot``: the run's timeline from its ledger and world sizes (None: no ledger)."""
+        from resilienced.local.drill_ledger import world_sizes
+        from resilienced.ops.plot import plot
+
+        if self.ledger is None:
+            return None
+        return plot([self.ledger], path, world_size=world_sizes(self.metrics.lines),
+                    title=f"resilienced drill --scenario {self.o.scenario}: {self.o.workers} ranks")
 
     def _start_reference(self, stack: contextlib.AsyncExitStack) -> asyncio.Task[dict[int, float]] | None:
         """A gang run keeps its world size: its uninterrupted reference runs while the cluster
@@ -1118,6 +1171,7 @@ class Drill:
                 scheduled_bound_seconds=JOINED_BOUND_S + self.o.node_boot_seconds,
                 training_bound_seconds=self.o.notice_seconds + TRAINING_BOUND_EXTRA_S,
                 follow_up_interval_seconds=1.0, follow_up_claim_ttl_seconds=60),
+            ledger=LedgerSettings(on_demand_prices=str(self._price_file())),
         ).validate()
 
     def _stand_ins(self, cluster: Any) -> StandIns:
@@ -1422,6 +1476,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="seconds each wait of the drill may take before it fails")
     parser.add_argument("--keep", action="store_true", help="keep the work directory and say where")
     parser.add_argument("--json-report", metavar="FILE", help="also write the report as JSON")
+    parser.add_argument("--plot", metavar="FILE.png", help="draw the run's timeline (world size, capacity, the "
+                                                     "notice, the stages, the lost parts) to FILE.png (matplotlib)")
     parser.add_argument("--workdir", metavar="DIR", help="work directory (default: a new one under /tmp)")
     parser.add_argument("--notify-webhook", metavar="URL",
                         default=os.environ.get("RESILIENCED_NOTIFY_WEBHOOK") or None,
@@ -1443,7 +1499,7 @@ def main(args: argparse.Namespace) -> int:
         join_estimate_seconds=args.join_estimate_seconds,
         interrupt_at_step=args.interrupt_at_step,
         spot_capacity=args.spot_capacity, seed=args.seed, scenario=args.scenario, keep=args.keep,
-        json_report=args.json_report, notice_seconds=args.notice_seconds,
+        json_report=args.json_report, plot=args.plot, notice_seconds=args.notice_seconds,
         checkpoint_every=args.checkpoint_every, preemption_poll=args.preemption_poll,
         daemon=args.daemon == "on", step_seconds=args.step_seconds, timeout=args.timeout,
         workdir=args.workdir, notify_webhook=args.notify_webhook, provider=args.provider,
@@ -1473,6 +1529,9 @@ def main(args: argparse.Namespace) -> int:
     except BaseException:
         drill.cleanup()
         raise
+    if options.plot:
+        drawn = drill.plot(options.plot)
+        print(f"resilienced drill: {'wrote ' + str(drawn) if drawn else 'no ledger to plot'}", file=sys.stderr)
     drill.cleanup()
     sys.stdout.write("\n" + table(report))
     if options.json_report:

@@ -219,7 +219,7 @@ class CapacityUse:
     @property
     def hours(self) -> float:
         """Instance-hours."""
-        return round(self.instances * max(0.0, (self.end - self.start).total_seconds()) / 3600, 6)
+        return self.instances * max(0.0, (self.end - self.start).total_seconds()) / 3600
 
     @property
     def cost_usd(self) -> float | None:
@@ -227,7 +227,7 @@ class CapacityUse:
 
     def as_json(self) -> dict[str, JsonValue]:
         return {"capacity": self.capacity, "start": self.start.isoformat(), "end": self.end.isoformat(),
-                "instances": self.instances, "hours": self.hours, "price": self.price.as_json(),
+                "instances": self.instances, "hours": round(self.hours, 6), "price": self.price.as_json(),
                 "cost_usd": self.cost_usd}
 
     @classmethod

@@ -1,6 +1,6 @@
 """Notifications: one webhook POST per run per event once the daemon has handled it, and one when
 the run trains again (``resumed``), falls back to other capacity (``fell back``) or is ``stuck``
-(``resilienced.recovery.followup``).
+(``resilienced.followup.follower``).
 
 :class:`Notifier` is off the recovery's path: :meth:`Notifier.submit` only puts the facts on a
 bounded in-memory queue (never waits, never raises; when the queue is full the notification
@@ -52,6 +52,10 @@ FACTS: dict[str, JsonValue] = {
     "reason": "",
     "stage": "training",
     "seconds_from_notice": "95",
+    # the recovery's ledger (resilienced.ops.ledger), on resumed and stuck: what the interruption cost
+    "lost_gpu_seconds": "5968",
+    "premium_usd": "32.0",
+    "goodput": "0.906",
 }
 #: How many notifications may wait for the webhook before new ones are dropped.
 QUEUE_SIZE = 1000
@@ -107,7 +111,7 @@ def flat(facts: Mapping[str, JsonValue]) -> dict[str, str]:
     return {key: text(facts.get(key)) for key in FACTS}
 
 
-#: Outcomes of the follow-up after the requeue (resilienced.recovery.followup), with their headline.
+#: Outcomes of the follow-up after the requeue (resilienced.followup.follower), with their headline.
 FOLLOW_UP_OUTCOMES = {"resumed": "trains again", "fell back": "fell back", "stuck": "is stuck"}
 
 
@@ -130,6 +134,9 @@ def slack_body(facts: Mapping[str, JsonValue]) -> dict[str, JsonValue]:
               ("Durable", "durable"), ("Steps lost", "steps_lost"), ("Capacity", "capacity"),
               ("Capacity reason", "capacity_reason"), ("Outcome", "outcome"), ("Stage", "stage"),
               ("Seconds from the notice", "seconds_from_notice")]
+    if f["lost_gpu_seconds"] != "-" or f["goodput"] != "-":  # the ledger, on resumed and stuck
+        fields += [("Lost GPU-seconds", "lost_gpu_seconds"), ("Premium over Spot (USD)", "premium_usd"),
+                   ("Goodput", "goodput")]
     blocks: list[dict[str, JsonValue]] = [
         {"type": "section", "text": {"type": "mrkdwn", "text": f"*resilienced*: {headline}"}},
         {"type": "section", "fields": [{"type": "mrkdwn", "text": f"*{title}*\n{f[key]}"}

@@ -60,7 +60,7 @@ def render(ledgers: Sequence[Ledger], *, world_size: Sequence[WorldSize] = (), t
     """The Figure of the run's timeline (see the module docstring)."""
     plt = _pyplot()
     fig, (top, bottom) = plt.subplots(2, 1, sharex=True, figsize=(width / DPI, height / DPI), dpi=DPI,
-                                      gridspec_kw={"height_ratios": [3, 1]})
+                                      gridspec_kw={"height_ratios": [3, 2]})
     run = ledgers[0].run if ledgers else "run"
     fig.suptitle(title or f"{run}: {len(ledgers)} interruption(s)")
     if world_size:
@@ -71,12 +71,14 @@ def render(ledgers: Sequence[Ledger], *, world_size: Sequence[WorldSize] = (), t
         top.set_ylim(0, max(p.ranks for p in points) + 1)
     top.set_ylabel("ranks training")
     seen_parts: set[str] = set()
+    rows: dict[tuple[str, datetime, datetime, int], int] = {}
+    labels: dict[int, str] = {}
     for led in ledgers:
         marks = {k: _t(v) for k, v in led.marks.items()}
         for ax in (top, bottom):
             ax.axvline(led.notice_at, color="red", linewidth=2, gid="notice" if ax is top else "notice-capacity")
-        top.annotate("notice", (led.notice_at, 1.0), xycoords=("data", "axes fraction"), color="red",
-                     ha="left", va="top", fontsize=8, rotation=90)
+        top.annotate(" notice", (led.notice_at, 1.0), xycoords=("data", "axes fraction"), color="red",
+                     ha="right", va="top", fontsize=8, rotation=90)
         for name in ("stopped", "requeued", "placed", "again"):
             if name in marks:
                 top.axvline(marks[name], color="#555555", linestyle=":", linewidth=1, gid=f"stage-{name}")
@@ -86,18 +88,21 @@ def render(ledgers: Sequence[Ledger], *, world_size: Sequence[WorldSize] = (), t
             label = part if part not in seen_parts else None
             seen_parts.add(part)
             top.axvspan(start, end, color=SHADES[part], alpha=0.35, label=label, gid=f"lost-{part}")
-        for use in led.capacity:
-            bottom.barh(0, (use.end - use.start).total_seconds() / 86400, left=use.start, height=0.8,
+        for use in led.capacity:  # one row per span of capacity (the same span of two ledgers shares its row)
+            key = (use.capacity, use.start, use.end, use.instances)
+            row = rows.setdefault(key, len(rows))
+            bottom.barh(row, (use.end - use.start).total_seconds() / 86400, left=use.start, height=0.8,
                         color=COLOURS.get(use.capacity, "#777777"), gid=f"capacity-{use.capacity}")
             price = ("?" if use.price.usd_per_hour is None else f"${use.price.usd_per_hour:g}/h")
-            bottom.annotate(f"{use.capacity} {price}", (use.start + (use.end - use.start) / 2, 0), ha="center",
-                            va="center", fontsize=7, color="white")
-    bottom.set_yticks([])
+            labels[row] = f"{use.instances} x {use.capacity} {price}"
+    bottom.set_yticks(list(labels), [labels[r] for r in labels], fontsize=7)
+    bottom.invert_yaxis()
     bottom.set_ylabel("capacity")
     bottom.set_xlabel("time (UTC)")
     if seen_parts or world_size:
         top.legend(loc="lower right", fontsize=7)
     fig.autofmt_xdate()
+    fig.subplots_adjust(left=0.17)
     return fig
 
 
