@@ -6,7 +6,8 @@ details are the run's record (:mod:`resilienced.ops.run_record`): in kubernetes 
 cluster's GCS KV.  ``status`` lists them, one row per (event, run): time, kind, instance(s),
 run, outcome, the run's stage since the requeue (its follow-up, :mod:`resilienced.followup`:
 ``admitted``, ``scheduled``, ``joined``, ``training``, or how it ended: ``resumed``, ``stuck``,
-``superseded``), checkpoint step, durable or not, capacity.  It only reads: one Lease list (the
+``superseded``), checkpoint step, durable or not, steps lost, the recovery's ledger (``LOST``
+GPU-hours, ``PREMIUM`` USD over Spot, ``GOODPUT``: :mod:`resilienced.ops.ledger`), capacity.  It only reads: one Lease list (the
 ``list`` verb the daemon's Role already has: claims and follow-ups are Leases side by side), or
 GCS KV key listings and gets.
 
@@ -42,7 +43,8 @@ MODE_FLAGS = ("mode", "kubeconfig", "kube_context", "claims_namespace", "ray_add
 #: Table columns: (title, summary field).
 COLUMNS = (("TIME", "time"), ("KIND", "kind"), ("INSTANCES", "instances"), ("RUN", "run"),
            ("OUTCOME", "outcome"), ("STAGE", "stage"), ("STEP", "checkpoint_step"), ("DURABLE", "durable"),
-           ("LOST", "steps_lost"), ("CAPACITY", "capacity"), ("EVENT", "event_id"))
+           ("STEPS_LOST", "steps_lost"), ("LOST", "lost_gpu_hours"), ("PREMIUM", "premium_usd"),
+           ("GOODPUT", "goodput"), ("CAPACITY", "capacity"), ("EVENT", "event_id"))
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
@@ -136,11 +138,26 @@ def rows(found: Sequence[tuple[str, Mapping[str, JsonValue]]], *, after: datetim
         row["stage"] = stage_of(record) if record else None
         row["training_again_s"] = _training_again(record) if record else None
         row["fallbacks"] = list((record or {}).get("fallbacks") or [])
+        row.update(ledger_cells(record, event_id=row["event_id"]))
         moment = _parse(row["time"])
         if after is not None and (moment is None or moment < after):
             continue
         out.append(row)
     return sorted(out, key=lambda r: (r["time"] or "", r["run"] or ""))
+
+
+def ledger_cells(record: Mapping[str, JsonValue] | None, *, event_id: object) -> dict[str, JsonValue]:
+    """The row's ledger (``resilienced.ops.ledger``, kept in the follow-up record once its recovery ended):
+    ``LOST`` in GPU-hours, ``PREMIUM`` in USD over Spot, the run's ``GOODPUT``; ``ledger`` the whole (``--json``)."""
+    found = next((led for led in reversed(list((record or {}).get("ledgers") or []))  # type: ignore[arg-type]
+                  if led.get("event_id") == event_id), None)
+    if found is None:
+        return {"lost_gpu_hours": None, "premium_usd": None, "goodput": None, "ledger": None}
+    lost = found.get("lost_gpu_seconds")
+    premium = found.get("premium_usd")
+    return {"lost_gpu_hours": None if lost is None else round(float(lost) / 3600, 3),  # type: ignore[arg-type]
+            "premium_usd": None if premium is None else round(float(premium), 2),  # type: ignore[arg-type]
+            "goodput": found.get("goodput"), "ledger": found}
 
 
 def _training_again(record: Mapping[str, JsonValue]) -> float | None:

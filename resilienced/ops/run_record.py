@@ -27,7 +27,7 @@ RUN_PREFIX = "run/"
 #: The fields of a summary, in the order ``resilienced status`` shows them.
 FIELDS = ("time", "event_id", "kind", "instances", "run", "outcome", "stage", "drained",
           "checkpoint_step", "durable", "steps_lost", "capacity", "capacity_reason", "reason",
-          "training_again_s", "fallbacks")
+          "training_again_s", "fallbacks", "lost_gpu_hours", "premium_usd", "goodput", "ledger")
 #: The record's own keys; every other key of its JSON is a step's report.
 _OWN = ("run", "instances", "event_id", "kind", "event_time", "done_at", "outcome", "reason")
 
@@ -118,4 +118,6 @@ class RunRecord:
             "stage": None,
             "training_again_s": None,
             "fallbacks": [],
+            # the recovery's ledger (resilienced.ops.ledger), from the follow-up, filled in by ``status``
+            "lost_gpu_hours": None, "premium_usd": None, "goodput": None, "ledger": None,
         }
