@@ -1002,7 +1002,7 @@ class Drill:
 
         path = self.workdir / "prices.json"
         return path if path.exists() else price_file(path, instance_type=PRICED_AS, block_id=BLOCK_ID,
-                                                     instances=self.o.workers)
+                                                     instances=self.o.workers, also=(INSTANCE_TYPE,))
 
     async def _prices(self, endpoint: str) -> dict[str, Any]:
         """The ledger's prices: Spot from moto's DescribeSpotPriceHistory, the rest from the price file."""

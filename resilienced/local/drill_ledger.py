@@ -65,10 +65,11 @@ BLOCK_FEE_USD = 2.4
 BLOCK_HOURS = 24
 
 
-def price_file(path: Path, *, instance_type: str, block_id: str, instances: int) -> Path:
-    """Write the drill's ``--on-demand-prices`` file (On-Demand and the block's fee)."""
+def price_file(path: Path, *, instance_type: str, block_id: str, instances: int, also: Sequence[str] = ()) -> Path:
+    """Write the drill's ``--on-demand-prices`` file (On-Demand and the block's fee); ``also``: more
+    instance types at the same price (the daemon's facts name the drill's own, ``drill.cpu``)."""
     path.write_text(json.dumps({
-        "on-demand": {instance_type: ON_DEMAND_USD_PER_HOUR},
+        "on-demand": {t: ON_DEMAND_USD_PER_HOUR for t in (instance_type, *also)},
         "capacity-block": {block_id: {"upfront_fee": BLOCK_FEE_USD, "hours": BLOCK_HOURS, "instances": instances}},
     }, indent=1) + "\n")
     return path
