@@ -243,6 +243,20 @@ class LedgerKeeper:
                        goodput=ledger.goodput.value)
         return written
 
+    def show(self, records: Sequence[Mapping[str, JsonValue]]) -> None:
+        """Every replica, every pass: each run's goodput from its newest ledger; the series of a run
+        whose record is gone is dropped (the label set stays the runs with a record)."""
+        if self.metrics is None:
+            return
+        for record in records:
+            kept = list(record.get("ledgers") or ())  # type: ignore[arg-type]
+            if kept:
+                try:
+                    self.metrics.show(Ledger.from_json(kept[-1]))
+                except ValueError as e:
+                    self._log.warning("ledger unreadable", run=record.get("run"), error=str(e))
+        self.metrics.keep_only(str(r.get("run")) for r in records)
+
     def _fail(self, step: str, record: Mapping[str, JsonValue], error: BaseException) -> None:
         if self.metrics is not None:
             self.metrics.failures.labels(step=step).inc()

@@ -155,3 +155,15 @@ def test_a_notification_carries_the_ledger_on_resumed_and_stuck_only() -> None:
     assert f"*Goodput*\\n{led.goodput.value}" in fields
     assert "Lost GPU-seconds" not in str(slack_body({**base, "outcome": "done"})["blocks"])
     assert notification_facts(None) == {"lost_gpu_seconds": None, "premium_usd": None, "goodput": None}
+
+
+def test_every_replica_shows_each_runs_goodput_and_drops_a_run_without_a_record() -> None:
+    from tests.test_ledger import SPOT, ledger
+
+    registry = CollectorRegistry()
+    keeper = LedgerKeeper(store=MemoryFollowUps(), objects=None, metrics=LedgerMetrics(registry))
+    led = ledger({"spot": SPOT})
+    keeper.show([{"run": "ns/job", "ledgers": [led.as_json()]}, {"run": "ns/none"}])
+    assert registry.get_sample_value("resilienced_run_goodput_ratio", {"run": "ns/job"}) == led.goodput.value
+    keeper.show([{"run": "ns/none"}])
+    assert registry.get_sample_value("resilienced_run_goodput_ratio", {"run": "ns/job"}) is None
