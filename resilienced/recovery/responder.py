@@ -411,12 +411,19 @@ class Recovery:
         if self.mover is None:
             report.steps["requeue"] = {"capacity": None, "reason": "no capacity planner or requeuer configured"}
             return
-        if self.follower is None:
-            await self._requeue_held(event, target, report)
-            return
-        async with self.mover.moving(target.run_key, holder=holder, ttl=self.options.claim_ttl_seconds) as held:
+        # Under the run's move claim also without the follow-up: a gang's notices come together (a
+        # Spot pool is reclaimed at once), each under its own run claim, and two moves of one run at
+        # once both change it (seen on the real control plane, tests/cluster/test_mass.py: two
+        # ``Requeued`` per run, the Workload reactivated by one while the other steered it).  Taken in
+        # the run claims' store, the same one the follow-up's moves use.
+        moving = (self.mover.moving(target.run_key, holder=holder, ttl=self.options.claim_ttl_seconds)
+                  if self.mover.claims is not None else
+                  held_claim(self.claims, self.mover.move_key(target.run_key), holder=holder, logger=self._log,
+                             ttl_seconds=self.options.claim_ttl_seconds, what="move claim", release_on_cancel=False))
+        async with moving as held:
             if not held:  # its follow-up (or another delivery) moves the run now: come back shortly
-                raise TemporaryError(f"run {target.run_key} is being moved by its follow-up now", delay=5.0)
+                raise TemporaryError(f"run {target.run_key} is being moved by its follow-up or another "
+                                     "notice now", delay=5.0)
             await self._requeue_held(event, target, report)
 
     async def _requeue_held(self, event: Event, target: Target, report: RunReport) -> None:

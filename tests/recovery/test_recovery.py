@@ -360,3 +360,55 @@ async def test_completing_a_hook_translates_what_auto_scaling_answers(autoscalin
         else:
             with pytest.raises(expected):
                 await lifecycle.complete(action, instance_id=instance(7))
+
+
+class Gate:
+    """A ``Requeuer`` in front of another that lets a requeue go on once ``n`` are in it at once (or
+    after ``wait_s``): two moves of one run overlap when nothing keeps them apart."""
+
+    def __init__(self, inner: Any, *, n: int = 2, wait_s: float = 2.0) -> None:
+        self.inner, self.n, self.wait_s = inner, n, wait_s
+        self.entered = 0
+        self.all_in = asyncio.Event()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    async def requeue(self, target: Any, **kwargs: Any) -> Any:
+        self.entered += 1
+        if self.entered >= self.n:
+            self.all_in.set()
+        try:
+            await asyncio.wait_for(self.all_in.wait(), self.wait_s)
+        except asyncio.TimeoutError:
+            pass
+        return await self.inner.requeue(target, **kwargs)
+
+
+async def test_two_notices_of_one_run_at_once_move_it_once_without_the_follow_up(api: Any, world: World) -> None:
+    """``--follow-up false`` (no follower): a run's two workers' notices handled at once (a Spot
+    pool is reclaimed at once) make one move of the run, not two.  Seen on the real control plane
+    (tests/cluster/test_mass.py): without the follow-up the requeue step took no move claim, so
+    each notice of a gang moved it (two ``Requeued`` Events per run, the Workload reactivated by the
+    second while the first was steering it)."""
+    gate = Gate(RequeueRouter(api))
+    world.recovery.mover = Mover(planner=world.planner, requeue=ReportingRequeuer(gate, cluster=world.cluster),
+                                 replacements=ReplacementAnnouncer(world.cluster.ray_control, priors={}))
+    now = datetime.now(timezone.utc)
+    plans = [plan_of(body("EC2 Spot Instance Interruption Warning",
+                          {"instance-id": instance(i), "instance-action": "terminate"}, when=now,
+                          event_id=f"7e9d2f6c-0000-4000-8000-00000000010{i}")) for i in (1, 2)]
+    saver = asyncio.create_task(save_after_the_drain(world, step=11))
+    results = await asyncio.gather(*(world.recovery.act(p, holder=f"replica-a/m{i}") for i, p in enumerate(plans)),
+                                   return_exceptions=True)
+    await saver
+    for plan, got in zip(plans, results):
+        if isinstance(got, TemporaryError):  # the other notice was moving the run: its redelivery
+            assert "being moved" in str(got), got
+            got = await world.recovery.act(plan, holder="replica-a/again")
+        assert not isinstance(got, BaseException) and got.result in (Result.DONE, Result.NOT_ACTIONABLE), got
+    assert gate.entered >= 1
+    on_the_run = [e for e in world.events("Requeued") if e["involvedObject"]["kind"] == "RayJob"]
+    assert len(on_the_run) == 1, [e.get("message") for e in on_the_run]
+    counts = world.kubeapi.counts()
+    assert (counts[("patch", "rayjobs.ray.io")], counts[("delete", "pods")]) == (1, 2), counts  # one move
