@@ -21,7 +21,8 @@ Planner           ``capacity.planner.CapacityPlanner``            the same, over
 Requeuer          ``requeue.router.ReportingRequeuer`` around     the same, real
                   ``requeue.router.RequeueRouter`` or
                   ``ray.requeue.RayModeRequeuer``
-NodeProvider      none for EC2 yet (docs/architecture.md)         ``local.provider.LocalNodeProvider``
+NodeProvider      ``aws.ec2nodes.Ec2NodeProvider`` (aiobotocore)  ``local.provider.LocalNodeProvider``;
+                                                                  the EC2 one on moto over HTTP
 FollowUpStore     ``kube.followups.KubeFollowUps`` (Leases),      the same, real (``followups.
                   ``ray.followups.RayKvFollowUps`` (GCS KV)       MemoryFollowUps`` in unit tests)
 Progress          ``requeue.progress.KubeProgress``,              the same, real (emulated API,
@@ -365,9 +366,12 @@ class NodeProvider(Protocol):
     the drill's ``resilienced.local.provider.LocalNodeProvider``)."""
 
     async def launch(self, *, capacity: Capacity, node_labels: Sequence[Mapping[str, str]],
-                     reservation_id: str | None = None) -> list[ProvidedNode]:
+                     reservation_id: str | None = None, idempotency_key: str | None = None,
+                     ) -> list[ProvidedNode]:
         """Start one node per entry of ``node_labels`` (extra labels each); may return fewer
-        than asked when the pool runs out; raises :class:`NoCapacity` when it got none."""
+        than asked when the pool runs out; raises :class:`NoCapacity` when it got none.
+        ``idempotency_key`` (the event id): the same launch again starts nothing twice (EC2: the
+        instances' ``ClientToken``)."""
         ...
 
     async def release(self, nodes: Sequence[ProvidedNode]) -> None:

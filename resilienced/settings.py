@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import enum
 import json
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -569,6 +570,60 @@ class LedgerSettings(Group):
                 raise ConfigError("--on-demand-prices", f"{self.on_demand_prices}: {e}") from None
 
 
+@dataclass(frozen=True)
+class Ec2NodeSettings(Group):
+    """Ray mode on EC2: the replacement nodes the daemon launches (docs/ray.md, "Ray on EC2")."""
+
+    TITLE: ClassVar[str] = "ec2 nodes"
+
+    ec2_launch_template: str | None = option(
+        None, parse=text, metavar="ID|NAME",
+        help="Launch template (lt-... id or name) the replacement nodes of ray mode are launched from "
+             "with RunInstances, one per lost node, on the decided capacity (Spot one-time, the "
+             "Capacity Block, On-Demand). Its user-data runs deploy/aws/ray-node-user-data.sh. Unset: "
+             "no EC2 node provider (nothing is launched; Ray's autoscaler or you replace the nodes).")
+    ec2_launch_template_version: str = option(
+        "$Default", parse=lambda v: v.strip(), metavar="VERSION",
+        help="Version of --ec2-launch-template: $Default, $Latest or a number.")
+    ec2_subnets: tuple[str, ...] = option(
+        (), parse=csv, metavar="ZONE=SUBNET,...",
+        help="Subnet per Availability Zone, such as us-east-1a=subnet-0abc...,us-east-1b=subnet-0def...: "
+             "a replacement goes into the subnet of its pool's zone (a block's zone). Unset: the "
+             "launch template's network settings.")
+    ec2_owner: str = option(
+        "resilienced", parse=lambda v: v.strip(), metavar="NAME",
+        help="Value of the resilienced.io/launched-by tag on the instances the daemon launches: "
+             "one per Ray cluster. The daemon lists and terminates only instances with it, and the "
+             "IAM policy (deploy/aws, Ec2NodeOwner) lets it launch and terminate no other.")
+    ec2_on_demand_reservation_preference: str | None = option(
+        None, parse=lambda v: choice("open", "none", "capacity-reservations-only")(v) if v.strip() else None,
+        metavar="PREF",
+        help="CapacityReservationPreference of On-Demand launches: open | none | "
+             "capacity-reservations-only. Unset: the launch template's.")
+    ec2_gcs_address: str | None = option(
+        None, parse=text, metavar="HOST:PORT",
+        help="GCS address the new nodes join (the resilienced.io/gcs-address tag the user-data "
+             "reads). Unset: --ray-address.")
+    ec2_autoscaler_capacities: tuple[str, ...] = option(
+        (), parse=csv, metavar="KIND,...",
+        help="Capacities Ray's own autoscaler gives on this cluster (its node types), such as "
+             "spot,on-demand: the daemon launches none of them (the autoscaler replaces the node) "
+             "and falls back to what only it launches, a Capacity Block. Unset: the daemon "
+             "launches every capacity (a cluster without an autoscaler).")
+
+    def validate(self) -> None:
+        for entry in self.ec2_subnets:
+            zone, sep, subnet = (part.strip() for part in entry.partition("="))
+            if not sep or not zone or not re.fullmatch(r"subnet-[0-9a-f]{8,17}", subnet):
+                raise ConfigError("--ec2-subnets", f"{entry!r}: expected ZONE=subnet-<hex>")
+        for kind in self.ec2_autoscaler_capacities:
+            if kind not in _JOIN_KINDS:
+                raise ConfigError("--ec2-autoscaler-capacities",
+                                  f"{kind!r}: expected one of {', '.join(_JOIN_KINDS)}")
+        if not self.ec2_owner or not re.fullmatch(r"[A-Za-z0-9_.:=+@-]{1,128}", self.ec2_owner):
+            raise ConfigError("--ec2-owner", f"{self.ec2_owner!r}: 1-128 of letters, digits and _.:=+@-")
+
+
 # --------------------------------------------------------------------------- all groups
 _JOIN_KINDS = ("spot", "capacity-block", "on-demand")
 
@@ -603,6 +658,7 @@ class Settings:
     notify: NotifySettings = field(default_factory=NotifySettings)
     follow_up: FollowUpSettings = field(default_factory=FollowUpSettings)
     ledger: LedgerSettings = field(default_factory=LedgerSettings)
+    ec2_nodes: Ec2NodeSettings = field(default_factory=Ec2NodeSettings)
     # -- Another group: add a field and an entry in GROUPS; `run` then takes its flags.
 
     GROUPS: ClassVar[dict[str, type[Group]]] = {
@@ -616,6 +672,7 @@ class Settings:
         "notify": NotifySettings,
         "follow_up": FollowUpSettings,
         "ledger": LedgerSettings,
+        "ec2_nodes": Ec2NodeSettings,
     }
 
     @classmethod
@@ -637,6 +694,9 @@ class Settings:
         """Check every group once; raise ConfigError naming the first bad setting."""
         for name in self.GROUPS:
             getattr(self, name).validate()
+        if self.ec2_nodes.ec2_launch_template and self.mode.kind is not Mode.RAY:
+            raise ConfigError("--ec2-launch-template", f"launches ray mode's replacement nodes; --mode is "
+                                                       f"{self.mode.mode}")
         return self
 
 

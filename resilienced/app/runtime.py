@@ -234,8 +234,23 @@ async def _kubernetes(settings: Settings, stack: AsyncExitStack, *, replica: str
                      progress=KubeProgress(api, kueue=kueue))
 
 
-def _ray_mode(settings: Settings, *, ec2: AioBaseClient, provider: NodeProvider | None) -> ModeParts:
-    """ray mode's adapters (no requeuer without a node provider)."""
+def _ec2_nodes(settings: Settings, *, ec2: AioBaseClient, capacity: CapacitySource) -> NodeProvider | None:
+    """ray mode's EC2 node provider (``--ec2-launch-template``; docs/ray.md "Ray on EC2"), else None."""
+    from resilienced.aws.ec2nodes import Ec2NodeProvider, parse_subnets
+
+    s = settings.ec2_nodes
+    if not s.ec2_launch_template:
+        return None
+    return Ec2NodeProvider(
+        ec2, launch_template=s.ec2_launch_template, launch_template_version=s.ec2_launch_template_version,
+        gcs_address=s.ec2_gcs_address or settings.mode.ray_address or "", owner=s.ec2_owner,
+        subnets=parse_subnets(s.ec2_subnets), on_demand_reservation_preference=s.ec2_on_demand_reservation_preference,
+        reservations=capacity, autoscaler_capacities=s.ec2_autoscaler_capacities)
+
+
+def _ray_mode(settings: Settings, *, ec2: AioBaseClient, provider: NodeProvider | None,
+              capacity: CapacitySource) -> ModeParts:
+    """ray mode's adapters (no requeuer without a node provider: the stand-in's, else the EC2 one)."""
     from resilienced.ray.claims import RayKvClaims
     from resilienced.ray.cluster import RayModeCluster
     from resilienced.ray.followups import RayKvFollowUps
@@ -248,6 +263,7 @@ def _ray_mode(settings: Settings, *, ec2: AioBaseClient, provider: NodeProvider 
                              instance_label=settings.mode.instance_label,
                              instance_type=settings.mode.instance_type)
     claims = RayKvClaims(kv=ray, done_ttl_seconds=settings.intake.dedupe_seconds)
+    provider = provider if provider is not None else _ec2_nodes(settings, ec2=ec2, capacity=capacity)
     requeuer = RayModeRequeuer(provider) if provider is not None else None
 
     async def ray_control(target: Target) -> RayControl:
@@ -353,7 +369,7 @@ async def open_runtime(
             parts = await _kubernetes(settings, stack, replica=replica, supervisor=supervisor,
                                       ray_control=stand_ins.ray_control)
         else:
-            parts = _ray_mode(settings, ec2=ec2, provider=stand_ins.node_provider)
+            parts = _ray_mode(settings, ec2=ec2, provider=stand_ins.node_provider, capacity=capacity)
         mover = _mover(settings, parts, planner=planner, metrics=groups.requeue)
         follower = _follower(settings, parts, mover=mover, store=store,
                              metrics=groups.follow_up, notifier=notifier, replica=replica)

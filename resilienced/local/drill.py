@@ -660,7 +660,8 @@ class BootingProvider:
         return None if have is None else max(0, have - booting)
 
     async def launch(self, *, capacity: Capacity, node_labels: Sequence[Mapping[str, str]],
-                     reservation_id: str | None = None) -> list[ProvidedNode]:
+                     reservation_id: str | None = None, idempotency_key: str | None = None,
+                     ) -> list[ProvidedNode]:
         from resilienced.ports import ProvidedNode
 
         n = min(len(node_labels), await self.available(capacity) or 0)
@@ -718,7 +719,8 @@ class StallingProvider:
         return await self._inner.available(capacity)
 
     async def launch(self, *, capacity: Capacity, node_labels: Sequence[Mapping[str, str]],
-                     reservation_id: str | None = None) -> list[ProvidedNode]:
+                     reservation_id: str | None = None, idempotency_key: str | None = None,
+                     ) -> list[ProvidedNode]:
         from resilienced.ports import ProvidedNode
 
         if getattr(capacity, "value", capacity) not in self._stalled:

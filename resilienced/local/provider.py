@@ -55,7 +55,10 @@ class LocalNodeProvider:
         return self._budget.get(Capacity(capacity), 0)
 
     async def launch(self, *, capacity: Capacity, node_labels: Sequence[Mapping[str, str]],
-                     reservation_id: str | None = None) -> list[ProvidedNode]:
+                     reservation_id: str | None = None, idempotency_key: str | None = None,
+                     ) -> list[ProvidedNode]:
+        """Start the nodes now (``idempotency_key`` unused: a second requeue finds them by
+        :meth:`nodes`, as the requeuer looks first)."""
         capacity = Capacity(capacity)
         async with self._lock:
             n = min(len(node_labels), self._budget.get(capacity, 0))

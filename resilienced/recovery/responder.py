@@ -23,7 +23,8 @@
      when it stalls, long after this message is deleted;
 
 3. COMPLETE_LIFECYCLE: tell the Auto Scaling group it may go on terminating (also when no run
-   was found: the instance is released either way).
+   was found: the instance is released either way); while step 2 goes on, heartbeats keep the
+   hook waiting (``recovery.heartbeat``: its heartbeat timeout may be shorter than the save).
 
 Every step is idempotent on its own as well (a node already draining with an earlier deadline is
 not drained again; a durable checkpoint is found again at once; a requeue applied twice changes
@@ -47,6 +48,7 @@ from resilienced.claims import held_claim
 from resilienced.clock import utcnow
 from resilienced.recovery.durable import DurableResult, newest_durable, wait_durable
 from resilienced.recovery.followup import Follower
+from resilienced.recovery.heartbeat import hook_kept_alive
 from resilienced.recovery.move import Mover
 from resilienced.recovery.targets import find_targets
 from resilienced.errors import (
@@ -203,8 +205,9 @@ class Recovery:
         event = plan.event
         found = await find_targets(plan, cluster=self.cluster, capacity=self.capacity)
         instance_ids, runs = found.instance_ids, found.runs
-        outcomes = await asyncio.gather(*(self._run(plan, run, holder=holder) for run in runs),
-                                        return_exceptions=True)
+        async with hook_kept_alive(self.lifecycle, plan) as beats:  # an ASG hook waits for the save
+            outcomes = await asyncio.gather(*(self._run(plan, run, holder=holder) for run in runs),
+                                            return_exceptions=True)
         reports: list[JsonValue] = []
         temporary: list[TemporaryError] = []
         permanent: list[str] = []
@@ -230,6 +233,8 @@ class Recovery:
                                    "instances": instance_ids}
         if lifecycle:
             details["lifecycle"] = lifecycle
+        if beats:
+            details["lifecycle_heartbeats"] = beats.count("recorded")
         self._log.info("recovery", event_id=event.event_id, kind=event.kind.value, **details)
         if temporary:
             delays = [t.delay for t in temporary if t.delay is not None]

@@ -28,11 +28,17 @@ from resilienced.aws.ec2nodes import (
     parse_subnets,
     quota_name,
 )
+from datetime import datetime, timezone
+
 from resilienced.capacity.ec2 import Ec2Capacity
+from resilienced.capacity.planner import CapacityPlanner
+from resilienced.capacity.policy import CapacityPolicy
 from resilienced.errors import PermanentError
 from resilienced.local.aws import MotoServer
-from resilienced.model import Capacity
+from resilienced.model import Capacity, CapacityDecision, Event, Kind, RunFacts, Target
 from resilienced.ports import NoCapacity, ProvidedNode
+from resilienced.ray.requeue import RayModeRequeuer
+from resilienced.recovery.move import Mover
 from tests.support.ec2blocks import Ec2Blocks
 from tests.support.faultproxy import FaultProxy, aws_action
 
@@ -265,6 +271,75 @@ async def test_any_other_refusal_is_permanent(world: World) -> None:
     world.proxy.fail(403, code="UnauthorizedOperation", style="ec2", match=aws_action("RunInstances"))
     with pytest.raises(PermanentError, match="RunInstances: UnauthorizedOperation"):
         await world.provider().launch(capacity=Capacity.ON_DEMAND, node_labels=[{REPLACES: "i-0eeeeeeeeeeeeeee1"}])
+
+
+# --------------------------------------------------------------------------- through the requeue
+def _target(lost: str) -> Target:
+    return Target(instance_id=lost, node="10.0.0.9", ray_cluster=None, ray_job=None, ray_node_ids=(),
+                  checkpoint_uri=None, ray_address=GCS,
+                  facts=RunFacts(instance_type="p5.48xlarge", availability_zone="us-east-1a",
+                                 capacity_type="spot", lost_instance_ids=(lost,)))
+
+
+def _event(event_id: str, lost: str) -> Event:
+    return Event(kind=Kind.SPOT_INTERRUPTION, event_id=event_id, time=datetime.now(timezone.utc), instance_ids=(lost,))
+
+
+async def test_ice_on_spot_falls_back_to_the_block_through_the_decision(world: World) -> None:
+    """The Mover decides Spot, EC2 answers InsufficientInstanceCapacity, the pool is marked out and
+    the run goes to the Capacity Block, launched on moto with a token of the event's id."""
+    block = world.blocks.add_block(instance_type="p5.48xlarge", availability_zone="us-east-1a", total=1)
+    world.proxy.fail(500, code="InsufficientInstanceCapacity", style="ec2",
+                     match=lambda r, b: b"Action=RunInstances" in b and b"MarketType=spot" in b)
+    capacity = Ec2Capacity(world.ec2)
+    planner = CapacityPlanner(source=capacity, policy=CapacityPolicy())
+    provider = world.provider(reservations=capacity)
+    lost, event = "i-0abcabcabcabcabc1", _event("ev-ice-1", "i-0abcabcabcabcabc1")
+    _, decision = await planner.plan_for(_target(lost), event=event)
+    assert decision.capacity is Capacity.SPOT  # one interruption: Spot still looks healthy
+
+    result = await Mover(planner=planner, requeue=RayModeRequeuer(provider)).apply(_target(lost), decision=decision,
+                                                                                   event=event)
+
+    assert result.capacity is Capacity.CAPACITY_BLOCK and result.reservation_id == block.reservation_id, result.reason
+    assert "spot gave 0 of 1" in result.reason
+    [node] = await provider.nodes()
+    assert node.labels[REPLACES] == lost and node.capacity is Capacity.CAPACITY_BLOCK
+    sent = [s for s in world.sent if _own(world, s)]
+    assert [s.get("InstanceMarketOptions", {}).get("MarketType") for s in sent][-1] == "capacity-block"
+    assert sent[-1]["ClientToken"] == client_token(owner="resilienced", key="ev-ice-1", capacity=Capacity.CAPACITY_BLOCK,
+                                                   reservation_id=block.reservation_id, labels={REPLACES: lost})
+
+
+async def test_the_requeuers_no_capacity_carries_the_quota_named(world: World) -> None:
+    lost = await world.lost_instance(instance_type="p5.48xlarge", zone="us-east-1a")
+    world.proxy.fail(400, code="VcpuLimitExceeded", style="ec2", match=aws_action("RunInstances"))
+    decision = CapacityDecision(Capacity.ON_DEMAND, "test")
+    with pytest.raises(NoCapacity, match="gave 0 of 1: no on-demand capacity: EC2 quota 'Running On-Demand"):
+        await RayModeRequeuer(world.provider()).requeue(_target(lost), decision=decision, event=_event("ev-q", lost))
+
+
+async def test_ray_modes_runtime_launches_with_the_settings(world: World, aws: MotoServer) -> None:
+    """``resilienced run --mode ray --ec2-launch-template ...``: the runtime's requeuer launches
+    through an Ec2NodeProvider with the settings (owner, subnets, the GCS address to join)."""
+    from resilienced.app.runtime import open_runtime
+    from resilienced.ops.metrics import Metrics
+    from resilienced.settings import Settings
+
+    settings = Settings.from_args([
+        "--queue-url", "https://sqs.us-east-1.amazonaws.com/123456789012/q",
+        "--mode", "ray", "--ray-address", "10.0.0.5:6379", "--region", REGION, "--endpoint-url", world.proxy.url,
+        "--ec2-launch-template", world.template_id, "--ec2-owner", "train-a", "--follow-up", "false",
+        "--ec2-subnets", ",".join(f"{z}={s}" for z, s in world.subnets.items())], {}).validate()
+    async with open_runtime(settings, metrics=Metrics(), replica="r1") as runtime:
+        provider = runtime.responder.mover.requeue.requeuer.provider
+        assert isinstance(provider, Ec2NodeProvider) and provider.owner == "train-a"
+        block = world.blocks.add_block(instance_type="p5.48xlarge", availability_zone="us-east-1b", total=1)
+        [node] = await provider.launch(capacity=Capacity.CAPACITY_BLOCK, reservation_id=block.reservation_id,
+                                       node_labels=[{REPLACES: "i-0abcabcabcabcabc3"}], idempotency_key="ev-rt")
+    item = await world.instance(node.instance_id)
+    assert item["SubnetId"] == world.subnets["us-east-1b"]  # the block's zone, read through the runtime's EC2
+    assert _tags(item)[GCS_ADDRESS_TAG] == "10.0.0.5:6379" and _tags(item)[LAUNCHED_BY_TAG] == "train-a"
 
 
 # --------------------------------------------------------------------------- Ray's autoscaler
