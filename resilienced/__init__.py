@@ -1,13 +1,14 @@
 """resilienced: turns an EC2 interruption notice into a durable checkpoint and a requeued gang.
 
 Folders: the root holds the shared vocabulary (``model``, ``ports``, ``errors``, ``settings``,
-``options``, ``clock``, ``retry``, ``log``, ``supervisor``), the claim lifecycle (``claims``) and the
-follow-up rules (``followup``, pure); ``app/`` the entry points and their assembly (``cli``,
+``options``, ``clock``, ``retry``, ``log``, ``supervisor``) and the claim lifecycle (``claims``);
+``followup/`` the follow-up after a requeue (``rules``, pure; ``follower``: until the run trains
+again); ``app/`` the entry points and their assembly (``cli``,
 ``daemon``, ``runtime``, the ``replay``, ``status`` and ``inject`` commands); ``intake/`` from a
 message to a verdict (``pipeline``: decode -> validate -> parse -> plan; ``validate``;
 ``ack_policy``); ``consumer/`` one message's pass receive -> handle -> claim -> settle;
 ``recovery/`` acts on a plan (``responder``: locate -> signal -> ``durable`` -> requeue;
-``plan_only``: log it; ``followup``: until the run trains again); ``ops/`` what operators see
+``move``: every move of a run; ``plan_only``: log it); ``ops/`` what operators see
 (``metrics``, ``http``, ``notify``, ``run_record``, ``permissions``); ``aws/``, ``kube/`` and
 ``ray/`` are the adapters of each backend (``ray/`` mirrors ``kube/``: ``gcs``, ``cluster``,
 ``claims``, ``requeue``); ``capacity/`` decides Spot / Capacity Block / On-Demand; ``requeue/``
@@ -21,7 +22,7 @@ numbered lines below, so this list is the one place the layers are written:
 
 1. app, app.cli, __main__, app.replay, app.status, app.inject, local: entry points and the local stand-ins
 2. app.daemon, app.runtime: settings -> adapters -> consumer loop, HTTP server
-3. consumer, recovery: one pass receive -> handle -> ack; acting on a plan
+3. consumer, recovery, followup.follower: one pass receive -> handle -> ack; acting on a plan; following it
 4. aws, kube, ray, requeue, capacity, claims, ops, ops.notify, ops.http, ops.metrics: adapters and their state
 5. intake, handlers, ops.run_record, log, supervisor, retry, followup, ops.ledger, capacity.decision, capacity.history, capacity.request: pure logic
 6. model, ports, errors, settings, options, ops.permissions, clock, capacity.policy, resilienced: vocabulary

@@ -205,7 +205,7 @@ class RunFacts:
     requeued_capacity: str | None = None
     requeued_reservation_id: str | None = None
     # capacity the run must not be moved to now (capacity types or reservation ids): what stalled
-    # a recovery of this run, within its cool-down (resilienced.followup, docs/requeue.md)
+    # a recovery of this run, within its cool-down (resilienced.followup.rules, docs/requeue.md)
     exclude: tuple[str, ...] = ()
     # capacities the run cannot be admitted on now, with why: ((capacity value, reason), ...);
     # Kueue: no flavor of the run's ClusterQueue matches, or its free quota is short
@@ -253,7 +253,7 @@ class Target:
 
 @dataclass(frozen=True)
 class StageSeen:
-    """What one look at a stage of a requeued run found (``resilienced.followup``).
+    """What one look at a stage of a requeued run found (``resilienced.followup.rules``).
 
     ``reached``: the stage's condition holds; ``detail``: what was seen, in words (the evidence of a
     stall when not reached: a pending Workload's condition, an unschedulable pod, a NodeClaim that

@@ -23,9 +23,9 @@ Requeuer          ``requeue.router.ReportingRequeuer`` around     the same, real
                   ``ray.requeue.RayModeRequeuer``
 NodeProvider      ``aws.ec2nodes.Ec2NodeProvider`` (aiobotocore)  ``local.provider.LocalNodeProvider``;
                                                                   the EC2 one on moto over HTTP
-FollowUpStore     ``kube.followups.KubeFollowUps`` (Leases),      the same, real (``followups.
-                  ``ray.followups.RayKvFollowUps`` (GCS KV)       MemoryFollowUps`` in unit tests)
-Progress          ``requeue.progress.KubeProgress``,              the same, real (emulated API,
+FollowUpStore     ``kube.followup_store.KubeFollowUps`` (Leases), the same, real (``tests.support.
+                  ``ray.followup_store.RayKvFollowUps`` (GCS KV)  followups.MemoryFollowUps`` in unit tests)
+Progress          ``kube.progress.KubeProgress``,                 the same, real (emulated API,
                   ``ray.progress.RayProgress``                    real local Ray cluster)
 Replacements      ``ray.replacement.ReplacementAnnouncer``        the same, real (local Ray cluster)
 ================  ==============================================  ==================================
@@ -401,7 +401,7 @@ class Replacements(Protocol):
 # --------------------------------------------------------------------------- following a requeue
 @runtime_checkable
 class FollowUpStore(Protocol):
-    """Where the follow-up of each run lives (``resilienced.followup.FollowUp`` as JSON), next to
+    """Where the follow-up of each run lives (``resilienced.followup.rules.FollowUp`` as JSON), next to
     the run claims: one record per run, written compare-and-set on the version it was read at."""
 
     async def get(self, run: str) -> tuple[dict[str, JsonValue], str] | None:

@@ -24,7 +24,7 @@ at (an elastic run's minimum; a fixed run's world size); ``started_at_unix``: wh
 step was trained (the trainer's clock).
 
 This module is the one definition of the format: the trainer writes it with :func:`write`, the
-daemon (``resilienced.recovery.followup``) parses it with :func:`parse`.  It imports only the
+daemon (``resilienced.followup.follower``) parses it with :func:`parse`.  It imports only the
 standard library, so the daemon may import it without torch or Ray; it imports nothing of the
 daemon (trainer/ never does).
 """

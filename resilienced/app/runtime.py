@@ -68,7 +68,7 @@ from resilienced.ports import (
     Requeuer,
     Responder,
 )
-from resilienced.recovery.followup import Follower, FollowUpMetrics, FollowUpOptions
+from resilienced.followup.follower import Follower, FollowUpMetrics, FollowUpOptions
 from resilienced.recovery.move import Mover
 from resilienced.recovery.plan_only import PlanLogger
 from resilienced.recovery.responder import Recovery, RecoveryMetrics, RecoveryOptions
@@ -207,11 +207,11 @@ async def _kubernetes(settings: Settings, stack: AsyncExitStack, *, replica: str
     """kubernetes mode's adapters, closed by ``stack``; the caches and the sweeper on ``supervisor``."""
     from resilienced.kube.api import connect
     from resilienced.kube.cluster import KubeCluster
-    from resilienced.kube.followups import KubeFollowUps
+    from resilienced.kube.followup_store import KubeFollowUps
     from resilienced.kube.leases import KubeLeaseClaims
     from resilienced.ray.gcs import RayGcs
     from resilienced.requeue.kueue import KueueRequeuer, discover_workload_version
-    from resilienced.requeue.progress import KubeProgress
+    from resilienced.kube.progress import KubeProgress
     from resilienced.requeue.router import RequeueRouter
 
     api = await connect(kubeconfig=settings.mode.kubeconfig, context=settings.mode.kube_context)
@@ -253,7 +253,7 @@ def _ray_mode(settings: Settings, *, ec2: AioBaseClient, provider: NodeProvider 
     """ray mode's adapters (no requeuer without a node provider: the stand-in's, else the EC2 one)."""
     from resilienced.ray.claims import RayKvClaims
     from resilienced.ray.cluster import RayModeCluster
-    from resilienced.ray.followups import RayKvFollowUps
+    from resilienced.ray.followup_store import RayKvFollowUps
     from resilienced.ray.gcs import RayGcs
     from resilienced.ray.progress import RayProgress
     from resilienced.ray.requeue import RayModeRequeuer
@@ -294,7 +294,7 @@ def _mover(settings: Settings, parts: ModeParts, *, planner: Planner, metrics: R
 def _follower(settings: Settings, parts: ModeParts, *, mover: Mover | None,
               store: ObjectStore, metrics: FollowUpMetrics, notifier: Notifier | None, replica: str) -> Follower | None:
     """The follow-up of ``settings.follow_up`` (None when off, or when nothing is requeued)."""
-    from resilienced.followup import Bounds
+    from resilienced.followup.rules import Bounds
 
     fs = settings.follow_up
     if not _following(settings) or mover is None:

@@ -4,7 +4,7 @@ Every run the daemon handles for an event ends in a done claim ``run/<event id>/
 details are the run's record (:mod:`resilienced.ops.run_record`): in kubernetes mode a Lease in
 ``--claims-namespace`` (annotation ``resilienced.io/details``), in ray mode a record in the Ray
 cluster's GCS KV.  ``status`` lists them, one row per (event, run): time, kind, instance(s),
-run, outcome, the run's stage since the requeue (its follow-up, :mod:`resilienced.followup`:
+run, outcome, the run's stage since the requeue (its follow-up, :mod:`resilienced.followup.rules`:
 ``admitted``, ``scheduled``, ``joined``, ``training``, or how it ended: ``resumed``, ``stuck``,
 ``superseded``), checkpoint step, durable or not, steps lost, the recovery's ledger (``LOST``
 GPU-hours, ``PREMIUM`` USD over Spot, ``GOODPUT``: :mod:`resilienced.ops.ledger`), capacity.  It only reads: one Lease list (the
@@ -93,7 +93,7 @@ async def records(mode: ModeSettings) -> tuple[list[tuple[str, dict[str, JsonVal
     """(claim key, details) of every done run claim in the mode's claim store, and every follow-up."""
     if mode.kind is Mode.KUBERNETES:
         from resilienced.kube.api import connect
-        from resilienced.kube.followups import KubeFollowUps
+        from resilienced.kube.followup_store import KubeFollowUps
         from resilienced.kube.leases import KubeLeaseClaims
 
         api = await connect(kubeconfig=mode.kubeconfig, context=mode.kube_context)
@@ -106,7 +106,7 @@ async def records(mode: ModeSettings) -> tuple[list[tuple[str, dict[str, JsonVal
             await api.close()
     else:
         from resilienced.ray.claims import RayKvClaims
-        from resilienced.ray.followups import RayKvFollowUps
+        from resilienced.ray.followup_store import RayKvFollowUps
         from resilienced.ray.gcs import RayGcs
         from resilienced.app.runtime import read_token
 

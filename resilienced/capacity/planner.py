@@ -27,7 +27,7 @@ from resilienced.capacity.history import InterruptionHistory, UnavailableCache
 from resilienced.capacity.policy import CapacityPolicy
 from resilienced.capacity.request import CapacityRequest
 from resilienced.clock import utcnow
-from resilienced.followup import stalled_key
+from resilienced.followup.rules import stalled_key
 from resilienced.model import Capacity, CapacityDecision, CapacityOffering, Event, JsonValue, Kind, Target
 from resilienced.ports import CapacitySource
 

@@ -262,7 +262,7 @@ class KubeLeaseClaims:
 
     async def leases(self) -> list[dict[str, JsonValue]]:
         """Every Lease labelled ``app.kubernetes.io/managed-by=resilienced`` (the claims and the
-        follow-ups of ``resilienced.kube.followups``): one list call, for ``resilienced status``."""
+        follow-ups of ``resilienced.kube.followup_store``): one list call, for ``resilienced status``."""
         return await self._list()
 
     async def done(self, prefix: str = "", *, leases: list[dict[str, JsonValue]] | None = None) -> list[Claim]:

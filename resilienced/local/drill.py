@@ -435,7 +435,7 @@ def follow_up_facts(options: DrillOptions, record: Mapping[str, JsonValue] | Non
     if record is None:
         return facts, {}
     if record:
-        from resilienced.followup import FollowUp
+        from resilienced.followup.rules import FollowUp
 
         follow_up = FollowUp.from_json(record)
         stages = follow_up.stage_seconds()
@@ -1300,7 +1300,7 @@ class Drill:
     async def _watch_follow_up(self, cluster: Any) -> None:
         """Print the daemon's follow-up of the run as it goes (read from the GCS KV, as
         ``resilienced status`` reads it): opened, each stage reached, each fallback, the end."""
-        from resilienced.ray.followups import RayKvFollowUps
+        from resilienced.ray.followup_store import RayKvFollowUps
         from resilienced.ray.gcs import RayGcs
 
         store = RayKvFollowUps(kv=RayGcs(cluster.address, token=cluster.auth_token))

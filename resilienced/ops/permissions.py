@@ -64,7 +64,7 @@ RBAC_RULES: tuple[Rule, ...] = (
     Rule("", "pods", ("list", "watch", "delete"), "resilienced.kube, resilienced.requeue",
          "locate: cache Ray pods to find the runs on a Node (list/watch); requeue (KubeRay without "
          "Kueue): delete the run's worker pods so KubeRay recreates them on the decided capacity"),
-    Rule("", "events", ("create", "get", "patch", "list"), "resilienced.kube.events, resilienced.requeue.progress",
+    Rule("", "events", ("create", "get", "patch", "list"), "resilienced.kube.events, resilienced.kube.progress",
          "record: Events on Nodes and RayJobs/RayClusters; a repeat is read and its count patched; "
          "follow-up: list Karpenter's InsufficientCapacityError Events on NodeClaims (evidence of a stall)"),
     Rule("ray.io", "rayclusters", ("get", "list", "watch", "patch"),
@@ -89,7 +89,7 @@ RBAC_RULES: tuple[Rule, ...] = (
     Rule("karpenter.k8s.aws", "ec2nodeclasses", ("list", "watch"), "resilienced.kube",
          "capacity (where Karpenter is installed): cache EC2NodeClasses; a Capacity Block is used "
          "only when one lists it in status.capacityReservations"),
-    Rule("karpenter.sh", "nodeclaims", ("list",), "resilienced.requeue.progress",
+    Rule("karpenter.sh", "nodeclaims", ("list",), "resilienced.kube.progress",
          "follow-up (where Karpenter is installed): NodeClaims that failed to launch (Launched=False), "
          "the evidence of a stalled scheduling"),
     Rule("kueue.x-k8s.io", "localqueues", ("list", "watch"), "resilienced.kube",
@@ -98,7 +98,7 @@ RBAC_RULES: tuple[Rule, ...] = (
          "capacity (where Kueue is installed): cache ClusterQueues; a capacity whose flavor has too little "
          "free quota for the run is not chosen"),
     Rule("kueue.x-k8s.io", "resourceflavors", ("get", "list", "watch"),
-         "resilienced.kube, resilienced.requeue.progress",
+         "resilienced.kube, resilienced.kube.progress",
          "capacity (where Kueue is installed): cache ResourceFlavors, the nodeLabels that match a capacity; "
          "follow-up: the nodeLabels of the flavors the run's Workload was admitted on, compared with the "
          "decided capacity"),
@@ -107,7 +107,7 @@ RBAC_RULES: tuple[Rule, ...] = (
 NAMESPACED_RBAC_RULES: Mapping[str, tuple[Rule, ...]] = {
     "daemon": (
         Rule("coordination.k8s.io", "leases", ("get", "create", "update", "patch", "delete", "list"),
-             "resilienced.kube.leases, resilienced.kube.followups",
+             "resilienced.kube.leases, resilienced.kube.followup_store",
              "claims: one Lease per (event id, run) in the daemon's namespace so that only one "
              "replica acts on it (ClaimStore acquire/get/complete/release); list: the sweep of "
              "done claims older than the dedupe window; follow-ups: one Lease per requeued run, "

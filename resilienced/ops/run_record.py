@@ -114,7 +114,7 @@ class RunRecord:
             "capacity": requeue.get("capacity"),
             "capacity_reason": requeue.get("reason"),
             "reason": self.reason or failed or durable.get("reason"),
-            # the run's follow-up after the requeue (resilienced.followup), filled in by ``status``
+            # the run's follow-up after the requeue (resilienced.followup.rules), filled in by ``status``
             "stage": None,
             "training_again_s": None,
             "fallbacks": [],

@@ -34,7 +34,7 @@ from resilienced import log
 from resilienced.claims import HeldClaim, held_claim
 from resilienced.clock import utcnow
 from resilienced.errors import ResilienceError
-from resilienced.followup import FollowUp, unusable_now
+from resilienced.followup.rules import FollowUp, unusable_now
 from resilienced.model import Capacity, CapacityDecision, Event, JsonValue, RequeueResult, Target
 from resilienced.ports import ClaimStore, FollowUpStore, NoCapacity, Planner, Replacements, Requeuer, Withdraws
 
@@ -84,7 +84,7 @@ class Mover:
         self.planner, self.requeue, self.claims, self.follow_ups = planner, requeue, claims, follow_ups
         self.replacements = replacements
         self.claim_ttl_s, self.max_attempts, self.clock = claim_ttl_s, max_attempts, clock
-        self._log = log.get("resilienced.followup")
+        self._log = log.get("resilienced.followup.rules")
         self._recovery_log = log.get("resilienced.recovery")
 
     @property

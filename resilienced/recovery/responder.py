@@ -19,7 +19,7 @@
      the run will resume from; move the run (``recovery.move.Mover``: decide the capacity, Spot /
      Capacity Block / On-Demand / wait, and apply it to the whole gang), under the run's move
      claim; then open the run's follow-up
-     (``recovery.followup.Follower``), which watches it until it trains again and falls back
+     (``followup.follower.Follower``), which watches it until it trains again and falls back
      when it stalls, long after this message is deleted;
 
 3. COMPLETE_LIFECYCLE: tell the Auto Scaling group it may go on terminating (also when no run
@@ -47,7 +47,7 @@ from resilienced.aws.autoscaling import Lifecycle
 from resilienced.claims import held_claim
 from resilienced.clock import utcnow
 from resilienced.recovery.durable import DurableResult, newest_durable, wait_durable
-from resilienced.recovery.followup import Follower
+from resilienced.followup.follower import Follower
 from resilienced.recovery.heartbeat import hook_kept_alive
 from resilienced.recovery.move import Mover
 from resilienced.recovery.targets import find_targets

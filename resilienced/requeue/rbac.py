@@ -29,11 +29,11 @@ RBAC_RULES: tuple[Rule, ...] = (
     Rule(("bus.volcano.sh",), ("commands",), ("create",), "cluster",
          "requeue (Volcano): a RestartJob Command targeting the Job restarts it as a whole"),
     Rule(("kueue.x-k8s.io",), ("resourceflavors",), ("get",), "cluster",
-         "follow-up (requeue.progress, Kueue): the nodeLabels of the flavors a Workload was admitted on"),
+         "follow-up (kube.progress, Kueue): the nodeLabels of the flavors a Workload was admitted on"),
     Rule(("karpenter.sh",), ("nodeclaims",), ("list",), "cluster",
-         "follow-up (requeue.progress): NodeClaims that failed to launch, evidence of a stalled scheduling"),
+         "follow-up (kube.progress): NodeClaims that failed to launch, evidence of a stalled scheduling"),
     Rule(("",), ("events",), ("list",), "cluster",
-         "follow-up (requeue.progress): Karpenter's InsufficientCapacityError Events on NodeClaims"),
+         "follow-up (kube.progress): Karpenter's InsufficientCapacityError Events on NodeClaims"),
 )
 
 

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from tests.support.controlplane import ControlPlane
-from resilienced.kube.followups import RECORD_ANNOTATION, lease_name
+from resilienced.kube.followup_store import RECORD_ANNOTATION, lease_name
 from tests.support.controlplane.world import DAEMON_NS, World
 
 from .stage import (BLOCK, Aws, Daemon, Nodes, Trainer, block, node_world, queue_world, raycluster_of, rayjob,
@@ -56,7 +56,7 @@ class Run:
 
     def record(self) -> JsonObj | None:
         """The run's follow-up record, read from its Lease as the daemon keeps it
-        (resilienced/kube/followups.py: the record's JSON in an annotation)."""
+        (resilienced/kube/followup_store.py: the record's JSON in an annotation)."""
         lease = self.world.get("coordination.k8s.io/v1", "leases", lease_name(self.name), namespace=DAEMON_NS)
         if lease is None:
             return None

@@ -29,7 +29,7 @@ from resilienced.app import daemon
 from resilienced.app import runtime
 from resilienced.aws.sqs import SqsQueue
 from resilienced.kube import cache
-from resilienced.kube.followups import KubeFollowUps
+from resilienced.kube.followup_store import KubeFollowUps
 from resilienced.kube.leases import KubeLeaseClaims
 from resilienced.local.aws import free_port
 from resilienced.settings import Settings

@@ -9,7 +9,7 @@ import pytest
 from resilienced.errors import PermanentError
 from resilienced.kube.cluster import KubeCluster
 from resilienced.kube.events import EventRecorder
-from resilienced.kube.followups import KubeFollowUps
+from resilienced.kube.followup_store import KubeFollowUps
 from resilienced.kube.leases import KubeLeaseClaims
 from resilienced.kube.rbac import RBAC_RULES, requested_verbs
 from resilienced.kube.events import ObjectRef

@@ -10,7 +10,7 @@ on the real API server too (``real-lease``, a ``cluster`` test: tests/support/co
 Both cross-replica stores share their place with the run claims (the Leases of
 ``--claims-namespace``, the GCS KV namespace ``resilienced``): ``all`` must list follow-ups only.
 The GCS store's update is a read-check-write made under the run's move claim
-(resilienced/ray/followups.py), so concurrent *updates* are not part of this contract; concurrent
+(resilienced/ray/followup_store.py), so concurrent *updates* are not part of this contract; concurrent
 *creates* are (each store's create is atomic).
 """
 
@@ -60,7 +60,7 @@ def memory_stores() -> Stores:
 
 def lease_stores(server: Any) -> Stores:
     """On ``server``: a :class:`KubeApiServer`, or the real control plane (its ``api_client()``)."""
-    from resilienced.kube.followups import KubeFollowUps
+    from resilienced.kube.followup_store import KubeFollowUps
     from resilienced.kube.leases import KubeLeaseClaims
 
     clients: list[Any] = []
@@ -78,7 +78,7 @@ def lease_stores(server: Any) -> Stores:
 
 def gcs_stores(cluster: LocalRayCluster) -> Stores:
     from resilienced.ray.claims import RayKvClaims
-    from resilienced.ray.followups import RayKvFollowUps
+    from resilienced.ray.followup_store import RayKvFollowUps
     from resilienced.ray.gcs import RayGcs
 
     def kv() -> RayGcs:

@@ -33,17 +33,17 @@ from resilienced.capacity.planner import CapacityPlanner
 from resilienced.capacity.policy import CapacityPolicy
 from resilienced.local.capacity import StaticCapacity
 from resilienced.errors import TemporaryError
-from resilienced.followup import Bounds
+from resilienced.followup.rules import Bounds
 from resilienced.kube.cluster import KubeCluster
-from resilienced.kube.followups import KubeFollowUps
+from resilienced.kube.followup_store import KubeFollowUps
 from resilienced.kube.leases import KubeLeaseClaims
 from resilienced.model import Result
 from resilienced.ray.replacement import ReplacementAnnouncer
-from resilienced.recovery.followup import Follower, FollowUpMetrics, FollowUpOptions
+from resilienced.followup.follower import Follower, FollowUpMetrics, FollowUpOptions
 from resilienced.recovery.move import Mover
 from resilienced.recovery.responder import Recovery, RecoveryOptions
 from resilienced.requeue.kueue import KueueRequeuer
-from resilienced.requeue.progress import KubeProgress
+from resilienced.kube.progress import KubeProgress
 from resilienced.requeue.router import ReportingRequeuer, RequeueRouter
 from resilienced.settings import IntakeSettings
 from tests.requeue.kuberay_sim import KubeRaySim

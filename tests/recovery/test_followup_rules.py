@@ -1,4 +1,4 @@
-"""The follow-up's pure rules (``resilienced.followup``): the verdict per look, when a requeue opens
+"""The follow-up's pure rules (``resilienced.followup.rules``): the verdict per look, when a requeue opens
 a new follow-up, the record and target as JSON, what counts as overdue.  Tables, no I/O."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from resilienced.followup import (
+from resilienced.followup.rules import (
     Bounds,
     FollowUp,
     Stage,
@@ -151,7 +151,7 @@ async def test_a_new_move_replaces_the_open_follow_up_and_a_redelivery_keeps_it(
 
     from tests.support.followups import MemoryFollowUps
     from resilienced.model import Capacity, Event, Kind, RequeueResult
-    from resilienced.recovery.followup import Follower, FollowUpMetrics
+    from resilienced.followup.follower import Follower, FollowUpMetrics
 
     registry = CollectorRegistry()
     follower = Follower(store=MemoryFollowUps(), cluster=None, progress=None,  # type: ignore[arg-type]

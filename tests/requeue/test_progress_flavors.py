@@ -13,7 +13,7 @@ import pytest
 
 from resilienced.model import Capacity, CapacityDecision
 from resilienced.requeue.placement import Placement
-from resilienced.requeue.progress import flavors_on
+from resilienced.kube.progress import flavors_on
 
 pytestmark = pytest.mark.unit
 

@@ -1,7 +1,7 @@
 """In-process follow-up store: :class:`MemoryFollowUps`, a ``ports.FollowUpStore`` for one replica.
 
-A test double (plan mode follows nothing up); the daemon's stores are ``resilienced.kube.followups``
-(Leases) and ``resilienced.ray.followups`` (the GCS KV).  Records are JSON-able dicts, versioned
+A test double (plan mode follows nothing up); the daemon's stores are ``resilienced.kube.followup_store``
+(Leases) and ``resilienced.ray.followup_store`` (the GCS KV).  Records are JSON-able dicts, versioned
 by a counter: :meth:`put` writes only on the version it was given (compare-and-set).
 """
 

@@ -1,4 +1,4 @@
-"""Kubernetes mode: each run's follow-up (``resilienced.followup.FollowUp``) in a Lease.
+"""Kubernetes mode: each run's follow-up (``resilienced.followup.rules.FollowUp``) in a Lease.
 
 The follow-up of a requeued run lives next to the run claims, in ``--claims-namespace``: one
 coordination.k8s.io/v1 Lease per run, named ``resilienced-fu-<first 20 hex of sha256(run)>``,

@@ -13,7 +13,7 @@ replica that dies mid-move leaves the claim to expire before another goes on):
    record's ``moving``: applied again, which changes nothing if it was applied: the run is
    moved once);
 2. looks at the current stage (``ports.Progress``; the training stage from the trainer's resume
-   records in S3, ``trainer.resume``) and asks :func:`resilienced.followup.judge`;
+   records in S3, ``trainer.resume``) and asks :func:`resilienced.followup.rules.judge`;
 3. goes on to the next stage, ends the follow-up (``TrainingResumed``), falls back to the next
    capacity of the decision's ranking (the stalled one unusable for the run for ``cooldown``;
    ``RecoveryStalled``), or gives up after ``max_fallbacks`` moves (``RecoveryStuck``: the run
@@ -35,7 +35,7 @@ from resilienced import log
 from resilienced.aws.s3 import ObjectNotFound, parse_s3_uri
 from resilienced.clock import utcnow
 from resilienced.errors import PermanentError, ResilienceError, TemporaryError
-from resilienced.followup import (
+from resilienced.followup.rules import (
     Bounds,
     FollowUp,
     Judgement,
@@ -135,7 +135,7 @@ class Follower:
         self.mover, self.objects = mover, objects
         self.options, self.metrics, self.notifier = options, metrics, notifier
         self.replica, self.clock = replica, clock
-        self._log = log.get("resilienced.followup")
+        self._log = log.get("resilienced.followup.rules")
 
     # ------------------------------------------------------------------ for Recovery
     async def read(self, run: str) -> FollowUp | None:
@@ -146,7 +146,7 @@ class Follower:
         """Open the follow-up of the run ``result`` placed (call it holding the move claim).
 
         Returns the follow-up the run has afterwards: the new one, or the one kept
-        (:func:`resilienced.followup.opens_new`); None when nothing was placed.
+        (:func:`resilienced.followup.rules.opens_new`); None when nothing was placed.
         """
         if result.refused or result.dry_run or result.capacity is Capacity.WAIT or not event.event_id:
             return None

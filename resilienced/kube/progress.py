@@ -1,6 +1,6 @@
 """Kubernetes mode: how far a requeued run got on its way back (``ports.Progress``).
 
-Read, never written, for the follow-up (``resilienced.recovery.followup``); each look returns a
+Read, never written, for the follow-up (``resilienced.followup.follower``); each look returns a
 ``model.StageSeen`` whose ``detail`` is the evidence of a stall when the stage is not reached:
 
 * **admitted** (Kueue-managed runs): the run's active Workload (found as the requeuer finds it,

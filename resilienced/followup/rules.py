@@ -4,7 +4,7 @@ A recovery does not end when the requeue's writes are accepted: the run must be 
 scheduled and training again (docs/requeue.md, "Following the run after the requeue").  The
 daemon keeps one :class:`FollowUp` per run in its follow-up store (kubernetes mode: a Lease next
 to the run claims; ray mode: the GCS KV), so a replica that dies mid-follow-up leaves it to
-another.  ``resilienced.recovery.followup.Follower`` looks at the run's current stage, then asks
+another.  ``resilienced.followup.follower.Follower`` looks at the run's current stage, then asks
 :func:`judge` what to do: wait, go to the next stage, end (resumed), fall back to the next
 capacity of the decision's ranking, or give up (stuck).
 

@@ -1,10 +1,10 @@
-"""Ray mode: each run's follow-up (``resilienced.followup.FollowUp``) in the Ray cluster's GCS KV.
+"""Ray mode: each run's follow-up (``resilienced.followup.rules.FollowUp``) in the Ray cluster's GCS KV.
 
 One key per run, ``followups/<quoted run>`` in the namespace ``resilienced`` (next to the run
 claims of ``resilienced.ray.claims``), holding ``{"version": N, "record": {...}}``.  The GCS KV
 has no compare-and-set: a create is an atomic put-if-absent, an update reads the version, checks
 it and writes ``N + 1``.  Updates are made only under the run's move claim (one writer at a
-time, ``resilienced.recovery.followup``), so the read-check-write is not raced; the version check
+time, ``resilienced.followup.follower``), so the read-check-write is not raced; the version check
 still turns a late writer whose claim lapsed into a no-op when another wrote first.
 """
 
@@ -18,7 +18,7 @@ from resilienced.log import get as get_logger
 from resilienced.model import JsonValue
 from resilienced.ray.claims import GcsKv
 
-log = get_logger(__name__)
+log = get_logger("resilienced.ray.followups")  # the name its log lines have always carried
 
 PREFIX = "followups/"
 
