@@ -16,10 +16,12 @@ nothing is left the decision is ``wait`` and nothing is held.
 Idempotent: every replacement node carries ``resilienced.io/replaces=<lost instance id>``; a
 second application finds the replacements alive and launches nothing.
 
-The local drill's provider (real Ray nodes on this machine) is
-:class:`resilienced.local.provider.LocalNodeProvider`.  A provider for EC2 would launch instances
-(RunInstances / CreateFleet with ``MarketType`` ``spot`` or ``capacity-block`` and the reservation
-id) whose ``ray start`` joins with the same labels; it is not part of this package.
+The providers: on EC2, :class:`resilienced.aws.ec2nodes.Ec2NodeProvider` (RunInstances from a
+launch template with ``MarketType`` ``spot`` or ``capacity-block`` and the reservation id; the
+instance's user-data joins with the same labels, read from its tags; docs/ray.md "Ray on EC2");
+the local drill's (real Ray nodes on this machine),
+:class:`resilienced.local.provider.LocalNodeProvider`.  ``launch`` gets the event id as its
+idempotency key (EC2: the instances' ``ClientToken``).
 """
 
 from __future__ import annotations
