@@ -135,7 +135,7 @@ class Follower:
         self.mover, self.objects = mover, objects
         self.options, self.metrics, self.notifier = options, metrics, notifier
         self.replica, self.clock = replica, clock
-        self._log = log.get("resilienced.followup.rules")
+        self._log = log.get("resilienced.followup")
 
     # ------------------------------------------------------------------ for Recovery
     async def read(self, run: str) -> FollowUp | None:

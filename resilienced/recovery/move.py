@@ -84,7 +84,7 @@ class Mover:
         self.planner, self.requeue, self.claims, self.follow_ups = planner, requeue, claims, follow_ups
         self.replacements = replacements
         self.claim_ttl_s, self.max_attempts, self.clock = claim_ttl_s, max_attempts, clock
-        self._log = log.get("resilienced.followup.rules")
+        self._log = log.get("resilienced.followup")
         self._recovery_log = log.get("resilienced.recovery")
 
     @property
