@@ -40,7 +40,7 @@ from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from aiobotocore.client import AioBaseClient
 from prometheus_client import Counter
@@ -292,7 +292,8 @@ def _mover(settings: Settings, parts: ModeParts, *, planner: Planner, metrics: R
 
 
 def _follower(settings: Settings, parts: ModeParts, *, mover: Mover | None,
-              store: ObjectStore, metrics: FollowUpMetrics, notifier: Notifier | None, replica: str) -> Follower | None:
+              store: ObjectStore, metrics: FollowUpMetrics, notifier: Notifier | None, replica: str,
+              ledger: Any = None) -> Follower | None:
     """The follow-up of ``settings.follow_up`` (None when off, or when nothing is requeued)."""
     from resilienced.followup.rules import Bounds
 
@@ -308,7 +309,21 @@ def _follower(settings: Settings, parts: ModeParts, *, mover: Mover | None,
         keep=timedelta(seconds=settings.intake.dedupe_seconds), mode=settings.mode.kind.value)
     return Follower(store=parts.follow_ups, cluster=parts.cluster, progress=parts.progress,
                     mover=mover, objects=store, options=options, metrics=metrics,
-                    notifier=notifier, replica=replica)
+                    notifier=notifier, replica=replica, ledger=ledger)
+
+
+async def _ledger_keeper(settings: Settings, stack: AsyncExitStack, parts: ModeParts, *, ec2: AioBaseClient,
+                         store: ObjectStore, metrics: LedgerMetrics) -> Any:
+    """The follow-up's ledger (issue #43): Spot prices from EC2, On-Demand from --on-demand-prices, then
+    the Pricing API (its client in us-east-1, where it answers; no call is made until a price is asked)."""
+    from resilienced.aws.pricing import PRICING_REGION, PriceFile, Prices
+    from resilienced.recovery.ledger import LedgerKeeper
+
+    file = PriceFile.read(settings.ledger.on_demand_prices) if settings.ledger.on_demand_prices else None
+    pricing = await stack.enter_async_context(open_client("pricing", region=PRICING_REGION,
+                                                          endpoint_url=settings.queue.endpoint_url))
+    prices = Prices(ec2=ec2, pricing=pricing, file=file, region=settings.queue.effective_region)
+    return LedgerKeeper(store=parts.follow_ups, objects=store, prices=prices, metrics=metrics)
 
 
 @asynccontextmanager
@@ -372,7 +387,9 @@ async def open_runtime(
             parts = _ray_mode(settings, ec2=ec2, provider=stand_ins.node_provider, capacity=capacity)
         mover = _mover(settings, parts, planner=planner, metrics=groups.requeue)
         follower = _follower(settings, parts, mover=mover, store=store,
-                             metrics=groups.follow_up, notifier=notifier, replica=replica)
+                             metrics=groups.follow_up, notifier=notifier, replica=replica,
+                             ledger=await _ledger_keeper(settings, stack, parts, ec2=ec2, store=store,
+                                                         metrics=groups.ledger))
         if follower is not None:  # its scope ends first, before the clients it uses close
             following = await stack.enter_async_context(supervisor.scope())
             following.spawn(follower.run(), name="resilienced.follow-up")

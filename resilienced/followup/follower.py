@@ -60,8 +60,10 @@ from resilienced.model import (
     StageSeen,
     Target,
 )
+from resilienced.ops.ledger import Ledger
 from resilienced.ops.notify import Notifier
 from resilienced.ports import Cluster, FollowUpStore, ObjectStore, Progress
+from resilienced.recovery.ledger import LedgerKeeper, notification_facts
 from resilienced.recovery.move import Mover, read_follow_up
 from trainer import resume
 
@@ -130,11 +132,12 @@ class Follower:
                  mover: Mover, objects: ObjectStore | None,
                  options: FollowUpOptions = FollowUpOptions(), metrics: FollowUpMetrics | None = None,
                  notifier: Notifier | None = None, replica: str = "resilienced",
-                 clock: Callable[[], datetime] = utcnow) -> None:
+                 clock: Callable[[], datetime] = utcnow, ledger: LedgerKeeper | None = None) -> None:
         self.store, self.cluster, self.progress = store, cluster, progress
         self.mover, self.objects = mover, objects
         self.options, self.metrics, self.notifier = options, metrics, notifier
         self.replica, self.clock = replica, clock
+        self.ledger = ledger  # the recovery's ledger when a follow-up ends (issue #43)
         self._log = log.get("resilienced.followup")
 
     # ------------------------------------------------------------------ for Recovery
@@ -172,7 +175,8 @@ class Follower:
                                        if k in unusable_now(existing, now=now)},
             durable_step=durable.get("step") if durable.get("verified") else durable.get("resume_step"),
             durable_world_size=durable.get("world_size") if durable.get("verified") else None,
-            elastic=elastic, version=existing.version if existing is not None else None)
+            elastic=elastic, ledgers=existing.ledgers if existing is not None else (),
+            version=existing.version if existing is not None else None)
         record = await self._save(record)
         self._log.info("follow-up opened", run=record.run, event_id=record.event_id, capacity=record.where,
                        stages=list(record.stages))
@@ -207,6 +211,8 @@ class Follower:
                 continue
             after.append(await self._follow(record))
         self._gauge(after)
+        if self.ledger is not None:  # every replica: each run's goodput, from its newest ledger
+            self.ledger.show([r.as_json() for r in after])
         return after
 
     def _gauge(self, records: list[FollowUp]) -> None:
@@ -339,7 +345,8 @@ class Follower:
             self.metrics.training_again.observe(max(0.0, seconds))
         message = f"run {record.run} trains again on {record.where}, {seconds:.0f}s after the notice: {seen.detail}"
         await self._event(record, REASON_TRAINING_RESUMED, message, warning=False, key="resumed")
-        self._notify(record, outcome="resumed", reason=seen.detail, seconds=seconds)
+        record, led = await self._keep_ledger(record)
+        self._notify(record, outcome="resumed", reason=seen.detail, seconds=seconds, ledger=led)
         self._log.info("follow-up ended: training again", run=record.run, seconds_from_notice=seconds,
                        stages=record.stage_seconds(), fallbacks=len(record.fallbacks))
         return record
@@ -350,9 +357,25 @@ class Follower:
         message = (f"run {record.run} is stuck at stage {record.stage} on {record.where}: {reason}; it is no "
                    "longer moved (still watched for training)")
         await self._event(record, REASON_RECOVERY_STUCK, message, warning=True, key="stuck")
-        self._notify(record, outcome="stuck", reason=reason)
+        record, led = await self._keep_ledger(record)
+        self._notify(record, outcome="stuck", reason=reason, ledger=led)
         self._log.warning("follow-up stuck", run=record.run, stage=record.stage, reason=reason)
         return record
+
+    async def _keep_ledger(self, record: FollowUp) -> tuple[FollowUp, Ledger | None]:
+        """The recovery's ledger, once its end is saved: computed and kept in the record, one try (a
+        failure is logged and counted by the keeper and never retried here: the end stands as saved)."""
+        if self.ledger is None:
+            return record, None
+        data = record.as_json()
+        led = await self.ledger.compute(data, at=self.clock())
+        if led is None:
+            return record, None
+        version = await self.ledger.write(data, led, version=record.version)
+        if version is None:
+            return record, led
+        kept = self.ledger.with_ledger(data, led)["ledgers"]
+        return replace(record, ledgers=tuple(kept), version=version), led  # type: ignore[arg-type]
 
     async def _fall_back(self, record: FollowUp, reason: str) -> FollowUp:
         """Mark the stalled capacity unusable for the run, decide again, record the move, make it."""
@@ -422,7 +445,8 @@ class Follower:
         except ResilienceError as e:  # an Event is a courtesy: the follow-up itself is recorded
             self._log.warning("recording an event failed", run=record.run, reason=reason, error=str(e))
 
-    def _notify(self, record: FollowUp, *, outcome: str, reason: str, seconds: float | None = None) -> None:
+    def _notify(self, record: FollowUp, *, outcome: str, reason: str, seconds: float | None = None,
+                ledger: Ledger | None = None) -> None:
         if self.notifier is None:
             return
         facts = record.target.get("facts") or {}
@@ -434,7 +458,8 @@ class Follower:
             "checkpoint_step": resumed.get("resumed_from_step", record.durable_step), "durable": None,
             "steps_lost": None, "capacity": record.where, "capacity_reason": reason, "outcome": outcome,
             "reason": reason, "stage": record.stage,
-            "seconds_from_notice": round(seconds) if seconds is not None else None})
+            "seconds_from_notice": round(seconds) if seconds is not None else None,
+            **(notification_facts(ledger) if outcome in ("resumed", "stuck") else {})})
 
 
 def _trains(record: FollowUp, found: resume.ResumeRecord) -> StageSeen:

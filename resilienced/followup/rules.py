@@ -112,6 +112,7 @@ class FollowUp:
     ended_at: datetime | None = None
     reason: str | None = None
     evidence: str | None = None
+    ledgers: tuple[Mapping[str, JsonValue], ...] = ()  # the run's recoveries' ledgers (resilienced.ops.ledger), newest last
     version: str | None = field(default=None, compare=False)
 
     @property
@@ -136,6 +137,7 @@ class FollowUp:
             out[name] = _iso(out[name]) if out[name] is not None else None
         out["stages"] = list(self.stages)
         out["fallbacks"] = [dict(f) for f in self.fallbacks]
+        out["ledgers"] = [dict(x) for x in self.ledgers]
         for name in ("reached", "unusable", "target"):
             out[name] = dict(out[name])
         if self.moving is not None:
@@ -156,6 +158,7 @@ class FollowUp:
                 values["ended_at"] = _time(data["ended_at"])
             values["stages"] = tuple(data["stages"])
             values["fallbacks"] = tuple(dict(f) for f in data.get("fallbacks") or ())
+            values["ledgers"] = tuple(dict(x) for x in data.get("ledgers") or ())
             State(values.get("state", State.FOLLOWING.value))
             Stage(values["stage"])
             return cls(**values, version=version)

@@ -102,8 +102,24 @@ class Webhook:
 
 def test_a_spot_notice_costs_no_step_and_the_run_lands_on_the_capacity_block(tmp_path: Path) -> None:
     with Webhook() as hook:
-        report = drill(tmp_path, "--scenario", "spot", "--spot-capacity", "0", "--notify-webhook", hook.url)
+        report = drill(tmp_path, "--scenario", "spot", "--spot-capacity", "0", "--notify-webhook", hook.url,
+                       "--plot", str(tmp_path / "drill.png"))
     assert report["ok"], json.dumps(report, indent=2)
+    # the ledger (issue #43): the notice caught, no step trained twice; priced by moto and the price file
+    ledger = report["ledger"]
+    assert ledger["parts"]["steps_repeated"] == 0 and ledger["parts"]["idle"] > 0
+    assert ledger["lost_gpu_seconds"] == pytest.approx(sum(v or 0 for v in ledger["parts"].values()), abs=0.01)
+    assert ledger["cost"]["prices"] == {"spot": 0.00001, "capacity-block": 0.05, "on-demand": 0.096}
+    assert ledger["cost"]["premium"] > 0 and 0 < ledger["goodput"] < 1
+    balance = ledger["idle_vs_worker_seconds_idle"]
+    assert balance["worker_seconds_idle"] == report["worker_seconds_idle"]
+    assert balance["ledger_less_unheld_plus_surplus"] == pytest.approx(report["worker_seconds_idle"], abs=0.11)
+    from resilienced.ops.plot import png_size
+
+    assert png_size(tmp_path / "drill.png") == (1200, 600)
+    # the daemon's own ledger, in its resumed notification
+    (resumed,) = [p for p in hook.posts if "trains again" in p["text"]]
+    assert "Lost GPU-seconds" in json.dumps(resumed["blocks"]), resumed
     # the drill's daemon posted the notice's facts once (Slack-compatible text + blocks)
     (notice,) = [p["text"] for p in hook.posts if "spot_interruption" in p["text"]]
     assert ": done" in notice and "durable yes" in notice and "capacity-block" in notice, notice

@@ -1,0 +1,106 @@
+"""The follow-up writes each recovery's ledger when the run trains again, on the emulated Kubernetes
+API with the controllers' stand-ins and a scripted clock (whole seconds): the run's cost is known
+by construction and each part agrees to the second.  The ledger is written after the end is saved;
+a failure to write it is logged and counted, the end stands, and nothing retries it."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+import pytest
+
+from resilienced.aws.pricing import PriceFile, Prices
+from resilienced.aws.s3 import S3Store
+from resilienced.ops.ledger import Ledger
+from resilienced.ops.ledger_metrics import LedgerMetrics
+from resilienced.recovery.ledger import LedgerKeeper
+from tests.support.followups import MemoryFollowUps
+from tests.support.kubeapi import KubeApiServer
+from trainer.manifest import FileEntry, Manifest
+
+from .conftest import BUCKET, instance, node, seed_world
+from .test_followup import Follow, requeued_onto_the_block, resume_record
+from .test_recovery import BLOCK
+
+pytestmark = pytest.mark.integration
+
+FILE = PriceFile({"on-demand": {"p5.48xlarge": 98.32}})
+
+
+async def manifest(s3: Any, step: int, saved: datetime) -> None:
+    m = Manifest(step=step, world_size=2, time=saved, saved_at_unix=saved.timestamp(), reason="periodic",
+                 files=(FileEntry("__0_0.distcp", 1, "a" * 64),))
+    await s3.put_object(Bucket=BUCKET, Key=f"runs/train/step-{step}/manifest.json", Body=m.to_json().encode())
+
+
+async def played(api: Any, kubeapi: KubeApiServer, s3: Any, *, keeper: Any) -> tuple[Follow, datetime, Any]:
+    """Worker 1's instance gone at the notice (no save after it); periodic saves of step 10 and 15 at
+    -20 s and -10 s (2 s a step); the requeue at +5 s onto the block, whose Nodes exist: the pods are
+    bound at the pass at +30 s; the run trains again from step 15 at +90 s (the pass at +100 s)."""
+    seed_world(kubeapi, gcs_port=6379)
+    notice = datetime.now(timezone.utc).replace(microsecond=0)
+    world = Follow(api=api, kubeapi=kubeapi, s3=s3, clock=[notice], max_fallbacks=0)
+    world.follower.ledger = keeper(world)
+    labels = {"karpenter.sh/capacity-type": "reserved", "karpenter.k8s.aws/capacity-reservation-id": BLOCK,
+              "karpenter.k8s.aws/capacity-reservation-type": "capacity-block"}
+    for name, n in (("b1", 11), ("b2", 12)):
+        obj = node(name, instance(n), capacity="reserved")
+        obj["metadata"]["labels"].update(labels)
+        kubeapi.create(obj)
+    await manifest(s3, 10, notice - timedelta(seconds=20))
+    await manifest(s3, 15, notice - timedelta(seconds=10))
+    await world.cluster.start()
+    world.later(timedelta(seconds=5))
+    await requeued_onto_the_block(world, when=notice)
+    world.later(timedelta(seconds=25))
+    (record,) = await world.follower.pass_once()
+    assert record.stage == "training" and record.reached["scheduled"] == (notice + timedelta(seconds=30)).isoformat()
+    await resume_record(s3, at=notice + timedelta(seconds=90), step=15)
+    world.later(timedelta(seconds=70))
+    (record,) = await world.follower.pass_once()
+    return world, notice, record
+
+
+async def test_the_ledger_of_a_recovery_to_the_second(api: Any, kubeapi: KubeApiServer, s3: Any) -> None:
+    world, notice, record = await played(api, kubeapi, s3, keeper=lambda w: LedgerKeeper(
+        store=w.follower.store, objects=S3Store(client=s3), prices=Prices(file=FILE, region="us-east-1"),
+        metrics=LedgerMetrics(w.registry)))
+    try:
+        assert record.state == "resumed"
+        (data,) = record.ledgers
+        led = Ledger.from_json(data)
+        parts = {p.part: (p.seconds, p.gpu_seconds) for p in led.lost}
+        # lost at the notice (a state change): 10 s trained since step 15's save = 5 steps x 2 s, twice
+        assert parts["steps_repeated"] == (10.0, 20.0)
+        # training stopped at the notice, again at +90; the capacity asked at +5, placed at +30
+        assert parts["capacity_wait"] == (25.0, 50.0) and parts["idle"] == (65.0, 130.0)
+        assert parts["save_pause"] == (None, None) and "no checkpoint saved after the notice" in led.part("save_pause").source
+        assert led.lost_gpu_seconds == 200.0 and led.gpus.ranks == 2
+        assert led.prices["spot"].usd_per_hour is None and led.premium.value is None  # no EC2 client: said so
+        stored = await world.record()
+        assert stored["ledgers"] == [data] and stored["state"] == "resumed"  # kept with the record, in the store
+        assert world.metric("resilienced_lost_gpu_seconds_total", {"part": "capacity_wait"}) == 50.0
+        assert world.metric("resilienced_run_goodput_ratio", {"run": record.run}) == led.goodput.value
+        assert world.metric("resilienced_recoveries_total", {"outcome": "resumed"}) == 1
+    finally:
+        await world.cluster.stop()
+
+
+async def test_a_ledger_that_cannot_be_written_is_counted_once_and_the_end_stands(
+        api: Any, kubeapi: KubeApiServer, s3: Any) -> None:
+    # the keeper writes to a store that has no record of the run (as if another replica had deleted it)
+    world, _, record = await played(api, kubeapi, s3, keeper=lambda w: LedgerKeeper(
+        store=MemoryFollowUps(), objects=S3Store(client=s3), metrics=LedgerMetrics(w.registry)))
+    try:
+        assert record.state == "resumed" and record.ledgers == ()
+        stored = await world.record()
+        assert stored["state"] == "resumed" and not stored.get("ledgers")  # the end saved, no ledger
+        assert world.events("TrainingResumed")
+        assert world.metric("resilienced_ledger_failures_total", {"step": "write"}) == 1
+        world.later(timedelta(seconds=30))
+        await world.follower.pass_once()  # an ended follow-up is not looked at again: nothing retries it
+        assert world.metric("resilienced_ledger_failures_total", {"step": "write"}) == 1
+        assert world.metric("resilienced_lost_gpu_seconds_total", {"part": "idle"}) == 0
+    finally:
+        await world.cluster.stop()
