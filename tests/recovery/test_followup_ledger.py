@@ -5,21 +5,26 @@ a failure to write it is logged and counted, the end stands, and nothing retries
 
 from __future__ import annotations
 
+import asyncio
+import json
 from datetime import datetime, timedelta, timezone
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from resilienced.app import cli
 from resilienced.aws.pricing import PriceFile, Prices
 from resilienced.aws.s3 import S3Store
 from resilienced.ops.ledger import Ledger
 from resilienced.ops.ledger_metrics import LedgerMetrics
+from resilienced.ops.plot import png_size
 from resilienced.recovery.ledger import LedgerKeeper
 from tests.support.followups import MemoryFollowUps
 from tests.support.kubeapi import KubeApiServer
 from trainer.manifest import FileEntry, Manifest
 
-from .conftest import BUCKET, instance, node, seed_world
+from .conftest import BUCKET, DAEMON_NS, instance, node, seed_world
 from .test_followup import Follow, requeued_onto_the_block, resume_record
 from .test_recovery import BLOCK
 
@@ -62,7 +67,8 @@ async def played(api: Any, kubeapi: KubeApiServer, s3: Any, *, keeper: Any) -> t
     return world, notice, record
 
 
-async def test_the_ledger_of_a_recovery_to_the_second(api: Any, kubeapi: KubeApiServer, s3: Any) -> None:
+async def test_the_ledger_of_a_recovery_to_the_second(api: Any, kubeapi: KubeApiServer, s3: Any, tmp_path: Path,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
     world, notice, record = await played(api, kubeapi, s3, keeper=lambda w: LedgerKeeper(
         store=w.follower.store, objects=S3Store(client=s3), prices=Prices(file=FILE, region="us-east-1"),
         metrics=LedgerMetrics(w.registry)))
@@ -83,6 +89,20 @@ async def test_the_ledger_of_a_recovery_to_the_second(api: Any, kubeapi: KubeApi
         assert world.metric("resilienced_lost_gpu_seconds_total", {"part": "capacity_wait"}) == 50.0
         assert world.metric("resilienced_run_goodput_ratio", {"run": record.run}) == led.goodput.value
         assert world.metric("resilienced_recoveries_total", {"outcome": "resumed"}) == 1
+
+        # resilienced report and status read it back from the Leases, as an operator would
+        args = ("--kubeconfig", str(kubeapi.write_kubeconfig(tmp_path / "kubeconfig")), "--claims-namespace", DAEMON_NS)
+        capsys.readouterr()
+        assert await asyncio.to_thread(cli.main, ["report", record.run, *args, "--json"]) == 0
+        (line,) = [x for x in capsys.readouterr().out.splitlines() if x.startswith('{"format"')]
+        assert json.loads(line) == data
+        assert await asyncio.to_thread(cli.main, ["report", record.run, *args, "--plot", str(tmp_path / "run.png")]) == 0
+        out = capsys.readouterr().out
+        assert "0.056" in out.splitlines()[1]  # 200 GPU-seconds in GPU-hours
+        assert png_size(tmp_path / "run.png") == (1200, 600)
+        assert await asyncio.to_thread(cli.main, ["status", *args, "--json"]) == 0
+        (row,) = [json.loads(x) for x in capsys.readouterr().out.splitlines() if x.startswith('{"time"')]
+        assert (row["lost_gpu_hours"], row["premium_usd"], row["ledger"]) == (0.056, None, data)
     finally:
         await world.cluster.stop()
 
