@@ -37,7 +37,7 @@ class Supervisor:
     """
 
     def __init__(self, *, logger: Logger | None = None, parent: Supervisor | None = None) -> None:
-        self._log = logger or (parent._log if parent is not None else log.get("resilienced.tasks"))
+        self._log: Logger = logger or (parent._log if parent is not None else log.get("resilienced.tasks"))
         self._root: Supervisor = parent._root if parent is not None else self
         self._parent = parent
         self._tasks: dict[asyncio.Task[object], Callable[[], bool] | None] = {}

@@ -199,9 +199,16 @@ def _for_the_run(policy: CapacityPolicy, drain_lead: timedelta | None) -> Capaci
     return replace(policy, block_end_margin=drain_lead)
 
 
+def _end(block: CapacityReservation) -> datetime:
+    """The end of a usable block (``_usable_blocks`` passes over a block without one)."""
+    if block.end is None:
+        raise ValueError(f"Capacity Block {block.reservation_id} has no end date")
+    return block.end
+
+
 def _block_decision(block: CapacityReservation, prefix: str, passed_over: str, *,
                     policy: CapacityPolicy, details: dict[str, JsonValue]) -> CapacityDecision:
-    usable_until = block.end - policy.block_end_margin  # type: ignore[operator]
+    usable_until = _end(block) - policy.block_end_margin
     return CapacityDecision(
         Capacity.CAPACITY_BLOCK,
         f"{prefix}Capacity Block {block.reservation_id} has {block.available_instances} of "
@@ -209,7 +216,7 @@ def _block_decision(block: CapacityReservation, prefix: str, passed_over: str, *
         f"{passed_over}",
         reservation_id=block.reservation_id,
         details={**details, "reservation_available": block.available_instances,
-                 "reservation_end": block.end.isoformat()},  # type: ignore[union-attr]
+                 "reservation_end": _end(block).isoformat()},
     )
 
 
@@ -330,7 +337,7 @@ def usable_blocks(
                             f"the run needs {instance_count}")
         else:
             usable.append(r)
-    usable.sort(key=lambda r: (r.reservation_id != prefer, -r.end.timestamp(),  # type: ignore[union-attr]
+    usable.sort(key=lambda r: (r.reservation_id != prefer, -_end(r).timestamp(),
                                -r.available_instances, r.reservation_id))
     if not rejected:
         return usable, ""

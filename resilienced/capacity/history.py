@@ -62,7 +62,7 @@ class InterruptionHistory:
                 seen.add(event_id)
             while len(entries) > self._max:
                 _, old_id = entries.popleft()
-                seen.discard(old_id)  # type: ignore[arg-type]
+                seen.discard(old_id)
             self._prune(pool, newest=max(t for t, _ in entries))
             return True
 

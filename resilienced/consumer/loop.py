@@ -66,12 +66,12 @@ class Consumer:
         self.readiness = readiness or Readiness()
         self.replica = replica or replica_name()
         self.log = logger or log.get("resilienced.consumer")
-        parts = {"metrics": self.metrics, "logger": self.log}
-        self.visibility = Visibility(queue=queue, settings=queue_settings, **parts)
-        self.handler = Handler(settings=intake_settings, clock=clock, **parts, event_claim=EventClaim(
-            claims=claims, responder=responder, settings=queue_settings, **parts))
+        self.visibility = Visibility(queue=queue, settings=queue_settings, metrics=self.metrics, logger=self.log)
+        self.handler = Handler(settings=intake_settings, clock=clock, metrics=self.metrics, logger=self.log,
+                               event_claim=EventClaim(claims=claims, responder=responder, settings=queue_settings,
+                                                      metrics=self.metrics, logger=self.log))
         self.settler = Settle(queue=queue, settings=queue_settings, max_receive_count=max_receive_count,
-                              observer=observer, **parts)
+                              observer=observer, metrics=self.metrics, logger=self.log)
         self._slots = asyncio.Semaphore(queue_settings.concurrency)
         self._flights: dict[asyncio.Task[Outcome], Flight] = {}
         self._slot_freed = asyncio.Event()

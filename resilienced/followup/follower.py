@@ -28,6 +28,7 @@ import asyncio
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta, timezone
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
@@ -167,14 +168,16 @@ class Follower:
         elastic = bool(result.details.get("elastic"))
         stages = (Stage.TRAINING,) if elastic else stages_for(mode=self.options.mode, applier=result.kind)
         durable = durable or {}
+        step, world = ((durable.get("step"), durable.get("world_size")) if durable.get("verified")
+                       else (durable.get("resume_step"), None))
         record = FollowUp(
             run=target.run_key, event_id=event.event_id, kind=event.kind.value, notice_at=event.time or now,
             opened_at=now, target=target_json(target), capacity=result.capacity.value,
             reservation_id=result.reservation_id, stages=tuple(s.value for s in stages), stage=stages[0].value,
             stage_since=now, unusable={k: v for k, v in (existing.unusable if existing else {}).items()
                                        if k in unusable_now(existing, now=now)},
-            durable_step=durable.get("step") if durable.get("verified") else durable.get("resume_step"),
-            durable_world_size=durable.get("world_size") if durable.get("verified") else None,
+            durable_step=step if isinstance(step, int) else None,
+            durable_world_size=world if isinstance(world, int) else None,
             elastic=elastic, ledgers=existing.ledgers if existing is not None else (),
             version=existing.version if existing is not None else None)
         record = await self._save(record)
@@ -474,6 +477,7 @@ def _trains(record: FollowUp, found: resume.ResumeRecord) -> StageSeen:
                             "attempt_id": found.attempt_id})
 
 
-def _decision(data: Mapping[str, JsonValue]) -> CapacityDecision:
+def _decision(data: Mapping[str, Any]) -> CapacityDecision:
+    """The decision a follow-up record's ``moving.to`` holds (``CapacityDecision.as_json``)."""
     return CapacityDecision(capacity=Capacity(data["capacity"]), reason=str(data.get("reason") or ""),
                             reservation_id=data.get("reservation_id"))

@@ -26,6 +26,7 @@ import enum
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from typing import Any
 
 from resilienced.clock import parse_time
 from resilienced.model import Capacity, JsonValue, RunFacts, StageSeen, Target
@@ -94,21 +95,21 @@ class FollowUp:
     kind: str
     notice_at: datetime
     opened_at: datetime
-    target: Mapping[str, JsonValue]
+    target: Mapping[str, Any]  # target_json's document: JSON the daemon wrote itself
     capacity: str
     reservation_id: str | None
     stages: tuple[str, ...]
     stage: str
     stage_since: datetime
     reached: Mapping[str, str] = field(default_factory=dict)
-    fallbacks: tuple[Mapping[str, JsonValue], ...] = ()
+    fallbacks: tuple[Mapping[str, Any], ...] = ()
     unusable: Mapping[str, str] = field(default_factory=dict)
-    moving: Mapping[str, JsonValue] | None = None
+    moving: Mapping[str, Any] | None = None
     state: str = State.FOLLOWING.value
     durable_step: int | None = None
     durable_world_size: int | None = None
     elastic: bool = False
-    resumed: Mapping[str, JsonValue] | None = None
+    resumed: Mapping[str, Any] | None = None
     ended_at: datetime | None = None
     reason: str | None = None
     evidence: str | None = None
@@ -132,7 +133,7 @@ class FollowUp:
         return {stage: self.seconds_from_notice(_time(at)) for stage, at in self.reached.items()}
 
     def as_json(self) -> dict[str, JsonValue]:
-        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "version"}
+        out: dict[str, Any] = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "version"}
         for name in ("notice_at", "opened_at", "stage_since", "ended_at"):
             out[name] = _iso(out[name]) if out[name] is not None else None
         out["stages"] = list(self.stages)
@@ -147,10 +148,10 @@ class FollowUp:
         return out
 
     @classmethod
-    def from_json(cls, data: Mapping[str, JsonValue], *, version: str | None = None) -> FollowUp:
-        """The record in ``data``; ValueError naming the field that is wrong."""
+    def from_json(cls, data: Mapping[str, Any], *, version: str | None = None) -> FollowUp:
+        """The record in ``data`` (JSON as the store read it); ValueError naming the field that is wrong."""
         try:
-            values = {f.name: data[f.name] for f in dataclasses.fields(cls)
+            values: dict[str, Any] = {f.name: data[f.name] for f in dataclasses.fields(cls)
                       if f.name != "version" and f.name in data}
             for name in ("notice_at", "opened_at", "stage_since"):
                 values[name] = _time(data[name])
@@ -183,9 +184,9 @@ _TUPLE_FACTS = {f.name for f in dataclasses.fields(RunFacts) if "tuple" in str(f
 
 def target_json(target: Target) -> dict[str, JsonValue]:
     """``target`` as JSON, everything the follow-up needs to act on the run again."""
-    facts = {}
+    facts: dict[str, JsonValue] = {}
     for f in dataclasses.fields(RunFacts):
-        value = getattr(target.facts, f.name)
+        value: Any = getattr(target.facts, f.name)
         if isinstance(value, datetime):
             value = value.isoformat()
         elif isinstance(value, tuple):
@@ -196,9 +197,9 @@ def target_json(target: Target) -> dict[str, JsonValue]:
             "checkpoint_uri": target.checkpoint_uri, "ray_address": target.ray_address, "facts": facts}
 
 
-def target_from(data: Mapping[str, JsonValue], *, exclude: Sequence[str] = ()) -> Target:
+def target_from(data: Mapping[str, Any], *, exclude: Sequence[str] = ()) -> Target:
     """The Target of :func:`target_json`, with ``exclude`` (capacity in its cool-down) in its facts."""
-    facts = {}
+    facts: dict[str, Any] = {}
     for name, value in dict(data.get("facts") or {}).items():
         if name in _TUPLE_FACTS and value is not None:
             value = tuple(value)

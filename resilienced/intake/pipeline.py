@@ -21,9 +21,10 @@ comes back as an ``invalid`` event with ``Reading.decoded`` false (poison for th
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
+from typing import TypedDict, cast
 
 from handlers import registry
 from resilienced.intake import validate
@@ -75,7 +76,7 @@ def decode(body: object) -> Envelope:
     return _envelope(obj, sns=False)
 
 
-def _load(body: object, *, field: str) -> Mapping[str, JsonValue]:
+def _load(body: object, *, field: str) -> dict[str, JsonValue]:
     if isinstance(body, (bytes, bytearray, memoryview)):
         raw = bytes(body)
         if len(raw) > MAX_BODY_BYTES:
@@ -110,13 +111,13 @@ def _load(body: object, *, field: str) -> Mapping[str, JsonValue]:
 
 def _depth(obj: object) -> int:
     """Nesting depth of objects and arrays, without recursion."""
-    deepest, stack = 0, [(obj, 1)]
+    deepest, stack = 0, [(obj, 1)]  # only objects and arrays are pushed
     while stack:
         node, level = stack.pop()
         deepest = max(deepest, level)
         if deepest > MAX_DEPTH:
             return deepest
-        children = node.values() if isinstance(node, dict) else node
+        children: Iterable[object] = node.values() if isinstance(node, dict) else cast("list[object]", node)
         stack.extend((child, level + 1) for child in children if isinstance(child, (dict, list)))
     return deepest
 
@@ -130,7 +131,7 @@ def _first_line(error: Exception) -> str:
     return str(error).splitlines()[0][:120] if str(error) else type(error).__name__
 
 
-def _envelope(obj: Mapping[str, JsonValue], *, sns: bool) -> Envelope:
+def _envelope(obj: dict[str, JsonValue], *, sns: bool) -> Envelope:
     wrapping = Wrapping.SNS if sns else Wrapping.EVENTBRIDGE
     if "detail-type" not in obj and (
         "LifecycleTransition" in obj or obj.get("Event") == "autoscaling:TEST_NOTIFICATION"
@@ -180,7 +181,16 @@ def interpret(envelope: Envelope, settings: IntakeSettings) -> Event:
         return replace(base, kind=Kind.INVALID, reason=str(e))
 
 
-def _known_fields(envelope: Envelope) -> dict[str, JsonValue]:
+class _Known(TypedDict):
+    """The fields of an ``invalid`` event that can be said of it."""
+
+    event_id: str | None
+    source: str | None
+    detail_type: str | None
+    wrapping: Wrapping
+
+
+def _known_fields(envelope: Envelope) -> _Known:
     """What can be said about an event that breaks a rule (strings only)."""
     def as_text(value: object) -> str | None:
         return value if isinstance(value, str) and 0 < len(value) <= validate.MAX_TEXT else None

@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from datetime import datetime, timedelta, timezone
+from typing import Literal, overload
 
 from resilienced.clock import parse_time
 from resilienced.errors import InvalidEventError
@@ -53,6 +54,14 @@ def mapping(value: object, *, field: str) -> Mapping[str, JsonValue]:
     if not isinstance(value, Mapping):
         raise invalid(field, f"expected an object, got {show(value)}")
     return value
+
+
+@overload
+def text(value: object, *, field: str, required: Literal[True] = True) -> str: ...
+
+
+@overload
+def text(value: object, *, field: str, required: bool) -> str | None: ...
 
 
 def text(value: object, *, field: str, required: bool = True) -> str | None:

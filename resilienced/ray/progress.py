@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from resilienced.model import Capacity, StageSeen, Target
+from resilienced.model import Capacity, JsonValue, StageSeen, Target
 from resilienced.ports import RayControl
 from resilienced.ray.cluster import CAPACITY_TYPE_LABEL, RESERVATION_LABEL
 from resilienced.ray.requeue import REPLACES_LABEL
@@ -48,8 +48,8 @@ class RayProgress:
         if not missing:
             return StageSeen(True, f"replacement node(s) joined on {where}: "
                                    + ", ".join(f"{i} -> {n[:12]}" for i, n in joined.items()),
-                             facts={"nodes": sorted(joined.values())})
+                             facts={"nodes": list[JsonValue](sorted(joined.values()))})
         detail = f"no Ray node replacing {', '.join(missing)} has joined with {where}'s labels"
         if elsewhere:
             detail += f" (alive elsewhere: {'; '.join(elsewhere)})"
-        return StageSeen(False, detail, facts={"missing": missing})
+        return StageSeen(False, detail, facts={"missing": list[JsonValue](missing)})

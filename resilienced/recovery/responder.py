@@ -230,7 +230,7 @@ class Recovery:
         if Step.COMPLETE_LIFECYCLE in plan.steps and not temporary:
             lifecycle = await self._complete_lifecycle(plan)
         details: dict[str, JsonValue] = {"runs": reports, "unresolved": dict(found.unresolved),
-                                   "instances": instance_ids}
+                                   "instances": list[JsonValue](instance_ids)}
         if lifecycle:
             details["lifecycle"] = lifecycle
         if beats:
@@ -332,7 +332,7 @@ class Recovery:
             f"{event.kind.value} (event {event.event_id}): drained Ray node(s) "
             f"{', '.join(drained) or 'none on these instances'} of run {target.run_key} "
             f"with deadline {deadline.isoformat()}; every rank saves the step it is on"))
-        report.steps["signal"] = {"deadline": deadline.isoformat(), "drained": drained}
+        report.steps["signal"] = {"deadline": deadline.isoformat(), "drained": dict[str, JsonValue](drained)}
 
     async def _drain(self, ray: RayControl, node_id: str, *, deadline: datetime, message: str) -> str:
         result = await ray.drain(node_id, deadline=deadline, message=message)
@@ -442,8 +442,9 @@ class Recovery:
             delay = result.retry_after.total_seconds() if result.retry_after else None
             raise TemporaryError(f"run {target.run_key} waits for capacity: {result.reason}", delay=delay)
         if self.follower is not None:
+            durable = report.steps.get("durable") or report.steps.get("resume")
             opened = await self.follower.open(target, event=event, result=result,
-                                              durable=report.steps.get("durable") or report.steps.get("resume"))
+                                              durable=durable if isinstance(durable, Mapping) else None)
             if opened is not None:
                 report.steps["follow_up"] = {"event_id": opened.event_id, "stage": opened.stage,
                                              "stages": list(opened.stages), "capacity": opened.where}
