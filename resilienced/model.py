@@ -188,6 +188,9 @@ class RunFacts:
     node_shape: str | None = None  # NodeShape value: who manages the run's Nodes (None: neither shape)
     moved_at: str | datetime | None = None  # the run's last move (annotation resilienced.io/capacity-moved-at)
     instance_count: int | None = None  # instances the whole run (gang) uses
+    # accelerators the run's worker pods request (kube.locate.ACCELERATORS) or its Ray worker nodes offer
+    # ("GPU"), all together; None: none declared (the ledger then counts 1 per rank)
+    accelerators: float | None = None
     instance_ids: tuple[str, ...] = ()  # the run's instances this event names (set when runs are grouped)
     lost_instance_ids: tuple[str, ...] = ()  # the run's instances this event takes away
     run_needs_seconds: float | None = None  # how much longer the run needs capacity

@@ -129,6 +129,7 @@ class RayNode:
     is_head: bool = False
     draining_deadline_ms: int | None = None
     started_ms: int | None = None  # when the node registered with the GCS (unix ms; None: unknown)
+    resources: Mapping[str, float] = field(default_factory=dict)  # its resources_total ("CPU", "GPU", ...)
 
 
 @dataclass(frozen=True)

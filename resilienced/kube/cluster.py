@@ -53,6 +53,7 @@ from resilienced.kube.locate import (
     RAY_POD_SELECTOR,
     RESERVATION_LABEL,
     VOLCANO_JOB_API_VERSION,
+    accelerators_requested,
     capacity_facts,
     capacity_selector,
     checkpoint_uri,
@@ -486,6 +487,8 @@ class KubeCluster:
         groups = tuple(sorted({labels(p).get("ray.io/group", "") for p in pods} - {""}))
         facts = self._karpenter_facts(node, replace(facts, volcano_job=volcano_job, groups=groups))
         facts = self._kueue_facts([o for o in (job, view.raycluster) if o], facts)
+        facts = replace(facts, accelerators=accelerators_requested(
+            [p for p in self.pods.by_index("cluster", view.key) if not is_head(p)]))  # for the ledger
         return Target(
             instance_id=instance, node=name_of(node), ray_cluster=view.key, ray_job=view.job_key,
             ray_node_ids=tuple(dict.fromkeys(ids)), checkpoint_uri=view.checkpoint_uri,

@@ -94,6 +94,27 @@ def is_ray_pod(pod: Mapping[str, JsonValue]) -> bool:
             and phase not in ("Succeeded", "Failed"))
 
 
+#: Extended resources that are accelerators (what a worker pod requests of them counts in the ledger).
+ACCELERATORS = ("nvidia.com/gpu", "amd.com/gpu", "aws.amazon.com/neuron", "aws.amazon.com/neuroncore",
+                "google.com/tpu", "habana.ai/gaudi")
+
+
+def accelerators_requested(pods: Sequence[Mapping[str, JsonValue]]) -> float | None:
+    """The accelerators the pods' containers request (else their limits: a limit alone sets the request
+    of an extended resource), all together; None: none requested."""
+    total = 0.0
+    for pod in pods:
+        for container in (pod.get("spec") or {}).get("containers") or ():  # type: ignore[union-attr]
+            resources = container.get("resources") or {}
+            asked = {**(resources.get("limits") or {}), **(resources.get("requests") or {})}
+            for name in ACCELERATORS:
+                try:
+                    total += float(asked.get(name) or 0)
+                except (TypeError, ValueError):  # a quantity not a plain number ("1k"): not counted
+                    continue
+    return total or None
+
+
 def is_head(pod: Mapping[str, JsonValue]) -> bool:
     return labels(pod).get(NODE_TYPE_LABEL) == "head"
 

@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from datetime import datetime
 
 from aiobotocore.client import AioBaseClient
@@ -41,6 +42,12 @@ ZONE_LABEL = "resilienced.io/zone"
 #: ``true`` on a run's worker nodes: the run is elastic (docs/requeue.md "Elastic runs"): losing the
 #: node asks for a replacement only, the other workers keep training.
 ELASTIC_LABEL = "resilienced.io/elastic"
+
+
+def accelerators_of(nodes: Sequence[RayNode]) -> float | None:
+    """The GPUs the cluster's alive worker nodes offer (their ``resources_total``); None: none."""
+    total = sum(float(n.resources.get("GPU", 0.0)) for n in nodes if n.alive and not n.is_head)
+    return total or None
 
 
 class RayModeCluster:
@@ -134,6 +141,8 @@ class RayModeCluster:
                 )
                 continue
             targets.append(self._target(iid, on_ip, matched_by="private-ip"))
+        gpus = accelerators_of(nodes)  # the run (ray mode: the cluster) all together, for the ledger
+        targets = [replace(t, facts=replace(t.facts, accelerators=gpus)) for t in targets]
         return Location(targets=tuple(targets), unresolved=unresolved)
 
     def _target(self, instance_id: str, nodes: list[RayNode], *, matched_by: str) -> Target:

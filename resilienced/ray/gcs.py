@@ -473,6 +473,7 @@ class RayGcs:
                     is_head=bool(info.is_head_node),
                     draining_deadline_ms=draining.get(hex_id),
                     started_ms=int(getattr(info, "start_time_ms", 0) or 0) or None,
+                    resources={str(k): float(v) for k, v in dict(getattr(info, "resources_total", {}) or {}).items()},
                 )
             )
         return out

@@ -24,8 +24,9 @@ What the daemon reads (each part names it):
 * steps trained twice: the seconds from the resumed step's save to the stop, over the step time;
 * the capacity: the follow-up's requeue (``opened_at``) and moves (``fallbacks``), the stage its
   capacity was placed at (``scheduled``/``joined``); prices from :class:`~resilienced.aws.pricing.Prices`;
-* accelerators: 1 per rank (the daemon does not read the pods' GPU requests yet: said in the
-  ledger's ``gpus.source``);
+* accelerators per rank: what the run's worker pods request (``nvidia.com/gpu``, Neuron, ...;
+  ray mode: the worker nodes' ``GPU``), located with the run, over its ranks; 1 per rank where none
+  is declared (the ledger's ``gpus.source`` says which);
 * productive GPU-seconds: the steps the run keeps (the resumed step) x the step time x the ranks;
   the run on Spot before the notice for as long (its instances: the run's ``instance_count``).
 """
@@ -134,8 +135,7 @@ def recovery_of(record: Mapping[str, JsonValue], saved: Sequence[Manifest]) -> t
         twice = Known(n, f"step {step_from}'s save -> training stopped, over the step time")
     placed = reached.get("joined") or reached.get("scheduled")
     recovery = Recovery(
-        notice_at=notice, gpus=Gpus(ranks, 1.0, "1 per rank: the daemon does not read the pods' accelerator "
-                                               "requests yet; ranks from the resume record"),
+        notice_at=notice, gpus=gpus_of(facts, ranks),
         steps_trained_twice=twice, step_seconds=step_time, save_seconds=save, training_stopped_at=stopped,
         requeued_at=_time(record.get("opened_at")), placed_at=_time(placed), training_again_at=again,
         stopped_source=stopped_source, placed_source=f"the follow-up's {'joined' if reached.get('joined') else 'scheduled'} stage",
@@ -147,6 +147,17 @@ def recovery_of(record: Mapping[str, JsonValue], saved: Sequence[Manifest]) -> t
                   else Known.unknown("the steps kept or the step time unknown"))
     return recovery, {"instances": lost, "run_instances": int(facts.get("instance_count") or lost),  # type: ignore[arg-type]
                       "productive": productive}
+
+
+def gpus_of(facts: Mapping[str, Any], ranks: int) -> Gpus:
+    """The run's accelerators per rank: what its worker pods request (Ray worker nodes offer) over its
+    ranks (the resume record's world size), else 1 per rank."""
+    declared = facts.get("accelerators")
+    if declared:
+        return Gpus(ranks, round(float(declared) / ranks, 6),
+                    f"{float(declared):g} accelerator(s) the run's worker pods request (ray mode: its worker "
+                    f"nodes offer) over {ranks} rank(s) (the resume record)")
+    return Gpus(ranks, 1.0, f"1 per rank: the run declares no accelerator; {ranks} rank(s) (the resume record)")
 
 
 def capacity_of(record: Mapping[str, JsonValue], recovery: Recovery, *, until: datetime, instances: int,

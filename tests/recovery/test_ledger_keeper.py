@@ -167,3 +167,13 @@ def test_every_replica_shows_each_runs_goodput_and_drops_a_run_without_a_record(
     assert registry.get_sample_value("resilienced_run_goodput_ratio", {"run": "ns/job"}) == led.goodput.value
     keeper.show([{"run": "ns/none"}])
     assert registry.get_sample_value("resilienced_run_goodput_ratio", {"run": "ns/job"}) is None
+
+
+async def test_gpu_seconds_count_the_accelerators_the_run_declares(run: None, store: S3Store) -> None:  # noqa: F811
+    facts = {**RECORD["target"]["facts"], "accelerators": 16.0}  # 2 worker pods x nvidia.com/gpu 8
+    record = {**RECORD, "target": {**RECORD["target"], "facts": facts}}
+    led = await LedgerKeeper(store=MemoryFollowUps(), objects=store).compute(record, at=at(100))
+    assert led is not None and (led.gpus.ranks, led.gpus.per_rank) == (2, 8.0)
+    assert led.part("capacity_wait").gpu_seconds == 51.0 * 16 and "over 2 rank(s)" in led.gpus.source
+    plain = await LedgerKeeper(store=MemoryFollowUps(), objects=store).compute(RECORD, at=at(100))
+    assert plain is not None and plain.gpus.per_rank == 1.0 and "declares no accelerator" in plain.gpus.source
