@@ -14,6 +14,7 @@ RayControl        ``resilienced.ray.gcs.RayGcs``                  real local Ray
 ObjectStore       ``resilienced.aws.s3.S3Store`` (aiobotocore)    moto server over HTTP
 ExportTasks       ``resilienced.aws.fsx.FsxExportTasks``          botocore Stubber
 CapacitySource    ``resilienced.capacity.ec2.Ec2Capacity``        botocore Stubber
+LifecycleHooks    ``resilienced.aws.autoscaling.Lifecycle``       an Auto Scaling stand-in over HTTP
 ClaimStore        per mode (Kubernetes Lease, Ray GCS KV)         the same, real
 Responder         ``resilienced.recovery.responder.Recovery``     the same, real (``--mode plan``:
                                                                   ``recovery.plan_only.PlanLogger``)
@@ -35,13 +36,15 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
+from decimal import Decimal
 from typing import Protocol, runtime_checkable
 
 from resilienced.errors import TemporaryError
 from resilienced.model import (
     Capacity,
     CapacityDecision,
+    CapacityOffering,
     Event,
     JsonValue,
     Outcome,
@@ -275,6 +278,59 @@ class ClaimStore(Protocol):
         ...
 
 
+@dataclass(frozen=True)
+class PurchaseResult:
+    """What PurchaseCapacityBlock did (or, in a dry run, would have done)."""
+
+    offering_id: str
+    dry_run: bool
+    reservation: CapacityReservation | None  # None in a dry run
+    message: str
+
+
+@runtime_checkable
+class BlockMarket(Protocol):
+    """What buying a Capacity Block needs besides :class:`CapacitySource` (``Ec2Capacity`` has both;
+    ``capacity.planner`` buys only from a source that is one)."""
+
+    async def offerings(self, *, instance_type: str, instance_count: int, duration: timedelta,
+                        start_after: datetime, start_before: datetime) -> list[CapacityOffering]: ...
+
+    async def purchase(self, offering: CapacityOffering, *, platform: str, purchase_key: str,
+                       dry_run: bool, price_cap: Decimal,
+                       tags: Mapping[str, str] | None = None) -> PurchaseResult: ...
+
+
+# --------------------------------------------------------------------------- Auto Scaling
+class HookAction(Protocol):
+    """The fields of an ASG lifecycle action its calls name (``handlers.asg_lifecycle.LifecycleAction``)."""
+
+    @property
+    def lifecycle_hook_name(self) -> str | None: ...
+
+    @property
+    def auto_scaling_group_name(self) -> str | None: ...
+
+    @property
+    def lifecycle_action_token(self) -> str | None: ...
+
+
+@runtime_checkable
+class LifecycleHooks(Protocol):
+    """The calls a terminate lifecycle hook waits for (``aws.autoscaling.Lifecycle``);
+    ``heartbeat_seconds``: how often ``recovery.heartbeat`` beats."""
+
+    heartbeat_seconds: float
+
+    async def heartbeat(self, action: HookAction, *, instance_id: str | None) -> bool:
+        """Restart the hook's heartbeat timeout; False when the action is no longer pending."""
+        ...
+
+    async def complete(self, action: HookAction, *, instance_id: str | None) -> str:
+        """CONTINUE the terminate action; what happened, in words."""
+        ...
+
+
 # --------------------------------------------------------------------------- capacity and requeue
 @runtime_checkable
 class Planner(Protocol):
@@ -397,6 +453,34 @@ class Replacements(Protocol):
         """Write the expected join for the workers ``result`` replaces; None when there is nothing
         to write or it cannot be written (the run then shrinks at once)."""
         ...
+
+
+# --------------------------------------------------------------------------- a Ray cluster's GCS KV
+class GcsKv(Protocol):
+    """The internal-KV calls ray mode's claim and follow-up stores need (``ray.gcs.RayGcs`` has them)."""
+
+    async def kv_put_if_absent(self, key: str, value: bytes) -> bool: ...
+
+    async def kv_put(self, key: str, value: bytes) -> None: ...
+
+    async def kv_get(self, key: str) -> bytes | None: ...
+
+    async def kv_keys(self, prefix: str) -> list[str]: ...
+
+    async def kv_del(self, key: str) -> bool: ...
+
+
+@runtime_checkable
+class BoardKv(Protocol):
+    """The GCS calls the replacement board needs (``ray.replacement``; ``RayGcs`` has them)."""
+
+    async def kv_put(self, key: str, value: bytes) -> None: ...
+
+    async def kv_get(self, key: str) -> bytes | None: ...
+
+    async def kv_keys(self, prefix: str) -> list[str]: ...
+
+    async def nodes(self) -> list[RayNode]: ...
 
 
 # --------------------------------------------------------------------------- following a requeue

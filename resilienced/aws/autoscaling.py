@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from aiobotocore.client import AioBaseClient
 
-from handlers.asg_lifecycle import LifecycleAction
 from resilienced.aws import errors
+from resilienced.ports import HookAction
 
 BACKEND = "autoscaling"
 #: Seconds between two heartbeats: a third of the shortest heartbeat timeout a hook can have (30 s),
@@ -29,14 +29,15 @@ NO_ACTIVE_ACTION = "No active Lifecycle Action"
 
 
 class Lifecycle:
-    """The Auto Scaling calls a terminate lifecycle hook waits for (``RecordLifecycleActionHeartbeat``,
-    ``CompleteLifecycleAction``).  ``heartbeat_seconds``: how often ``recovery.heartbeat`` beats."""
+    """:class:`~resilienced.ports.LifecycleHooks`: the Auto Scaling calls a terminate lifecycle hook
+    waits for (``RecordLifecycleActionHeartbeat``, ``CompleteLifecycleAction``).  ``heartbeat_seconds``:
+    how often ``recovery.heartbeat`` beats."""
 
     def __init__(self, client: AioBaseClient, *, heartbeat_seconds: float = HEARTBEAT_INTERVAL_S) -> None:
         self._client = client  # an aiobotocore ``autoscaling`` client owned by the caller
         self.heartbeat_seconds = heartbeat_seconds
 
-    async def heartbeat(self, action: LifecycleAction, *, instance_id: str | None) -> bool:
+    async def heartbeat(self, action: HookAction, *, instance_id: str | None) -> bool:
         """Restart the hook's heartbeat timeout for ``instance_id`` (``RecordLifecycleActionHeartbeat``);
         False when the action is no longer pending (nothing left to keep alive)."""
         params = {
@@ -54,7 +55,7 @@ class Lifecycle:
             raise errors.translate(e, backend=BACKEND, operation="RecordLifecycleActionHeartbeat") from e
         return True
 
-    async def complete(self, action: LifecycleAction, *, instance_id: str | None) -> str:
+    async def complete(self, action: HookAction, *, instance_id: str | None) -> str:
         """CONTINUE the terminate action ``action`` (the hook's fields, parsed by
         ``handlers.asg_lifecycle``) for ``instance_id``."""
         params = {

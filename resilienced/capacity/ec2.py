@@ -35,7 +35,6 @@ a dry-run purchase is the dry run's success.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Mapping
-from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from decimal import Decimal, InvalidOperation
 
@@ -48,7 +47,7 @@ from resilienced.capacity.policy import PURCHASE_KEY_TAG as POLICY_PURCHASE_KEY_
 from resilienced.clock import parse_time
 from resilienced.errors import PermanentError
 from resilienced.model import CapacityOffering, JsonValue
-from resilienced.ports import CapacityReservation
+from resilienced.ports import CapacityReservation, PurchaseResult
 
 #: Every EC2 action this module calls; the deploy/ IAM policy must grant exactly these.
 #: The last two only when buying Capacity Blocks is on (``--purchase-blocks``).
@@ -85,16 +84,6 @@ def _send_once(**_: object) -> bool:
 def translate(error: BaseException, *, action: str) -> Exception:
     """The resilienced error for a botocore / transport error raised by ``action`` (the one rule)."""
     return errors.translate(error, backend="ec2", operation=action, delay=RETRY_DELAY_S)
-
-
-@dataclass(frozen=True)
-class PurchaseResult:
-    """What PurchaseCapacityBlock did (or, in a dry run, would have done)."""
-
-    offering_id: str
-    dry_run: bool
-    reservation: CapacityReservation | None  # None in a dry run
-    message: str
 
 
 def _utc(value: object) -> datetime | None:

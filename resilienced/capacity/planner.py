@@ -13,35 +13,21 @@ dry run.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from datetime import datetime, timedelta
-from decimal import Decimal
-from typing import Protocol, TypeVar, runtime_checkable
+from typing import TypeVar
 
 from prometheus_client import CollectorRegistry, Counter
 
 from resilienced.capacity.decision import Pool, decide
-from resilienced.capacity.ec2 import PurchaseResult
 from resilienced.capacity.history import InterruptionHistory, UnavailableCache
 from resilienced.capacity.policy import CapacityPolicy
 from resilienced.capacity.request import CapacityRequest
 from resilienced.clock import utcnow
 from resilienced.followup.rules import stalled_key
-from resilienced.model import Capacity, CapacityDecision, CapacityOffering, Event, JsonValue, Kind, Target
-from resilienced.ports import CapacitySource
-
-@runtime_checkable
-class BlockMarket(Protocol):
-    """What buying a Capacity Block needs besides the port (``Ec2Capacity`` has both)."""
-
-    async def offerings(self, *, instance_type: str, instance_count: int, duration: timedelta,
-                        start_after: datetime, start_before: datetime) -> list[CapacityOffering]: ...
-
-    async def purchase(self, offering: CapacityOffering, *, platform: str, purchase_key: str,
-                       dry_run: bool, price_cap: Decimal,
-                       tags: Mapping[str, str] | None = None) -> PurchaseResult: ...
-
+from resilienced.model import Capacity, CapacityDecision, Event, JsonValue, Kind, Target
+from resilienced.ports import BlockMarket, CapacitySource
 
 T = TypeVar("T")
 

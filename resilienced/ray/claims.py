@@ -20,28 +20,13 @@ import json
 import time
 import urllib.parse
 from collections.abc import Callable, Mapping
-from typing import Protocol
 
 from resilienced.errors import BackendUnavailable
 from resilienced.log import get as get_logger
 from resilienced.model import JsonValue
-from resilienced.ports import Claim
+from resilienced.ports import Claim, GcsKv
 
 log = get_logger(__name__)
-
-
-class GcsKv(Protocol):
-    """The internal-KV calls :class:`RayKvClaims` needs (``RayGcs`` has them)."""
-
-    async def kv_put_if_absent(self, key: str, value: bytes) -> bool: ...
-
-    async def kv_put(self, key: str, value: bytes) -> None: ...
-
-    async def kv_get(self, key: str) -> bytes | None: ...
-
-    async def kv_keys(self, prefix: str) -> list[str]: ...
-
-    async def kv_del(self, key: str) -> bool: ...
 
 
 _PREFIX = "claims/"

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 
 from resilienced.log import get as get_logger
 from resilienced.model import JsonValue
-from resilienced.ray.claims import GcsKv
+from resilienced.ports import GcsKv
 
 log = get_logger("resilienced.ray.followups")  # the name its log lines have always carried
 

@@ -36,11 +36,11 @@ import json
 import statistics
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
 from resilienced.log import get as get_logger
 from resilienced.model import Capacity, JsonValue, RequeueResult, Target
-from resilienced.ports import RayControl, RayNode
+from resilienced.ports import BoardKv, RayControl, RayNode
 from resilienced.ray.requeue import REPLACES_LABEL
 
 log = get_logger(__name__)
@@ -55,19 +55,6 @@ HISTORY_USED = 5
 GIVE_UP_S = 3600.0
 #: The capacity kinds a prior can be given for (``--node-join-seconds``).
 CAPACITY_KINDS = ("spot", "capacity-block", "on-demand")
-
-
-@runtime_checkable
-class BoardKv(Protocol):
-    """The GCS calls the board needs (``RayGcs`` has them)."""
-
-    async def kv_put(self, key: str, value: bytes) -> None: ...
-
-    async def kv_get(self, key: str) -> bytes | None: ...
-
-    async def kv_keys(self, prefix: str) -> list[str]: ...
-
-    async def nodes(self) -> list[RayNode]: ...
 
 
 def estimate_join(history: Sequence[float], prior: float | None) -> tuple[float | None, str]:

@@ -21,15 +21,15 @@ from collections.abc import AsyncIterator
 
 from handlers.asg_lifecycle import LifecycleAction
 from resilienced import log
-from resilienced.aws.autoscaling import Lifecycle
 from resilienced.errors import ResilienceError
 from resilienced.model import Plan, Step
+from resilienced.ports import LifecycleHooks
 
 _log = log.get(__name__)
 
 
 @contextlib.asynccontextmanager
-async def hook_kept_alive(lifecycle: Lifecycle | None, plan: Plan) -> AsyncIterator[list[str]]:
+async def hook_kept_alive(lifecycle: LifecycleHooks | None, plan: Plan) -> AsyncIterator[list[str]]:
     """Heartbeats for ``plan``'s terminate action while the block runs; yields what each did so far
     (``recorded``, ``no longer pending``, ``failed: ...``: the recovery reports them).  Nothing for
     a plan without a lifecycle action to complete, or without Auto Scaling access."""
@@ -48,7 +48,7 @@ async def hook_kept_alive(lifecycle: Lifecycle | None, plan: Plan) -> AsyncItera
             await task
 
 
-async def _beat(lifecycle: Lifecycle, action: LifecycleAction, instance: str | None, beats: list[str]) -> None:
+async def _beat(lifecycle: LifecycleHooks, action: LifecycleAction, instance: str | None, beats: list[str]) -> None:
     while True:
         try:
             pending = await lifecycle.heartbeat(action, instance_id=instance)

@@ -43,7 +43,6 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from handlers import asg_lifecycle, capacity_block_expiry
 from resilienced import log
-from resilienced.aws.autoscaling import Lifecycle
 from resilienced.claims import held_claim
 from resilienced.clock import utcnow
 from resilienced.recovery.durable import DurableResult, newest_durable, wait_durable
@@ -64,6 +63,7 @@ from resilienced.ports import (
     ClaimStore,
     Cluster,
     ExportTasks,
+    LifecycleHooks,
     ObjectStore,
     RayControl,
 )
@@ -178,7 +178,7 @@ class Recovery:
         mover: Mover | None = None,
         capacity: CapacitySource | None = None,
         export: ExportTasks | None = None,
-        lifecycle: Lifecycle | None = None,
+        lifecycle: LifecycleHooks | None = None,
         options: RecoveryOptions = RecoveryOptions(),
         metrics: RecoveryMetrics | None = None,
         notifier: Notifier | None = None,
