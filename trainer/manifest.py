@@ -1,8 +1,9 @@
 """The checkpoint manifest: the one definition of the format the trainer writes and the daemon reads.
 
 This module is the contract between the two sides (decision 2 of the design: S3 is the source
-of truth for "durable"), so it is the one module of ``trainer/`` that the daemon imports
-(``resilienced/recovery/durable.py``).  It imports only the standard library: the daemon's image
+of truth for "durable"), so the daemon imports it (``resilienced/recovery/durable.py``); the one
+other module of ``trainer/`` it imports is ``trainer/resume.py`` (the resume record, for the
+follow-up).  It imports only the standard library: the daemon's image
 has no torch, the training image has no daemon.
 
 ``<root>/step-<N>/manifest.json``, written last, after every file it lists::

@@ -171,7 +171,8 @@ class _Looker:
             if not verdict.durable:
                 self.rejected[step] = verdict.why or "not durable"
                 continue
-            when = verdict.manifest.time  # type: ignore[union-attr]
+            assert verdict.manifest is not None, "a durable verdict carries its manifest"
+            when = verdict.manifest.time
             if after is not None and when < after:
                 continue
             if before is not None and when >= before:
@@ -248,7 +249,8 @@ async def wait_durable(
     if export is None:
         found = await wait.auto_export()
     else:
-        found = await wait.export_tasks(export, file_system_id=file_system_id,  # type: ignore[arg-type]
+        assert file_system_id is not None  # checked above: task mode needs it
+        found = await wait.export_tasks(export, file_system_id=file_system_id,
                                         paths=list(export_paths), token=export_token)
     if found is not None:
         return wait.done(found)
@@ -278,8 +280,9 @@ class _Wait:
         await asyncio.sleep(min(self.poll_interval, max(self.left(), 0.0)))
 
     def done(self, verdict: _Verdict) -> DurableResult:
+        assert verdict.manifest is not None, "a durable verdict carries its manifest"
         log.info("checkpoint durable", step=verdict.step, uri=self.uri,
-                 saved=verdict.manifest.time.isoformat(), files=len(verdict.manifest.files))  # type: ignore[union-attr]
+                 saved=verdict.manifest.time.isoformat(), files=len(verdict.manifest.files))
         return DurableResult(durable=True, step=verdict.step, manifest=verdict.manifest,
                              waited_s=time.monotonic() - self.started, export_tasks=tuple(self.tasks),
                              details={"export_mode": self.mode, "newest_seen_step": self.looker.newest_seen})

@@ -1,7 +1,8 @@
 """Requeue: get a whole run (the gang) scheduled again on the capacity the decision chose.
 
-One protocol, :class:`Requeuer` (``requeue(target, *, decision, event, dry_run) ->
-RequeueResult``), one applier per kind of run:
+One protocol, ``ports.Requeuer`` (``requeue(target, *, decision, event, dry_run) ->
+model.RequeueResult``), one applier per kind of run; appliers only apply: the decision, and
+deciding again when a pool has no capacity (``ports.NoCapacity``), are ``recovery.move.Mover``'s:
 
 * ``kueue``     RayJob/RayCluster under Kueue: evict and requeue its Workload through Kueue
                 (``spec.active``), steering the flavor by the worker node selector.
@@ -10,8 +11,8 @@ RequeueResult``), one applier per kind of run:
 * ``volcano``   Volcano Job: a ``RestartJob`` Command (and the tasks' node selectors where
                 Volcano accepts the change).
 
-Ray mode's requeuer (replacement Ray nodes from a ``NodeProvider``, all or nothing, deciding again
-when a pool has no capacity) is :mod:`resilienced.ray.requeue`, beside the other ray-mode adapters.
+Ray mode's requeuer (replacement Ray nodes from a ``NodeProvider``, all or nothing) is
+:mod:`resilienced.ray.requeue`, beside the other ray-mode adapters.
 
 Elastic runs (``resilienced.io/elastic: "true"``; ray mode: the node label): ``elastic`` asks capacity
 for the lost workers only and never stops the gang (KubeRay: one more replica in a worker group of
@@ -19,7 +20,6 @@ the decided capacity, the lost pod in ``workersToDelete``; Kueue: within its Wor
 KubeRay, Kueue and ray-mode requeuers branch to it, and fall back to the gang with the reason.
 
 Shared pieces: ``placement`` (decision -> node selector / affinity / tolerations, pure),
-``objects`` (the Kubernetes calls, through ``resilienced.kube.api``), ``result`` (the protocol and
-result), ``router`` (routing, the ``resilienced_requeues_total`` metric, Events), ``rbac``
+``objects`` (the Kubernetes calls, through ``resilienced.kube.api``), ``router`` (routing, the ``resilienced_requeues_total`` metric, Events), ``rbac``
 (``RBAC_RULES``).  docs/requeue.md explains each mechanism with its sources.
 """
