@@ -543,10 +543,6 @@ class KubeCluster:
         return replace(facts, closed_capacity=closed)
 
     # ------------------------------------------------------------------ GCS
-    async def token_for(self, raycluster: Mapping[str, JsonValue]) -> str | None:
-        """The Ray token of a RayCluster: None (no auth), its Secret's, or the daemon's ServiceAccount token."""
-        return await self.tokens.token_for(raycluster)
-
     def _control(self, address: str, token: str | None) -> RayControl:
         control = self._controls.get((address, token))
         if control is None:

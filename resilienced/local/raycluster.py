@@ -593,11 +593,11 @@ class LocalRayCluster:
         this process, and two threads swapping Ray's auth environment at once end the process."""
         from ray._raylet import GcsClient
 
-        from resilienced.ray.gcs import _SWITCH
+        from resilienced.ray.gcs import TOKEN_SWITCH
 
         if not self.address:
             raise LocalRayError("the cluster is not started")
-        with _SWITCH.using(self.auth_token, wait_s=60.0, address=self.address):
+        with TOKEN_SWITCH.using(self.auth_token, wait_s=60.0, address=self.address):
             try:
                 client = GcsClient(address=self.address)
             except Exception as e:  # Ray's RpcError: no GCS there (yet, or any more)

@@ -130,7 +130,7 @@ def default_token() -> str | None:
     if token:
         return token
     path = os.environ.get("RAY_AUTH_TOKEN_PATH", "")
-    if path and path != _SWITCH.path_str:
+    if path and path != TOKEN_SWITCH.path_str:
         return _first_line(Path(path))
     if os.environ.get("RAY_ENABLE_K8S_TOKEN_AUTH", "").lower() in ("1", "true"):
         token = _first_line(_K8S_SA_TOKEN)
@@ -217,7 +217,9 @@ class _TokenSwitch:
             self.lock.release()
 
 
-_SWITCH = _TokenSwitch()
+#: The one switch of Ray's auth environment in this process (public: the drill's local Ray cluster,
+#: ``resilienced.local.raycluster``, makes its own GCS client under it too).
+TOKEN_SWITCH = _TokenSwitch()
 
 
 # --------------------------------------------------------------------------- the adapter
@@ -260,7 +262,7 @@ class RayGcs:
         self._token = token if token is not None else default_token()
         self._token_given = token is not None
         self.timeout = float(timeout)
-        self._client: Any = None  # InnerGcsClient; only touched under _SWITCH.lock
+        self._client: Any = None  # InnerGcsClient; only touched under TOKEN_SWITCH.lock
         self.cluster_ray_version: str | None = None
 
     def __repr__(self) -> str:
@@ -405,7 +407,7 @@ class RayGcs:
 
     def _run_locked(self, what: str, fn: Callable[[Any], T]) -> T:
         raylet_exc = _ray_exceptions()
-        with _SWITCH.using(self._token or _NO_TOKEN, wait_s=self.timeout, address=self.address):
+        with TOKEN_SWITCH.using(self._token or _NO_TOKEN, wait_s=self.timeout, address=self.address):
             try:
                 client = self._connected()
                 return fn(client)
@@ -533,4 +535,4 @@ def _brief(e: BaseException) -> str:
 
 def token_switches() -> int:
     """How many times the process-wide token changed (for tests and the benchmark)."""
-    return _SWITCH.switches
+    return TOKEN_SWITCH.switches

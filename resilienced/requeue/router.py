@@ -70,9 +70,6 @@ class RequeueRouter:
         self.kuberay = kuberay or KubeRayRequeuer(api_client, request_timeout_s=request_timeout_s)
         self.volcano = volcano or VolcanoRequeuer(api_client, request_timeout_s=request_timeout_s)
 
-    async def applier_for(self, target: Target) -> Requeuer:
-        return (await self.resolve(target))[0]
-
     async def resolve(self, target: Target) -> tuple[Requeuer, Target]:
         """The applier for ``target``, and the target as that applier needs it.
 

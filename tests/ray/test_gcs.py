@@ -236,7 +236,7 @@ def test_a_call_switches_the_token_in_the_c_environment_and_never_in_os_environ(
     mapping_before = dict(os.environ)
     c_before = {k: _c_getenv(k) for k in keys}
 
-    with raygcs._SWITCH.using("t" * 32, wait_s=5, address="127.0.0.1:1"):
+    with raygcs.TOKEN_SWITCH.using("t" * 32, wait_s=5, address="127.0.0.1:1"):
         path = _c_getenv("RAY_AUTH_TOKEN_PATH")
         assert path is not None and open(path, encoding="utf-8").read() == "t" * 32
         assert (_c_getenv("RAY_AUTH_MODE"), _c_getenv("RAY_AUTH_TOKEN")) == ("token", None)

@@ -66,7 +66,7 @@ async def kubeapi() -> AsyncIterator[KubeApiServer]:
 async def test_each_target_goes_to_its_requeuer(api: k8s.ApiClient, kubeapi: KubeApiServer, labels: dict,
                                                 facts: dict, expected: str) -> None:
     kubeapi.create(rayjob(labels=labels))
-    applier = await RequeueRouter(api).applier_for(target(**facts))
+    applier, _ = await RequeueRouter(api).resolve(target(**facts))
     assert applier.kind == expected
 
 
