@@ -37,9 +37,10 @@ import asyncio
 import re
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
-from typing import Any
+from dataclasses import dataclass
 
 from resilienced import log
+from resilienced.aws.pricing import Prices
 from resilienced.aws.s3 import parse_s3_uri
 from resilienced.clock import parse_time
 from resilienced.model import JsonValue
@@ -90,7 +91,17 @@ async def manifests(objects: ObjectStore, uri: str, *, at_most_step: int | None)
     return out
 
 
-def recovery_of(record: Mapping[str, JsonValue], saved: Sequence[Manifest]) -> tuple[Recovery, dict[str, Any]]:
+@dataclass(frozen=True)
+class Held:
+    """What the capacity half needs besides the recovery: the lost instances (their replacements),
+    the run's instances, the productive GPU-seconds."""
+
+    instances: int
+    run_instances: int
+    productive: Known
+
+
+def recovery_of(record: Mapping[str, JsonValue], saved: Sequence[Manifest]) -> tuple[Recovery, Held]:
     """The ledger's inputs from a follow-up record and the run's manifests (newest first); and what
     else the capacity half needs (``instances``, ``run_instances``, ``productive``)."""
     notice = _time(record["notice_at"])
@@ -145,15 +156,15 @@ def recovery_of(record: Mapping[str, JsonValue], saved: Sequence[Manifest]) -> t
                         f"{step_from} steps kept x the step time x {ranks} ranks")
                   if step_from is not None and step_time.value is not None
                   else Known.unknown("the steps kept or the step time unknown"))
-    return recovery, {"instances": lost, "run_instances": int(facts.get("instance_count") or lost),  # type: ignore[arg-type]
-                      "productive": productive}
+    return recovery, Held(instances=lost, run_instances=int(facts.get("instance_count") or lost),  # type: ignore[arg-type]
+                          productive=productive)
 
 
-def gpus_of(facts: Mapping[str, Any], ranks: int) -> Gpus:
+def gpus_of(facts: Mapping[str, JsonValue], ranks: int) -> Gpus:
     """The run's accelerators per rank: what its worker pods request (Ray worker nodes offer) over its
     ranks (the resume record's world size), else 1 per rank."""
     declared = facts.get("accelerators")
-    if declared:
+    if isinstance(declared, (int, float)) and declared > 0:
         return Gpus(ranks, round(float(declared) / ranks, 6),
                     f"{float(declared):g} accelerator(s) the run's worker pods request (ray mode: its worker "
                     f"nodes offer) over {ranks} rank(s) (the resume record)")
@@ -189,7 +200,7 @@ class LedgerKeeper:
         metrics: the ledger's metrics.  clock: the daemon's clock.
     """
 
-    def __init__(self, *, store: FollowUpStore, objects: ObjectStore | None, prices: Any | None = None,
+    def __init__(self, *, store: FollowUpStore, objects: ObjectStore | None, prices: Prices | None = None,
                  metrics: LedgerMetrics | None = None, timeout_s: float = COMPUTE_TIMEOUT_S) -> None:
         self.store, self.objects, self.prices, self.metrics = store, objects, prices, metrics
         self.timeout_s = timeout_s
@@ -213,12 +224,12 @@ class LedgerKeeper:
         recovery, more = recovery_of(record, saved)
         prices = await self._prices(record, recovery)
         until = recovery.training_again_at or at
-        uses = capacity_of(record, recovery, until=until, instances=more["instances"],
-                           run_instances=more["run_instances"], productive=more["productive"], prices=prices)
+        uses = capacity_of(record, recovery, until=until, instances=more.instances,
+                           run_instances=more.run_instances, productive=more.productive, prices=prices)
         earlier = sum(float(led.get("lost_gpu_seconds") or 0.0) for led in record.get("ledgers") or ()  # type: ignore[union-attr]
                       if led.get("event_id") != record.get("event_id"))  # type: ignore[union-attr]
         return compute(recovery, run=str(record["run"]), event_id=str(record["event_id"]), at=at, capacity=uses,
-                       prices=prices, productive_gpu_seconds=more["productive"], earlier_lost_gpu_seconds=earlier)
+                       prices=prices, productive_gpu_seconds=more.productive, earlier_lost_gpu_seconds=earlier)
 
     async def _prices(self, record: Mapping[str, JsonValue], recovery: Recovery) -> dict[str, Price]:
         facts = dict((record.get("target") or {}).get("facts") or {})  # type: ignore[union-attr]
