@@ -65,9 +65,11 @@ test-fast: $(STAMP) deploy-tools helm
 coverage: $(STAMP) deploy-tools redis-server controlplane helm
 	$(PY) tests/run_coverage.py
 
-bench: $(STAMP)
+# bench/mass.py: the mass interruption of issue #45 on the real control plane (make controlplane).
+bench: $(STAMP) controlplane
 	$(PY) bench/intake.py
 	$(PY) bench/burst.py
+	$(PY) bench/mass.py
 	$(PY) bench/checkpoint.py
 	$(PY) bench/drill.py
 	$(PY) bench/notify.py

@@ -9,7 +9,7 @@ parses the flags as ``resilienced run`` does (``Settings.from_args``) and runs
 * ``gcs``: the Ray side of the pods, the recording stand-in ``bench/burst.py`` uses: ``{"nodes":
   {GCS address: [RayNode fields ...]}, "drains": PATH}``; the node lists are read again at each
   call (the test writes the new pods' IPs after a requeue), and each drain is appended to PATH as
-  a JSON line ``{"node_id", "address", "deadline", "pid"}``;
+  a JSON line ``{"node_id", "address", "deadline", "pid", "t"}`` (``t``: when, unix seconds);
 * ``blocks``: the Capacity Blocks EC2 would list (``ports.CapacityReservation`` fields, times in
   ISO 8601), served by ``resilienced.local.capacity.StaticCapacity``.
 
@@ -24,6 +24,7 @@ import asyncio
 import json
 import os
 import sys
+import time
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -61,7 +62,7 @@ class FileControl:
     async def drain(self, node_id: str, *, deadline: datetime, message: str) -> DrainResult:
         with open(self._gcs._world()["drains"], "a") as f:
             f.write(json.dumps({"node_id": node_id, "address": self.address, "deadline": deadline.isoformat(),
-                                "pid": os.getpid()}) + "\n")
+                                "pid": os.getpid(), "t": time.time()}) + "\n")
         return DrainResult(node_id, "drained", True, int(deadline.timestamp() * 1000))
 
     async def close(self) -> None:
