@@ -179,6 +179,7 @@ class Follower:
             durable_step=step if isinstance(step, int) else None,
             durable_world_size=world if isinstance(world, int) else None,
             elastic=elastic, ledgers=existing.ledgers if existing is not None else (),
+            bought={**(existing.bought if existing is not None else {}), **bought_by(result)},
             version=existing.version if existing is not None else None)
         record = await self._save(record)
         self._log.info("follow-up opened", run=record.run, event_id=record.event_id, capacity=record.where,
@@ -413,6 +414,7 @@ class Follower:
                     "at": now.isoformat()}
         record = await self._save(replace(
             record, capacity=result.capacity.value, reservation_id=result.reservation_id, moving=None,
+            bought={**record.bought, **bought_by(result)},
             fallbacks=(*record.fallbacks, fallback), stage=record.stages[0], stage_since=now, reached={},
             evidence=None))
         if self.metrics is not None:
@@ -463,6 +465,14 @@ class Follower:
             "reason": reason, "stage": record.stage,
             "seconds_from_notice": round(seconds) if seconds is not None else None,
             **(notification_facts(ledger) if outcome in ("resumed", "stuck") else {})})
+
+
+def bought_by(result: RequeueResult) -> dict[str, JsonValue]:
+    """The Capacity Block a move bought, by its reservation id -> its offering (the ledger's price)."""
+    offering = result.decision.offering if result.decision is not None else None
+    if offering is None or not result.reservation_id:
+        return {}
+    return {result.reservation_id: result.decision.as_json()["offering"]}  # type: ignore[union-attr]
 
 
 def _trains(record: FollowUp, found: resume.ResumeRecord) -> StageSeen:

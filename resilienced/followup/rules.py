@@ -114,6 +114,7 @@ class FollowUp:
     reason: str | None = None
     evidence: str | None = None
     ledgers: tuple[Mapping[str, JsonValue], ...] = ()  # the run's recoveries' ledgers (resilienced.ops.ledger), newest last
+    bought: Mapping[str, JsonValue] = field(default_factory=dict)  # reservation id -> the offering a move bought
     version: str | None = field(default=None, compare=False)
 
     @property
@@ -139,7 +140,7 @@ class FollowUp:
         out["stages"] = list(self.stages)
         out["fallbacks"] = [dict(f) for f in self.fallbacks]
         out["ledgers"] = [dict(x) for x in self.ledgers]
-        for name in ("reached", "unusable", "target"):
+        for name in ("reached", "unusable", "target", "bought"):
             out[name] = dict(out[name])
         if self.moving is not None:
             out["moving"] = dict(self.moving)

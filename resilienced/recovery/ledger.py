@@ -23,7 +23,8 @@ What the daemon reads (each part names it):
   for a Spot notice (120 s), the notice itself for a loss without one (a state change);
 * steps trained twice: the seconds from the resumed step's save to the stop, over the step time;
 * the capacity: the follow-up's requeue (``opened_at``) and moves (``fallbacks``), the stage its
-  capacity was placed at (``scheduled``/``joined``); prices from :class:`~resilienced.aws.pricing.Prices`;
+  capacity was placed at (``scheduled``/``joined``); prices from :class:`~resilienced.aws.pricing.Prices`
+  (a Capacity Block a move of the run bought: its offering's fee, kept in the record's ``bought``);
 * accelerators per rank: what the run's worker pods request (``nvidia.com/gpu``, Neuron, ...;
   ray mode: the worker nodes' ``GPU``), located with the run, over its ranks; 1 per rank where none
   is declared (the ledger's ``gpus.source`` says which);
@@ -37,13 +38,14 @@ import asyncio
 import re
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
+from decimal import Decimal
 from dataclasses import dataclass
 
 from resilienced import log
 from resilienced.aws.pricing import Prices
 from resilienced.aws.s3 import parse_s3_uri
 from resilienced.clock import parse_time
-from resilienced.model import JsonValue
+from resilienced.model import CapacityOffering, JsonValue
 from resilienced.ops.ledger import (
     CapacityUse,
     Gpus,
@@ -191,6 +193,21 @@ def capacity_of(record: Mapping[str, JsonValue], recovery: Recovery, *, until: d
     return uses
 
 
+def bought_offering(record: Mapping[str, JsonValue], block: object) -> CapacityOffering | None:
+    """The offering a move of the run bought ``block`` from (the record's ``bought``), None: not bought here."""
+    data = dict(record.get("bought") or {}).get(str(block)) if block else None  # type: ignore[arg-type]
+    if not isinstance(data, Mapping):
+        return None
+    try:
+        return CapacityOffering(
+            offering_id=str(data["offering_id"]), instance_type="", availability_zone=str(data.get("availability_zone") or ""),
+            instance_count=int(data["instance_count"]), start=parse_time(str(data["start"])),  # type: ignore[arg-type]
+            end=parse_time(str(data["end"])), upfront_fee=Decimal(str(data["upfront_fee"])),
+            currency=str(data.get("currency") or "USD"))
+    except (KeyError, TypeError, ValueError, ArithmeticError):
+        return None
+
+
 class LedgerKeeper:
     """Computes a follow-up's ledger when it ends and keeps it in the record (see the module docstring).
 
@@ -239,7 +256,7 @@ class LedgerKeeper:
         named = [str(f.get(k) or "").split() for f in record.get("fallbacks") or () for k in ("from", "to")]  # type: ignore[union-attr]
         block = record.get("reservation_id") or next((w[1] for w in named if len(w) > 1), None)
         return {"spot": await self.prices.spot(instance_type=itype, zone=zone, at=recovery.notice_at),
-                "capacity-block": self.prices.capacity_block(reservation_id=block),
+                "capacity-block": self.prices.capacity_block(reservation_id=block, offering=bought_offering(record, block)),
                 "on-demand": await self.prices.on_demand(instance_type=itype)}
 
     def with_ledger(self, record: Mapping[str, JsonValue], ledger: Ledger) -> dict[str, JsonValue]:

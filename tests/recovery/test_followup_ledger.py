@@ -124,3 +124,24 @@ async def test_a_ledger_that_cannot_be_written_is_counted_once_and_the_end_stand
         assert world.metric("resilienced_lost_gpu_seconds_total", {"part": "idle"}) == 0
     finally:
         await world.cluster.stop()
+
+
+def test_a_block_a_move_bought_is_kept_in_the_record_for_its_price() -> None:
+    from decimal import Decimal
+
+    from resilienced.followup.follower import bought_by
+    from resilienced.followup.rules import FollowUp
+    from resilienced.model import Capacity, CapacityDecision, CapacityOffering, RequeueResult
+
+    start = datetime(2026, 12, 5, 8, 0, tzinfo=timezone.utc)
+    offering = CapacityOffering("cbo-1", "p5.48xlarge", "us-east-1a", 2, start, start + timedelta(days=1), Decimal("1440"))
+    result = RequeueResult(run_key="ns/r", kind="kuberay", capacity=Capacity.CAPACITY_BLOCK, reason="bought",
+                           reservation_id="cr-9", decision=CapacityDecision(
+                               capacity=Capacity.CAPACITY_BLOCK, reason="buy", offering=offering))
+    bought = bought_by(result)
+    assert bought["cr-9"]["upfront_fee"] == "1440" and bought["cr-9"]["offering_id"] == "cbo-1"
+    assert bought_by(RequeueResult(run_key="ns/r", kind="kuberay", capacity=Capacity.SPOT, reason="spot")) == {}
+    record = FollowUp(run="ns/r", event_id="e", kind="spot_interruption", notice_at=start, opened_at=start,
+                      target={}, capacity="capacity-block", reservation_id="cr-9", stages=("scheduled", "training"),
+                      stage="scheduled", stage_since=start, bought=bought)
+    assert FollowUp.from_json(record.as_json()).bought == bought

@@ -177,3 +177,14 @@ async def test_gpu_seconds_count_the_accelerators_the_run_declares(run: None, st
     assert led.part("capacity_wait").gpu_seconds == 51.0 * 16 and "over 2 rank(s)" in led.gpus.source
     plain = await LedgerKeeper(store=MemoryFollowUps(), objects=store).compute(RECORD, at=at(100))
     assert plain is not None and plain.gpus.per_rank == 1.0 and "declares no accelerator" in plain.gpus.source
+
+
+async def test_a_block_the_run_bought_is_priced_from_its_offering(run: None, store: S3Store) -> None:  # noqa: F811
+    offering = {"offering_id": "cbo-1", "availability_zone": "us-east-1a", "instance_count": 1,
+                "start": at(0).isoformat(), "end": (at(0) + timedelta(days=1)).isoformat(), "upfront_fee": "720.00",
+                "currency": "USD"}
+    record = {**RECORD, "bought": {"cr-1": offering}}
+    led = await LedgerKeeper(store=MemoryFollowUps(), objects=store, prices=Prices(region="us-east-1")).compute(
+        record, at=at(100))
+    assert led is not None and led.prices["capacity-block"].usd_per_hour == 30.0  # 720 USD / 24 h / 1 instance
+    assert led.prices["capacity-block"].source == "offering cbo-1"
