@@ -42,10 +42,7 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
-try:  # issue #41 moves the follow-up store (resilienced/kube/followups.py -> followup_store.py)
-    from resilienced.kube.followup_store import RECORD_ANNOTATION, lease_name
-except ImportError:  # pragma: no cover - the tree before that move
-    from resilienced.kube.followups import RECORD_ANNOTATION, lease_name  # type: ignore[no-redef]
+from resilienced.kube.followup_store import RECORD_ANNOTATION, lease_name
 from tests.support.controlplane import ControlPlane
 from tests.support.controlplane.world import DAEMON_NS, DAEMON_SA, World, karpenter_labels, kwok_node
 
