@@ -206,7 +206,8 @@ def test_pods_the_scheduler_cannot_place_fall_back_to_on_demand(stage: Any) -> N
     run.interrupt()
     run.workers_on("od")
     record = run.record() or {}
-    assert [f["to"] for f in record["fallbacks"]] == ["on-demand"], json.dumps(record["fallbacks"], indent=1)
+    assert [f["to"] for f in record["fallbacks"]] == ["on-demand"], (
+        json.dumps(record, indent=1), [d.tail() for d in run.daemons])
     assert "didn't match Pod's node affinity/selector" in json.dumps(record["fallbacks"]), record["fallbacks"]
     run.trainer.resumed(step=7)
     run.ended("resumed", timeout=120)

@@ -67,6 +67,8 @@ def _drill(tmp_path: Path, workdir: Path, *args: str) -> dict:
     assert proc.returncode == (0 if data["ok"] else 1), proc.stderr[-2000:]
     if not data["ok"]:  # what the drill printed (its timeline, the logs' tails) goes with the report
         data["stdout"], data["stderr"] = proc.stdout[-12000:].splitlines(), proc.stderr[-8000:].splitlines()
+    # what the daemon logged of its ledger, for a failed assertion on it to show why
+    data["_ledger_log"] = [line for line in (proc.stdout + proc.stderr).splitlines() if "ledger" in line][-20:]
     return data
 
 
@@ -119,7 +121,7 @@ def test_a_spot_notice_costs_no_step_and_the_run_lands_on_the_capacity_block(tmp
     assert png_size(tmp_path / "drill.png") == (1200, 600)
     # the daemon's own ledger, in its resumed notification
     (resumed,) = [p for p in hook.posts if "trains again" in p["text"]]
-    assert "Lost GPU-seconds" in json.dumps(resumed["blocks"]), resumed
+    assert "Lost GPU-seconds" in json.dumps(resumed["blocks"]), (resumed, report["_ledger_log"])
     # the drill's daemon posted the notice's facts once (Slack-compatible text + blocks)
     (notice,) = [p["text"] for p in hook.posts if "spot_interruption" in p["text"]]
     assert ": done" in notice and "durable yes" in notice and "capacity-block" in notice, notice
