@@ -43,7 +43,7 @@ from dataclasses import dataclass
 
 from resilienced import log
 from resilienced.aws.pricing import Prices
-from resilienced.aws.s3 import parse_s3_uri
+from resilienced.aws.s3 import ObjectNotFound, parse_s3_uri
 from resilienced.clock import parse_time
 from resilienced.model import CapacityOffering, JsonValue
 from resilienced.ops.ledger import (
@@ -88,7 +88,7 @@ async def manifests(objects: ObjectStore, uri: str, *, at_most_step: int | None)
     for _step, key in sorted(steps, reverse=True)[:MANIFESTS_READ]:
         try:
             out.append(Manifest.parse(await objects.get(bucket=bucket, key=key), where=f"s3://{bucket}/{key}"))
-        except (ValueError, KeyError):
+        except (ValueError, KeyError, ObjectNotFound):  # unreadable, or pruned by the trainer since the list
             continue
     return out
 

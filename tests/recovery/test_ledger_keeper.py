@@ -188,3 +188,35 @@ async def test_a_block_the_run_bought_is_priced_from_its_offering(run: None, sto
         record, at=at(100))
     assert led is not None and led.prices["capacity-block"].usd_per_hour == 30.0  # 720 USD / 24 h / 1 instance
     assert led.prices["capacity-block"].source == "offering cbo-1"
+
+
+class PrunedAfterListing:
+    """The real S3Store on moto, where the trainer's retention deletes the newest manifest between
+    the keeper's list and its read (as a run that trains on after the notice does)."""
+
+    def __init__(self, store: S3Store, s3: Any, key: str) -> None:
+        self.store, self.s3, self.key = store, s3, key
+
+    async def list(self, **kwargs: Any) -> Any:
+        listed = await self.store.list(**kwargs)
+        await self.s3.delete_object(Bucket=BUCKET, Key=self.key)
+        return listed
+
+    async def get(self, **kwargs: Any) -> bytes:
+        return await self.store.get(**kwargs)
+
+
+async def test_a_manifest_pruned_between_the_list_and_the_read_is_passed_over(
+    run: None, store: S3Store, s3: Any,  # noqa: F811
+) -> None:
+    """Found in make test (the drill's daemon under load): a manifest the trainer pruned after the
+    keeper listed it was S3's NoSuchKey, and the whole ledger was lost (\"ledger not computed\")."""
+    from resilienced.recovery.ledger import manifests
+
+    pruned = PrunedAfterListing(store, s3, f"{PREFIX}step-20/manifest.json")
+    read = await manifests(pruned, URI, at_most_step=None)  # type: ignore[arg-type]
+    assert [m.step for m in read] == [16, 15, 10]
+    keeper = LedgerKeeper(store=MemoryFollowUps(), objects=pruned, prices=None)  # type: ignore[arg-type]
+    await s3.put_object(Bucket=BUCKET, Key=f"{PREFIX}step-20/manifest.json",
+                        Body=(await store.get(bucket=BUCKET, key=f"{PREFIX}step-16/manifest.json")))
+    assert await keeper.compute(RECORD, at=at(100)) is not None
