@@ -29,7 +29,7 @@ from resilienced.local.raycluster import LocalRayCluster
 from resilienced.ports import FollowUpStore
 from tests.support.followups import MemoryFollowUps
 from tests.support import layers
-from tests.support.controlplane.rest import RestError
+from tests.support.controlplane.world import ensure_namespace
 from tests.support.kubeapi import KubeApiServer
 from tests.support.kubeoptions import LOCAL_BOUND_S
 from tests.support.ray import session_head
@@ -110,12 +110,7 @@ async def stores(request: pytest.FixtureRequest) -> AsyncIterator[Stores]:
     elif request.param == "real-lease":  # the same store on the real API server (the process's control plane)
         plane = request.getfixturevalue("control_plane")
         layers.started("cluster", "the real control plane")
-        try:  # the real server keeps Leases only in a namespace that exists
-            plane.admin.request("POST", "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace",
-                                                               "metadata": {"name": "resilienced"}})
-        except RestError as err:
-            if err.status != 409:
-                raise
+        ensure_namespace(plane, "resilienced")  # the real server keeps Leases only in one that exists
         made = lease_stores(plane)
         try:
             yield made

@@ -60,6 +60,12 @@ def _apply(plane: ControlPlane, obj: JsonObj) -> JsonObj:
     return admin.request("PUT", path, replaced)
 
 
+def ensure_namespace(plane: ControlPlane, name: str) -> None:
+    """The namespace ``name``, made where it is missing (the real server keeps namespaced objects,
+    Leases too, only in a namespace that exists)."""
+    _apply(plane, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
+
+
 def install_daemon_identity(plane: ControlPlane) -> None:
     """The base's namespace, ServiceAccount and RBAC, namespaced as its kustomization sets it."""
     for name in ("namespace.yaml", "serviceaccount.yaml", "rbac.yaml"):
