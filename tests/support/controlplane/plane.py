@@ -315,15 +315,21 @@ class ControlPlane:
 
         return check
 
+    def _component_args(self, name: str, *, port: int, certs: str) -> list[str]:
+        """The program and the flags the controller-manager and the scheduler share: a kubeconfig of
+        their own (also to authenticate and authorize their clients), no leader election, secure
+        serving on 127.0.0.1:``port`` with self-made certificates in ``certs``."""
+        assert self.workdir is not None
+        kubeconfig = self._component_kubeconfig(name)
+        return [build.program(name), f"--kubeconfig={kubeconfig}", f"--authentication-kubeconfig={kubeconfig}",
+                f"--authorization-kubeconfig={kubeconfig}", "--leader-elect=false", f"--secure-port={port}",
+                "--bind-address=127.0.0.1", f"--cert-dir={self.workdir / certs}"]
+
     def _start_controller_manager(self) -> None:
         assert self.workdir is not None
-        kubeconfig = self._component_kubeconfig("kube-controller-manager")
         port = free_port()
         process = self._spawn("kube-controller-manager", [
-            build.program("kube-controller-manager"), f"--kubeconfig={kubeconfig}",
-            f"--authentication-kubeconfig={kubeconfig}", f"--authorization-kubeconfig={kubeconfig}",
-            "--leader-elect=false", f"--secure-port={port}", "--bind-address=127.0.0.1",
-            f"--cert-dir={self.workdir / 'kcm-certs'}",
+            *self._component_args("kube-controller-manager", port=port, certs="kcm-certs"),
             f"--service-account-private-key-file={self._sa.key}", f"--root-ca-file={self._ca.cert}",
             "--use-service-account-credentials=false", "--node-monitor-grace-period=20s",
             "--node-monitor-period=2s", "--concurrent-gc-syncs=5", "--v=0",
@@ -336,14 +342,9 @@ class ControlPlane:
 
     def _start_scheduler(self) -> None:
         assert self.workdir is not None
-        kubeconfig = self._component_kubeconfig("kube-scheduler")
         port = free_port()
         process = self._spawn("kube-scheduler", [
-            build.program("kube-scheduler"), f"--kubeconfig={kubeconfig}",
-            f"--authentication-kubeconfig={kubeconfig}", f"--authorization-kubeconfig={kubeconfig}",
-            "--leader-elect=false", f"--secure-port={port}", "--bind-address=127.0.0.1",
-            f"--cert-dir={self.workdir / 'scheduler-certs'}", "--v=0",
-        ])
+            *self._component_args("kube-scheduler", port=port, certs="scheduler-certs"), "--v=0"])
         _wait("/healthz", self._secure_healthz(port), process=process)
 
     def _start_kwok(self) -> None:
