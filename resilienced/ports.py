@@ -392,14 +392,17 @@ class NoCapacity(TemporaryError):
 
     ``asked``: instances asked of the pool; ``given``: how many it gave before it ran out; ``kept``:
     whether those stay (an elastic run grows by what there is; a gang gives them back), with
-    ``changes`` saying what was kept, in words.
+    ``changes`` saying what was kept, in words.  ``cause``: why the pool gave no more where it is
+    more than its being out of capacity (an EC2 quota used up, named), carried into the fallback's
+    reason.
     """
 
     def __init__(self, capacity: Capacity, message: str = "", *, asked: int = 0, given: int = 0,
-                 kept: bool = False, changes: Sequence[str] = ()) -> None:
+                 kept: bool = False, changes: Sequence[str] = (), cause: str = "") -> None:
         super().__init__(f"no {capacity.value} capacity{': ' + message if message else ''}", delay=60.0)
         self.capacity = capacity
         self.asked, self.given, self.kept, self.changes = asked, given, kept, tuple(changes)
+        self.cause = cause
 
     @property
     def still_missing(self) -> int:

@@ -104,7 +104,8 @@ class QuotaExceeded(NoCapacity):
 
     def __init__(self, capacity: Capacity, *, code: str, quota: str, detail: str) -> None:
         super().__init__(capacity, f"EC2 quota {quota!r} is used up ({code}: {detail}); raise it in "
-                                   f"Service Quotas (service ec2) or the run keeps falling back")
+                                   f"Service Quotas (service ec2) or the run keeps falling back",
+                         cause=f"EC2 quota {quota!r} is used up ({code})")
         self.code = code
         self.quota = quota
 

@@ -75,18 +75,19 @@ class RayModeRequeuer:
             return self._waiting(target, decision, replaced, lost, missing, elastic=elastic)
         extra = {ELASTIC_LABEL: "true"} if elastic else {}
         labels = [{REPLACES_LABEL: i, **extra} for i in missing]
-        why = ""
+        why, cause = "", ""
         try:
             got = await self.provider.launch(capacity=decision.capacity, node_labels=labels,
                                              reservation_id=decision.reservation_id, idempotency_key=event.event_id)
         except NoCapacity as e:  # its words (an EC2 quota named) go on with the one raised below
-            got, why = [], f": {e}"
+            got, why, cause = [], f": {e}", e.cause
         if len(got) == len(missing):
             return self._launched(target, decision, got, elastic=elastic)
         if got and not elastic:  # a partial gang is never left waiting: give back what was got
             await self.provider.release(got)
         raise NoCapacity(decision.capacity, f"the provider gave {len(got)} of {len(missing)}{why}", asked=len(missing),
-                         given=len(got), kept=elastic and bool(got), changes=_launch_change(got) if elastic else ())
+                         given=len(got), kept=elastic and bool(got), changes=_launch_change(got) if elastic else (),
+                         cause=cause)
 
     def _waiting(self, target: Target, decision: CapacityDecision, replaced: dict[str | None, ProvidedNode],
                  lost: Sequence[str], missing: Sequence[str], *, elastic: bool) -> RequeueResult:

@@ -146,7 +146,8 @@ class Mover:
             try:
                 result = await self.requeue.requeue(target, decision=current, event=event)
             except NoCapacity as e:
-                tries.tried.append(f"{current.capacity.value} gave {e.given} of {e.asked}")
+                tries.tried.append(f"{current.capacity.value} gave {e.given} of {e.asked}"
+                                   + (f" ({e.cause})" if e.cause else ""))
                 tries.kept += e.changes
                 current = await self.planner.decide_again(
                     target, event=event, unavailable=current.reservation_id or current.capacity.value,

@@ -319,6 +319,28 @@ async def test_the_requeuers_no_capacity_carries_the_quota_named(world: World) -
         await RayModeRequeuer(world.provider()).requeue(_target(lost), decision=decision, event=_event("ev-q", lost))
 
 
+async def test_a_quota_on_spot_is_named_in_the_fallbacks_reason(world: World) -> None:
+    """Spot refused for the account's quota: the Mover decides again (the block) and the reason it
+    gives for passing Spot over names the quota to raise, not only "gave 0 of 1"."""
+    block = world.blocks.add_block(instance_type="p5.48xlarge", availability_zone="us-east-1a", total=1)
+    world.proxy.fail(400, code="MaxSpotInstanceCountExceeded", style="ec2",
+                     match=lambda r, b: b"Action=RunInstances" in b and b"MarketType=spot" in b)
+    capacity = Ec2Capacity(world.ec2)
+    planner = CapacityPlanner(source=capacity, policy=CapacityPolicy())
+    lost, event = "i-0abcabcabcabcabc2", _event("ev-quota-1", "i-0abcabcabcabcabc2")
+    _, decision = await planner.plan_for(_target(lost), event=event)
+    assert decision.capacity is Capacity.SPOT
+
+    result = await Mover(planner=planner, requeue=RayModeRequeuer(world.provider(reservations=capacity))).apply(
+        _target(lost), decision=decision, event=event)
+
+    assert result.capacity is Capacity.CAPACITY_BLOCK and result.reservation_id == block.reservation_id, result.reason
+    [tried] = result.details["tried"]
+    assert tried.startswith("spot gave 0 of 1 (EC2 quota ") and tried.endswith(
+        " Spot Instance Requests\" is used up (MaxSpotInstanceCountExceeded))"), tried
+    assert "Spot Instance Requests" in result.reason and "MaxSpotInstanceCountExceeded" in result.reason
+
+
 async def test_ray_modes_runtime_launches_with_the_settings(world: World, aws: MotoServer) -> None:
     """``resilienced run --mode ray --ec2-launch-template ...``: the runtime's requeuer launches
     through an Ec2NodeProvider with the settings (owner, subnets, the GCS address to join)."""
