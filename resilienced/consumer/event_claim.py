@@ -11,10 +11,19 @@ queue until the holder finishes, so if the holder fails, that message comes back
 event is acted on then -- deleting the copy loses nothing.  The exception is the holder's own
 message coming back (its visibility lapsed while the claim is still held): it is kept (RETRY),
 never deleted, so a slow or dead holder cannot make its event vanish.
+
+No event claim: a responder that says so for a plan (:class:`SharesClaims`,
+``needs_event_claim`` False: ``Recovery`` for a notice whose runs this replica handles now, which
+joins their handling, or one that hits no run) is asked at once.  Its steps run under the claims
+of the run's handling (or are a cordon, which is idempotent), so a duplicate still acts once; the
+message is still settled only after the responder's outcome (issue #45: a gang's notices handled
+as one write one event claim, not one per notice).
 """
 
 from __future__ import annotations
 
+
+from typing import Protocol, runtime_checkable
 
 from resilienced.intake import ack_policy
 from resilienced.claims import HeldClaim, held_claim
@@ -25,6 +34,13 @@ from resilienced.ops.metrics import Metrics
 from resilienced.model import Outcome, Plan, Result
 from resilienced.ports import Claim, ClaimStore, Message, Responder
 from resilienced.settings import QueueSettings
+
+
+@runtime_checkable
+class SharesClaims(Protocol):
+    """A responder that can say a plan needs no event claim of its own (see the module docstring)."""
+
+    async def needs_event_claim(self, plan: Plan) -> bool: ...
 
 
 class EventClaim:
@@ -42,6 +58,8 @@ class EventClaim:
         """Under the event claim (held while the responder works), or an outcome saying who has it."""
         event, message = plan.event, flight.message
         key = f"event/{event.event_id}" if event.event_id else f"message/{message.message_id}"
+        if isinstance(self.responder, SharesClaims) and not await self.responder.needs_event_claim(plan):
+            return await self._respond(plan, flight)
         try:  # a TemporaryError here is the claim store's, on the acquire or the look at who has it
             async with held_claim(self.claims, key, holder=flight.holder, logger=self.log,
                                   ttl_seconds=float(self.settings.visibility_timeout)) as held:

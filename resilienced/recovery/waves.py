@@ -1,0 +1,121 @@
+"""A run's notices in flight in this replica, handled as one (issue #45).
+
+Spot reclaims pools, not instances: a gang's notices (one per instance) come together.  The first
+notice of a run this replica handles *leads* the run's wave: its steps run as they always did
+(under the run claim ``run/<event id>/<run>``, the run's move claim, one Event per step on the
+run).  A notice of the same run that comes while the wave is under way *joins* it: it cordons and
+drains its own instances (both idempotent), adds them to the run's lost instances while the wave
+has not begun to move the run, and shares the wave's outcome (done, retry, failed); it writes no
+claim and no Event of its own, and the consumer takes no event claim for it
+(``Recovery.needs_event_claim``).  A notice that joins after the move began shares the outcome
+where the move took the whole gang (kubernetes mode, a run that is not elastic); otherwise it is
+looked at again once the wave ended (its instances were not in the move).
+
+The wave is this replica's alone (memory): across replicas the run claims and the move claim decide
+as before.  :class:`Waves` holds the waves in flight; :class:`Wave` is one of them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Iterable
+from dataclasses import dataclass, field, replace
+from typing import Generic, TypeVar
+
+from resilienced.errors import TemporaryError
+from resilienced.model import Step, Target
+
+R = TypeVar("R")
+
+#: Steps a joining notice never shares: a terminate hook is completed for its own event.
+OWN_STEPS = frozenset({Step.COMPLETE_LIFECYCLE})
+
+
+@dataclass(eq=False)
+class Wave(Generic[R]):
+    """One run handled as one in this replica: the leader's event, the notices that joined it."""
+
+    run: str
+    event_id: str | None
+    steps: frozenset[Step]
+    events: set[str] = field(default_factory=set)  # the leader's event and those that joined
+    joined: list[Target] = field(default_factory=list)  # joiners' targets, before the move began
+    moving: bool = False  # the move began: a later joiner's instances are not in it
+    ended: asyncio.Future[R] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
+
+    def covers(self, steps: Iterable[Step]) -> bool:
+        """Whether the wave does every step a notice with ``steps`` asks (its own apart)."""
+        return set(steps) - OWN_STEPS <= self.steps
+
+    def join(self, target: Target) -> bool:
+        """Add a joiner's instances to the run's move; False once the move began."""
+        if self.moving:
+            return False
+        self.joined.append(target)
+        return True
+
+    def begin_move(self, target: Target) -> Target:
+        """The leader's ``target`` with the joiners' instances, lost instances and Ray nodes; no
+        joiner is added after this."""
+        self.moving = True
+        return merged(target, self.joined)
+
+    def finish(self, outcome: R) -> None:
+        if not self.ended.done():
+            self.ended.set_result(outcome)
+
+    def fail(self, error: BaseException) -> None:
+        if not self.ended.done():
+            if isinstance(error, asyncio.CancelledError):  # the leader was stopped: its joiners retry
+                error = TemporaryError(f"the handling of run {self.run} (event {self.event_id}) was stopped")
+            self.ended.set_exception(error)
+            self.ended.exception()  # retrieved: no joiner may be waiting
+
+
+class Waves(Generic[R]):
+    """The runs this replica handles now, by run key (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self._by_run: dict[str, Wave[R]] = {}
+
+    def current(self, run: str) -> Wave[R] | None:
+        return self._by_run.get(run)
+
+    def __len__(self) -> int:
+        return len(self._by_run)
+
+    @contextlib.asynccontextmanager
+    async def lead(self, run: str, *, event_id: str | None, steps: Iterable[Step]) -> AsyncIterator[Wave[R]]:
+        """The wave of ``run`` for the block; ended with the block's error when it raises (the
+        leader calls :meth:`Wave.finish` with its outcome), and forgotten after it."""
+        if run in self._by_run:
+            raise RuntimeError(f"run {run} has a wave in flight already")
+        wave: Wave[R] = Wave(run=run, event_id=event_id, steps=frozenset(steps) - OWN_STEPS,
+                             events={event_id} if event_id else set())
+        self._by_run[run] = wave
+        try:
+            yield wave
+        except BaseException as e:
+            wave.fail(e)
+            raise
+        finally:
+            del self._by_run[run]
+            wave.fail(TemporaryError(f"the handling of run {run} (event {event_id}) ended without an outcome"))
+
+
+def merged(target: Target, others: Iterable[Target]) -> Target:
+    """``target`` with the instances, lost instances and Ray nodes of ``others`` (the same run)."""
+    instances = dict.fromkeys(target.facts.instance_ids or (target.instance_id,))
+    lost = dict.fromkeys(target.facts.lost_instance_ids or (target.instance_id,))
+    nodes = dict.fromkeys(target.ray_node_ids)
+    added = False
+    for other in others:
+        added = True
+        instances.update(dict.fromkeys(other.facts.instance_ids or (other.instance_id,)))
+        lost.update(dict.fromkeys(other.facts.lost_instance_ids or (other.instance_id,)))
+        nodes.update(dict.fromkeys(other.ray_node_ids))
+    if not added:
+        return target
+    return replace(target, ray_node_ids=tuple(nodes), facts=replace(
+        target.facts, instance_ids=tuple(instances), lost_instance_ids=tuple(lost)))
