@@ -76,6 +76,48 @@ def _time(value: object) -> datetime | None:
     return parse_time(value)
 
 
+def _object(value: JsonValue | None, what: str) -> dict[str, JsonValue]:
+    """The JSON object of the record at ``what`` ({} when absent or empty); ValueError for another type."""
+    if not value:
+        return {}
+    if not isinstance(value, dict):
+        raise ValueError(f"{what}: expected an object, got {type(value).__name__}")
+    return value
+
+
+def _items(value: JsonValue | None, what: str) -> list[JsonValue]:
+    """The JSON list of the record at ``what`` ([] when absent or empty); ValueError for another type."""
+    if not value:
+        return []
+    if not isinstance(value, list):
+        raise ValueError(f"{what}: expected a list, got {type(value).__name__}")
+    return value
+
+
+def _objects(value: JsonValue | None, what: str) -> list[dict[str, JsonValue]]:
+    """The list of JSON objects of the record at ``what`` ([] when absent or empty); ValueError otherwise."""
+    return [_object(item, what) for item in _items(value, what)]
+
+
+def _number(value: JsonValue | None, what: str) -> float:
+    """A number of the record (written as a number or its text); ValueError for anything else."""
+    if isinstance(value, (int, float, str)):
+        return float(value)
+    raise ValueError(f"{what}: expected a number, got {type(value).__name__}")
+
+
+def _whole(value: JsonValue | None, what: str) -> int:
+    """A whole number of the record (written as a number or its text); ValueError for anything else."""
+    if isinstance(value, (int, float, str)):
+        return int(value)
+    raise ValueError(f"{what}: expected a number, got {type(value).__name__}")
+
+
+def _text(value: JsonValue | None) -> str | None:
+    """A string of the record, None when absent, empty or not a string."""
+    return value if isinstance(value, str) and value else None
+
+
 async def manifests(objects: ObjectStore, uri: str, *, at_most_step: int | None) -> list[Manifest]:
     """The newest :data:`MANIFESTS_READ` manifests at or below ``at_most_step`` (None: any), newest first."""
     bucket, prefix = parse_s3_uri(uri)
@@ -108,12 +150,13 @@ def recovery_of(record: Mapping[str, JsonValue], saved: Sequence[Manifest]) -> t
     else the capacity half needs (``instances``, ``run_instances``, ``productive``)."""
     notice = _time(record["notice_at"])
     assert notice is not None
-    resumed = dict(record.get("resumed") or {})  # type: ignore[arg-type]
-    reached = dict(record.get("reached") or {})  # type: ignore[arg-type]
-    facts = dict((record.get("target") or {}).get("facts") or {})  # type: ignore[union-attr]
-    ranks = int(resumed.get("world_size") or record.get("durable_world_size") or 1)  # type: ignore[arg-type]
+    resumed = _object(record.get("resumed"), "resumed")
+    reached = _object(record.get("reached"), "reached")
+    facts = _object(_object(record.get("target"), "target").get("facts"), "target.facts")
+    ranks = _whole(resumed.get("world_size") or record.get("durable_world_size") or 1, "world_size")
     again = _time(resumed.get("at")) or _time(reached.get("training"))
-    step_from = resumed.get("resumed_from_step")
+    kept_step = resumed.get("resumed_from_step")
+    step_from = None if kept_step is None else _whole(kept_step, "resumed.resumed_from_step")
     before = [m for m in saved if m.time <= notice]
     pair = next(((a, b) for a, b in zip(before, before[1:]) if a.world_size == b.world_size and a.step > b.step), None)
     if pair is not None:
@@ -141,10 +184,10 @@ def recovery_of(record: Mapping[str, JsonValue], saved: Sequence[Manifest]) -> t
         twice = Known.unknown("the run resumed from scratch or the resume record is not read")
     elif from_manifest is None:
         twice = Known.unknown(f"the manifest of step {step_from} the run resumed from is not read")
-    elif from_manifest.time >= stopped or step_time.value in (None, 0):
+    elif from_manifest.time >= stopped or not step_time.value:
         twice = Known(0, f"resumed from step {step_from}, saved when training stopped")
     else:
-        n = round((stopped - from_manifest.time).total_seconds() / step_time.value)  # type: ignore[operator]
+        n = round((stopped - from_manifest.time).total_seconds() / step_time.value)
         twice = Known(n, f"step {step_from}'s save -> training stopped, over the step time")
     placed = reached.get("joined") or reached.get("scheduled")
     recovery = Recovery(
@@ -153,12 +196,14 @@ def recovery_of(record: Mapping[str, JsonValue], saved: Sequence[Manifest]) -> t
         requeued_at=_time(record.get("opened_at")), placed_at=_time(placed), training_again_at=again,
         stopped_source=stopped_source, placed_source=f"the follow-up's {'joined' if reached.get('joined') else 'scheduled'} stage",
         again_source="the trainer's resume record")
-    lost = len(facts.get("lost_instance_ids") or facts.get("instance_ids") or ()) or 1
-    productive = (Known(round(step_from * step_time.value * ranks, 3),  # type: ignore[operator]
+    lost = len(_items(facts.get("lost_instance_ids") or facts.get("instance_ids"), "target.facts.instance_ids"))
+    lost = lost or 1
+    productive = (Known(round(step_from * step_time.value * ranks, 3),
                         f"{step_from} steps kept x the step time x {ranks} ranks")
                   if step_from is not None and step_time.value is not None
                   else Known.unknown("the steps kept or the step time unknown"))
-    return recovery, Held(instances=lost, run_instances=int(facts.get("instance_count") or lost),  # type: ignore[arg-type]
+    return recovery, Held(instances=lost, run_instances=_whole(facts.get("instance_count") or lost,
+                                                               "target.facts.instance_count"),
                           productive=productive)
 
 
@@ -184,10 +229,10 @@ def capacity_of(record: Mapping[str, JsonValue], recovery: Recovery, *, until: d
     if productive.value and recovery.gpus.total:
         start = recovery.notice_at - timedelta(seconds=productive.value / recovery.gpus.total)
         uses.append(CapacityUse("spot", start, recovery.notice_at, run_instances, price("spot")))
-    fallbacks = list(record.get("fallbacks") or ())  # type: ignore[arg-type]
-    first = str(fallbacks[0]["from"] if fallbacks else record.get("capacity") or "spot").split()[0]  # type: ignore[index]
+    fallbacks = _objects(record.get("fallbacks"), "fallbacks")
+    first = str(fallbacks[0]["from"] if fallbacks else record.get("capacity") or "spot").split()[0]
     moves = [(first, recovery.requeued_at or recovery.notice_at)]
-    moves += [(str(f["to"]).split()[0], _time(f.get("at")) or until) for f in fallbacks]  # type: ignore[index,union-attr]
+    moves += [(str(f["to"]).split()[0], _time(f.get("at")) or until) for f in fallbacks]
     for (capacity, since), following in zip(moves, [*moves[1:], (None, until)]):
         uses.append(CapacityUse(capacity, since, max(since, following[1]), instances, price(capacity)))
     return uses
@@ -195,13 +240,14 @@ def capacity_of(record: Mapping[str, JsonValue], recovery: Recovery, *, until: d
 
 def bought_offering(record: Mapping[str, JsonValue], block: object) -> CapacityOffering | None:
     """The offering a move of the run bought ``block`` from (the record's ``bought``), None: not bought here."""
-    data = dict(record.get("bought") or {}).get(str(block)) if block else None  # type: ignore[arg-type]
+    data = _object(record.get("bought"), "bought").get(str(block)) if block else None
     if not isinstance(data, Mapping):
         return None
     try:
         return CapacityOffering(
             offering_id=str(data["offering_id"]), instance_type="", availability_zone=str(data.get("availability_zone") or ""),
-            instance_count=int(data["instance_count"]), start=parse_time(str(data["start"])),  # type: ignore[arg-type]
+            instance_count=_whole(data["instance_count"], "bought.instance_count"),
+            start=parse_time(str(data["start"])),
             end=parse_time(str(data["end"])), upfront_fee=Decimal(str(data["upfront_fee"])),
             currency=str(data.get("currency") or "USD"))
     except (KeyError, TypeError, ValueError, ArithmeticError):
@@ -233,8 +279,7 @@ class LedgerKeeper:
             return None
 
     async def _compute(self, record: Mapping[str, JsonValue], *, at: datetime) -> Ledger:
-        resumed = dict(record.get("resumed") or {})  # type: ignore[arg-type]
-        uri = (record.get("target") or {}).get("checkpoint_uri")  # type: ignore[union-attr]
+        uri = _object(record.get("target"), "target").get("checkpoint_uri")
         saved: list[Manifest] = []
         if uri and self.objects is not None:
             saved = await manifests(self.objects, str(uri), at_most_step=None)
@@ -243,25 +288,28 @@ class LedgerKeeper:
         until = recovery.training_again_at or at
         uses = capacity_of(record, recovery, until=until, instances=more.instances,
                            run_instances=more.run_instances, productive=more.productive, prices=prices)
-        earlier = sum(float(led.get("lost_gpu_seconds") or 0.0) for led in record.get("ledgers") or ()  # type: ignore[union-attr]
-                      if led.get("event_id") != record.get("event_id"))  # type: ignore[union-attr]
+        earlier = sum(_number(led.get("lost_gpu_seconds") or 0.0, "ledgers.lost_gpu_seconds")
+                      for led in _objects(record.get("ledgers"), "ledgers")
+                      if led.get("event_id") != record.get("event_id"))
         return compute(recovery, run=str(record["run"]), event_id=str(record["event_id"]), at=at, capacity=uses,
                        prices=prices, productive_gpu_seconds=more.productive, earlier_lost_gpu_seconds=earlier)
 
     async def _prices(self, record: Mapping[str, JsonValue], recovery: Recovery) -> dict[str, Price]:
-        facts = dict((record.get("target") or {}).get("facts") or {})  # type: ignore[union-attr]
+        facts = _object(_object(record.get("target"), "target").get("facts"), "target.facts")
         if self.prices is None:
             return {c: Price.unknown("", "no price source configured") for c in ("spot", "capacity-block", "on-demand")}
-        itype, zone = facts.get("instance_type"), facts.get("availability_zone")
-        named = [str(f.get(k) or "").split() for f in record.get("fallbacks") or () for k in ("from", "to")]  # type: ignore[union-attr]
-        block = record.get("reservation_id") or next((w[1] for w in named if len(w) > 1), None)
+        itype, zone = _text(facts.get("instance_type")), _text(facts.get("availability_zone"))
+        named = [str(f.get(k) or "").split()
+                 for f in _objects(record.get("fallbacks"), "fallbacks") for k in ("from", "to")]
+        block = _text(record.get("reservation_id")) or next((w[1] for w in named if len(w) > 1), None)
         return {"spot": await self.prices.spot(instance_type=itype, zone=zone, at=recovery.notice_at),
                 "capacity-block": self.prices.capacity_block(reservation_id=block, offering=bought_offering(record, block)),
                 "on-demand": await self.prices.on_demand(instance_type=itype)}
 
     def with_ledger(self, record: Mapping[str, JsonValue], ledger: Ledger) -> dict[str, JsonValue]:
         """``record`` with ``ledger`` in its ``ledgers`` (this event's replaced), at most :data:`KEEP`."""
-        kept = [led for led in record.get("ledgers") or () if led.get("event_id") != ledger.event_id]  # type: ignore[union-attr]
+        kept: list[JsonValue] = [led for led in _objects(record.get("ledgers"), "ledgers")
+                                 if led.get("event_id") != ledger.event_id]
         return {**record, "ledgers": [*kept, ledger.as_json()][-KEEP:]}
 
     async def write(self, record: Mapping[str, JsonValue], ledger: Ledger, *, version: str | None) -> str | None:
@@ -288,12 +336,12 @@ class LedgerKeeper:
         if self.metrics is None:
             return
         for record in records:
-            kept = list(record.get("ledgers") or ())  # type: ignore[arg-type]
-            if kept:
-                try:
+            try:
+                kept = _objects(record.get("ledgers"), "ledgers")
+                if kept:
                     self.metrics.show(Ledger.from_json(kept[-1]))
-                except ValueError as e:
-                    self._log.warning("ledger unreadable", run=record.get("run"), error=str(e))
+            except ValueError as e:
+                self._log.warning("ledger unreadable", run=record.get("run"), error=str(e))
         self.metrics.keep_only(str(r.get("run")) for r in records)
 
     def _fail(self, step: str, record: Mapping[str, JsonValue], error: BaseException) -> None:
