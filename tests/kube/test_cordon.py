@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from datetime import datetime, timezone
 
-from resilienced.kube.cluster import DEADLINE_ANNOTATION, KubeCluster, TAINT_KEY
+from resilienced.kube.cluster import KubeCluster
+from resilienced.kube.marks import DEADLINE_ANNOTATION, TAINT_KEY
 from resilienced.model import Target
 from .conftest import LOCAL_BOUND_S, eventually, instance, node
 from tests.support.kubeapi import KubeApiServer

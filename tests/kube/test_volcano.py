@@ -19,7 +19,7 @@ from resilienced.capacity.planner import CapacityPlanner
 from resilienced.capacity.policy import CapacityPolicy
 from resilienced.local.capacity import StaticCapacity
 from resilienced.kube.cluster import KubeCluster
-from resilienced.kube.cluster import VOLCANO_JOBS
+from resilienced.kube.cluster_caches import VOLCANO_JOBS
 from resilienced.kube.locate import volcano_job_of
 from resilienced.model import Event, Kind
 from resilienced.requeue.router import RequeueRouter

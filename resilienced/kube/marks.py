@@ -1,0 +1,114 @@
+"""What kubernetes mode leaves on the cluster's objects: the Node's taint (cordon) and Events.
+
+``cordon`` taints the Node ``resilienced.io/interruption=<reason>:NoSchedule`` with the notice's
+deadline in an annotation; ``record`` leaves an Event on the Node and one on the run's object (the
+Volcano Job, else the RayJob, else the RayCluster) through :class:`~resilienced.kube.events.EventRecorder`.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+
+from kubernetes_asyncio import client as k8s
+
+from resilienced.errors import BackendUnavailable
+from resilienced.kube.api import BACKEND, JsonObj, KubeStatusError, call
+from resilienced.kube.cluster_caches import VOLCANO_JOBS, ClusterCaches
+from resilienced.kube.events import EventRecorder, ObjectRef, ref_for
+from resilienced.kube.locate import VOLCANO_JOB_API_VERSION, taint_value
+from resilienced.log import get as get_logger
+from resilienced.model import JsonValue, Target
+
+log = get_logger(__name__)
+
+TAINT_KEY = "resilienced.io/interruption"
+DEADLINE_ANNOTATION = "resilienced.io/interruption-deadline"
+
+
+class Marks:
+    """Cordon and Events for targets of the cluster whose ``caches`` it reads."""
+
+    def __init__(
+        self,
+        caches: ClusterCaches,
+        *,
+        core: k8s.CoreV1Api,
+        events: EventRecorder,
+        request_timeout_s: float,
+        conflict_retries: int,
+    ) -> None:
+        self._caches = caches
+        self._core = core
+        self.events = events
+        self._request_timeout_s = request_timeout_s
+        self._conflict_retries = conflict_retries
+
+    async def _read_node(self, name: str) -> JsonObj | None:
+        try:
+            return await call(verb="get", resource="nodes", request=self._core.read_node(
+                name, _preload_content=False, _request_timeout=self._request_timeout_s))
+        except KubeStatusError as err:
+            if err.status == 404:
+                return None
+            raise
+
+    async def cordon(self, target: Target, *, reason: str, deadline: datetime | None) -> None:
+        """Taint the Node ``resilienced.io/interruption=<reason>:NoSchedule`` (once; patch, not replace).
+
+        Node taints have no strategic-merge key, so the patch carries the whole list, guarded by
+        the resourceVersion it was read at; a 409 re-reads the Node and tries again.
+        """
+        if not target.node:
+            return
+        taint = {"key": TAINT_KEY, "value": taint_value(reason), "effect": "NoSchedule"}
+        node = self._caches.nodes.get(None, target.node)
+        for _ in range(self._conflict_retries):
+            if node is None:
+                node = await self._read_node(target.node)
+                if node is None:
+                    log.info("cordon: Node gone", node=target.node)
+                    return
+            taints = list((node.get("spec") or {}).get("taints") or [])
+            if any(t.get("key") == TAINT_KEY and t.get("effect") == "NoSchedule" for t in taints):
+                return
+            patch: dict[str, JsonValue] = {
+                "metadata": {"resourceVersion": (node.get("metadata") or {}).get("resourceVersion")},
+                "spec": {"taints": [*taints, taint]},
+            }
+            if deadline is not None:
+                patch["metadata"]["annotations"] = {
+                    DEADLINE_ANNOTATION: deadline.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")}
+            try:
+                await call(verb="patch", resource="nodes", request=self._core.patch_node(
+                    target.node, patch, _preload_content=False, _request_timeout=self._request_timeout_s))
+                return
+            except KubeStatusError as err:
+                if err.status == 404:
+                    return
+                if err.status != 409:
+                    raise
+                node = None
+        raise BackendUnavailable(BACKEND, f"cordon {target.node}: the Node kept changing")
+
+    async def record(self, target: Target, *, reason: str, message: str, warning: bool = False,
+                     once: str | None = None) -> None:
+        """An Event on the Node and one on the RayJob (else the RayCluster); ``once``: see
+        :meth:`EventRecorder.emit` (one Event per object, reason and key, for every replica)."""
+        refs: list[ObjectRef] = []
+        if target.node:
+            node = self._caches.nodes.get(None, target.node)
+            refs.append(ref_for(node, api_version="v1", kind="Node") if node is not None
+                        else ObjectRef(api_version="v1", kind="Node", name=target.node, uid=""))
+        runs = ((target.facts.volcano_job, VOLCANO_JOB_API_VERSION, "Job", self._caches.cache_of(VOLCANO_JOBS)),
+                (target.ray_job, "ray.io/v1", "RayJob", self._caches.rayjobs),
+                (target.ray_cluster, "ray.io/v1", "RayCluster", self._caches.rayclusters))
+        for key, api_version, kind, cache in runs:
+            if not key:
+                continue
+            ns, _, name = str(key).partition("/")
+            obj = cache.get(ns, name) if cache is not None else None
+            refs.append(ref_for(obj, api_version=api_version, kind=kind) if obj is not None
+                        else ObjectRef(api_version=api_version, kind=kind, name=name, uid="", namespace=ns))
+            break
+        for ref in refs:
+            await self.events.emit(ref, reason=reason, message=message, warning=warning, once=once)
