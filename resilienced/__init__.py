@@ -24,7 +24,7 @@ numbered lines below, so this list is the one place the layers are written:
 2. app.daemon, app.runtime: settings -> adapters -> consumer loop, HTTP server
 3. consumer, recovery, followup.follower: one pass receive -> handle -> ack; acting on a plan; following it
 4. aws, kube, ray, requeue, capacity, claims, ops, ops.notify, ops.http, ops.metrics: adapters and their state
-5. intake, handlers, ops.run_record, log, supervisor, retry, followup, ops.ledger, capacity.decision, capacity.history, capacity.request: pure logic
+5. intake, handlers, ops.run_record, recovery.steps, log, supervisor, retry, followup, ops.ledger, capacity.decision, capacity.history, capacity.request: pure logic
 6. model, ports, errors, settings, options, ops.permissions, clock, capacity.policy, resilienced: vocabulary
 
 Also checked there: nothing outside ``local/`` imports ``resilienced.local`` (its ``demo`` and

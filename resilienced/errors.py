@@ -4,6 +4,7 @@
 
     ResilienceError                     base of everything raised on purpose
     ├── ConfigError                     bad settings or flags; raised once, at start-up
+    ├── RecordError                     a record the daemon kept that is not of the form it writes
     ├── EventError                      a message body that is not a usable event
     │   ├── DecodeError                 not UTF-8, not JSON, not an object, too deep, ...
     │   └── InvalidEventError           a well-formed event with a field that breaks a rule
@@ -33,6 +34,16 @@ class ConfigError(ResilienceError):
     def __init__(self, setting: str, message: str) -> None:
         super().__init__(f"{setting}: {message}")
         self.setting = setting
+        self.message = message
+
+
+class RecordError(ResilienceError):
+    """A record the daemon kept (a run's record in its done claim) with a field not of the form the
+    daemon writes; ``field`` names it (``durable.step``)."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
         self.message = message
 
 

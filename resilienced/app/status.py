@@ -33,7 +33,8 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 
 from resilienced.clock import parse_time, utcnow
-from resilienced.errors import ConfigError
+from resilienced import log
+from resilienced.errors import ConfigError, RecordError
 from resilienced.model import JsonValue
 from resilienced.ops.run_record import RUN_PREFIX, RunRecord
 from resilienced.settings import Mode, ModeSettings
@@ -82,7 +83,7 @@ def mode_settings(args: argparse.Namespace, environ: Mapping[str, str]) -> ModeS
         mode = dataclasses.replace(mode, mode=Mode.KUBERNETES.value)
     elif getattr(args, "ray_address", None):
         mode = dataclasses.replace(mode, mode=Mode.RAY.value)
-    if mode.kind is Mode.PLAN:
+    if mode.mode is Mode.PLAN:
         raise ConfigError("--mode", "status reads the claims of kubernetes or ray mode: give --mode "
                                     "kubernetes (or --kubeconfig) or --ray-address")
     mode.validate()
@@ -91,7 +92,7 @@ def mode_settings(args: argparse.Namespace, environ: Mapping[str, str]) -> ModeS
 
 async def records(mode: ModeSettings) -> tuple[list[tuple[str, dict[str, JsonValue]]], list[dict[str, JsonValue]]]:
     """(claim key, details) of every done run claim in the mode's claim store, and every follow-up."""
-    if mode.kind is Mode.KUBERNETES:
+    if mode.mode is Mode.KUBERNETES:
         from resilienced.kube.api import connect
         from resilienced.kube.followup_store import KubeFollowUps
         from resilienced.kube.leases import KubeLeaseClaims
@@ -126,14 +127,19 @@ def rows(found: Sequence[tuple[str, Mapping[str, JsonValue]]], *, after: datetim
          follow_ups: Sequence[Mapping[str, JsonValue]] = ()) -> list[dict[str, JsonValue]]:
     """One summary per record, oldest first; ``after``: only those done at or after it.
 
-    A row whose (event, run) has a follow-up gets its ``stage``, ``training_again_s`` (notice ->
+    A record whose steps are not of the form the daemon writes is left out, with a warning naming
+    its claim and the field (``resilienced.errors.RecordError``).  A row whose (event, run) has a follow-up gets its ``stage``, ``training_again_s`` (notice ->
     the first step trained again, once resumed) and ``fallbacks`` (the moves made); others
     ``stage`` None (not followed: the follow-up is off, or the run was not placed).
     """
     followed = {(r.get("event_id"), r.get("run")): r for r in follow_ups}
     out = []
     for key, details in found:
-        row = RunRecord.from_json(details).summary(key=key)
+        try:
+            row = RunRecord.from_json(details).summary(key=key)
+        except RecordError as e:  # one record of the wrong form hides no other (stderr names it)
+            log.get("resilienced.status").warning("unreadable run record", key=key, error=str(e))
+            continue
         record = followed.get((row["event_id"], row["run"]))
         row["stage"] = stage_of(record) if record else None
         row["training_again_s"] = _training_again(record) if record else None
@@ -176,7 +182,6 @@ def _parse(value: object) -> datetime | None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from resilienced import log
     from resilienced.app.replay import table
 
     mode = mode_settings(args, os.environ)

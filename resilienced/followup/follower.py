@@ -66,6 +66,7 @@ from resilienced.ops.notify import Notifier
 from resilienced.ports import Cluster, FollowUpStore, ObjectStore, Progress
 from resilienced.recovery.ledger import LedgerKeeper, notification_facts
 from resilienced.recovery.move import Mover, read_follow_up
+from resilienced.recovery.steps import StepResults
 from trainer import resume
 
 REASON_TRAINING_RESUMED = "TrainingResumed"
@@ -146,8 +147,9 @@ class Follower:
         return await read_follow_up(self.store, run, logger=self._log)
 
     async def open(self, target: Target, *, event: Event, result: RequeueResult,
-                   durable: Mapping[str, JsonValue] | None = None) -> FollowUp | None:
-        """Open the follow-up of the run ``result`` placed (call it holding the move claim).
+                   steps: StepResults = StepResults()) -> FollowUp | None:
+        """Open the follow-up of the run ``result`` placed (call it holding the move claim);
+        ``steps``: the recovery's steps so far (the checkpoint the run resumes from).
 
         Returns the follow-up the run has afterwards: the new one, or the one kept
         (:func:`resilienced.followup.rules.opens_new`); None when nothing was placed.
@@ -167,17 +169,13 @@ class Follower:
                 [*target.facts.exclude, event.capacity_reservation_id]))))
         elastic = bool(result.details.get("elastic"))
         stages = (Stage.TRAINING,) if elastic else stages_for(mode=self.options.mode, applier=result.kind)
-        durable = durable or {}
-        step, world = ((durable.get("step"), durable.get("world_size")) if durable.get("verified")
-                       else (durable.get("resume_step"), None))
         record = FollowUp(
             run=target.run_key, event_id=event.event_id, kind=event.kind.value, notice_at=event.time or now,
             opened_at=now, target=target_json(target), capacity=result.capacity.value,
             reservation_id=result.reservation_id, stages=tuple(s.value for s in stages), stage=stages[0].value,
             stage_since=now, unusable={k: v for k, v in (existing.unusable if existing else {}).items()
                                        if k in unusable_now(existing, now=now)},
-            durable_step=step if isinstance(step, int) else None,
-            durable_world_size=world if isinstance(world, int) else None,
+            durable_step=steps.checkpoint_step, durable_world_size=steps.checkpoint_world_size,
             elastic=elastic, ledgers=existing.ledgers if existing is not None else (),
             bought={**(existing.bought if existing is not None else {}), **bought_by(result)},
             version=existing.version if existing is not None else None)

@@ -63,6 +63,7 @@ from resilienced.local.drill_ledger import PRICED_AS
 from resilienced.ray.cluster import CAPACITY_TYPE_LABEL as CAPACITY_LABEL
 from resilienced.ray.cluster import ELASTIC_LABEL
 from resilienced.ray.cluster import INSTANCE_ID_LABEL as INSTANCE_LABEL
+from resilienced.recovery.steps import StepResults
 from resilienced.settings import (
     FollowUpSettings,
     LedgerSettings,
@@ -823,35 +824,34 @@ class Drill:
                   "result": outcome.result.value, "verdict": verdict.value,
                   "reason": outcome.reason, "details": dict(outcome.details)}
         self.decisions.append(record)
-        runs = outcome.details.get("runs") or []
+        runs = [StepResults.from_json(run) for run in outcome.details.get("runs") or []]
         for run in runs:
-            durable = run.get("durable") or {}
-            if durable.get("verified") and event is not None and event.time is not None \
-                    and self.durable_at is None:
+            durable, requeue = run.durable, run.requeue
+            if durable is not None and durable.verified and durable.notice_to_durable_s is not None \
+                    and event is not None and event.time is not None and self.durable_at is None:
                 # the daemon measured from the event's time; the notice is when it was sent
-                self.durable_at = event.time.timestamp() + float(durable["notice_to_durable_s"])
-            requeue = run.get("requeue") or {}
-            if requeue.get("capacity") and requeue.get("changes"):
-                self.capacity = requeue["capacity"]
-            if requeue.get("replacement") and self.replacement is None:
-                self.replacement = requeue["replacement"]
+                self.durable_at = event.time.timestamp() + durable.notice_to_durable_s
+            if requeue is not None and requeue.capacity is not None and requeue.changes:
+                self.capacity = requeue.capacity.value
+            if requeue is not None and requeue.replacement and self.replacement is None:
+                self.replacement = dict(requeue.replacement)
         summary = outcome.reason or outcome.result.value
         if runs:
             parts = []
             for run in runs:
-                if run.get("signal"):
-                    parts.append(f"drained {len(run['signal'].get('drained', {}))} node(s)")
-                if run.get("durable"):
-                    d = run["durable"]
-                    parts.append(f"checkpoint step {d.get('step')} durable in S3" if d.get("verified")
-                                 else f"nothing durable after the notice ({d.get('reason')})")
-                if run.get("resume"):
-                    parts.append(f"resume point step {run['resume'].get('resume_step')}")
-                if run.get("requeue"):
-                    r = run["requeue"]
-                    parts.append(f"requeue -> {r.get('capacity')}: {r.get('reason')}")
-                if run.get("notify"):
-                    parts.append(f"recorded {run['notify']}")
+                if run.signal is not None:
+                    parts.append(f"drained {len(run.signal.drained)} node(s)")
+                if run.durable is not None:
+                    d = run.durable
+                    parts.append(f"checkpoint step {d.step} durable in S3" if d.verified
+                                 else f"nothing durable after the notice ({d.reason})")
+                if run.resume is not None:
+                    parts.append(f"resume point step {run.resume.resume_step}")
+                if run.requeue is not None:
+                    r = run.requeue
+                    parts.append(f"requeue -> {r.capacity.value if r.capacity is not None else None}: {r.reason}")
+                if run.notify is not None:
+                    parts.append(f"recorded {run.notify.reason}")
             summary = "; ".join(parts) or summary
         self.timeline.add("daemon", f"{record['kind']}: {outcome.result.value} ({summary})")
 

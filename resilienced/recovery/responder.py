@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from functools import partial
 
@@ -49,6 +49,15 @@ from resilienced.recovery.durable import DurableResult, newest_durable, wait_dur
 from resilienced.followup.follower import Follower
 from resilienced.recovery.heartbeat import hook_kept_alive
 from resilienced.recovery.move import Mover
+from resilienced.recovery.steps import (
+    DurableStep,
+    FollowUpStep,
+    NotifyStep,
+    RequeueStep,
+    ResumeStep,
+    SignalStep,
+    StepResults,
+)
 from resilienced.recovery.targets import find_targets
 from resilienced.errors import (
     PermanentError,
@@ -134,16 +143,17 @@ class RecoveryMetrics:
 
 @dataclass
 class RunReport:
-    """What happened to one run (logged, kept in the claim, returned in the outcome)."""
+    """What happened to one run (logged, kept in the claim, returned in the outcome): each step's
+    typed result in ``steps`` (``recovery.steps``), JSON only in :meth:`as_json`."""
 
     run: str
     instances: list[str]
-    steps: dict[str, JsonValue] = field(default_factory=dict)
+    steps: StepResults = StepResults()
     skipped: str | None = None
     record: RunRecord | None = None  # what the done claim keeps
 
     def as_json(self) -> dict[str, JsonValue]:
-        out: dict[str, JsonValue] = {"run": self.run, "instances": list(self.instances), **self.steps}
+        out: dict[str, JsonValue] = {"run": self.run, "instances": list(self.instances), **self.steps.as_json()}
         if self.skipped:
             out["skipped"] = self.skipped
         return out
@@ -219,7 +229,7 @@ class Recovery:
                 permanent.append(f"{run.run_key}: {got}")
                 reports.append({"run": run.run_key, "failed": str(got)})
                 self._tell(RunRecord.of(event, run=run.run_key, instances=run.facts.instance_ids,
-                                        steps={}, outcome="failed", at=self.clock(), reason=str(got)))
+                                        steps=StepResults(), outcome="failed", at=self.clock(), reason=str(got)))
             elif isinstance(got, BaseException):
                 raise got
             else:
@@ -294,7 +304,7 @@ class Recovery:
         message = (f"{event.kind.value} for instance(s) {', '.join(report.instances)} "
                    f"(event {event.event_id}); policy: notify only, nothing drained")
         await self._record(target, event, reason=reason, message=message, warning=False)
-        report.steps["notify"] = reason
+        report.steps = replace(report.steps, notify=NotifyStep(reason))
 
     def _deadline(self, plan: Plan, target: Target) -> datetime:
         """When the run's nodes go: the plan's deadline (for an expiring block on Karpenter's nodes
@@ -332,7 +342,7 @@ class Recovery:
             f"{event.kind.value} (event {event.event_id}): drained Ray node(s) "
             f"{', '.join(drained) or 'none on these instances'} of run {target.run_key} "
             f"with deadline {deadline.isoformat()}; every rank saves the step it is on"))
-        report.steps["signal"] = {"deadline": deadline.isoformat(), "drained": dict[str, JsonValue](drained)}
+        report.steps = replace(report.steps, signal=SignalStep(deadline=deadline, drained=dict(drained)))
 
     async def _drain(self, ray: RayControl, node_id: str, *, deadline: datetime, message: str) -> str:
         result = await ray.drain(node_id, deadline=deadline, message=message)
@@ -349,7 +359,7 @@ class Recovery:
                                message=f"cannot verify a checkpoint of {target.run_key}: {why}")
             if self.metrics is not None:
                 self.metrics.durable.labels(outcome="no_checkpoint_uri").inc()
-            report.steps["durable"] = {"verified": False, "reason": why}
+            report.steps = replace(report.steps, durable=DurableStep(outcome="unchecked", reason=why))
             return
         notice = event.time or self.clock()
         deadline = self._deadline(plan, target)
@@ -374,10 +384,9 @@ class Recovery:
                 f"checkpoint step {result.step} of {target.run_key} is durable in "
                 f"{target.checkpoint_uri} ({len(result.manifest.files)} files, "
                 f"{after:.1f}s after the notice)"))
-            report.steps["durable"] = {"verified": True, "step": result.step,
-                                       "world_size": result.manifest.world_size,
-                                       "notice_to_durable_s": round(after, 3),
-                                       "export_tasks": list(result.export_tasks)}
+            report.steps = replace(report.steps, durable=DurableStep(
+                outcome="durable", step=result.step, world_size=result.manifest.world_size,
+                notice_to_durable_s=round(after, 3), export_tasks=tuple(result.export_tasks)))
             return
         if self.metrics is not None:
             self.metrics.durable.labels(outcome="not_durable").inc()
@@ -389,10 +398,9 @@ class Recovery:
         await self._record(target, event, reason=REASON_NOT_DURABLE, warning=True, message=(
             f"no checkpoint of {target.run_key} saved after the notice became durable by the "
             f"deadline + {self.options.durable_grace_seconds:g}s ({result.reason}); {resume}"))
-        report.steps["durable"] = {"verified": False, "reason": result.reason,
-                                   "resume_step": result.fallback_step,
-                                   "steps_lost": result.steps_lost,
-                                   "rejected": list(result.rejected)}
+        report.steps = replace(report.steps, durable=DurableStep(
+            outcome="not_durable", reason=result.reason, resume_step=result.fallback_step,
+            steps_lost=result.steps_lost, rejected=tuple(result.rejected)))
 
     async def _requeue(self, plan: Plan, target: Target, report: RunReport, *, holder: str) -> None:
         event = plan.event
@@ -401,20 +409,19 @@ class Recovery:
             newest = await newest_durable(store=self.store, uri=target.checkpoint_uri,
                                           before=event.time)
             notice = event.time or self.clock()
-            resume: dict[str, JsonValue]
-            if newest is None:
-                resume = {"resume_step": None, "reason": "no durable checkpoint: the run starts over"}
-            else:
-                resume = {"resume_step": newest.step,
-                          "checkpoint_age_s": round((notice - newest.time).total_seconds(), 3)}
-            report.steps["resume"] = resume
+            resume = (ResumeStep(resume_step=None, reason="no durable checkpoint: the run starts over")
+                      if newest is None else
+                      ResumeStep(resume_step=newest.step,
+                                 checkpoint_age_s=round((notice - newest.time).total_seconds(), 3)))
+            report.steps = replace(report.steps, resume=resume)
             await self._record(target, event, reason=REASON_RESUME_POINT, warning=True, message=(
                 f"instance(s) {', '.join(report.instances)} went without a notice "
                 f"({event.kind.value}); run {target.run_key} resumes from "
-                + (f"step {newest.step}, saved {resume['checkpoint_age_s']:.0f}s before"
+                + (f"step {newest.step}, saved {resume.checkpoint_age_s:.0f}s before"
                    if newest is not None else "scratch (nothing durable)")))
         if self.mover is None:
-            report.steps["requeue"] = {"capacity": None, "reason": "no capacity planner or requeuer configured"}
+            report.steps = replace(report.steps, requeue=RequeueStep.unconfigured(
+                "no capacity planner or requeuer configured"))
             return
         # Under the run's move claim also without the follow-up: a gang's notices come together (a
         # Spot pool is reclaimed at once), each under its own run claim, and two moves of one run at
@@ -437,17 +444,16 @@ class Recovery:
         assert self.mover is not None
         moved = await self.mover.move(target, event=event)
         result = moved.result
-        report.steps["requeue"] = moved.as_json()
+        report.steps = replace(report.steps, requeue=RequeueStep.of(result, replacement=moved.replacement))
         if result.capacity is Capacity.WAIT:
             delay = result.retry_after.total_seconds() if result.retry_after else None
             raise TemporaryError(f"run {target.run_key} waits for capacity: {result.reason}", delay=delay)
         if self.follower is not None:
-            durable = report.steps.get("durable") or report.steps.get("resume")
-            opened = await self.follower.open(target, event=event, result=result,
-                                              durable=durable if isinstance(durable, Mapping) else None)
+            opened = await self.follower.open(target, event=event, result=result, steps=report.steps)
             if opened is not None:
-                report.steps["follow_up"] = {"event_id": opened.event_id, "stage": opened.stage,
-                                             "stages": list(opened.stages), "capacity": opened.where}
+                report.steps = replace(report.steps, follow_up=FollowUpStep(
+                    event_id=opened.event_id, stage=opened.stage, stages=tuple(opened.stages),
+                    capacity=opened.where))
 
     async def _complete_lifecycle(self, plan: Plan) -> str:
         if self.lifecycle is None:

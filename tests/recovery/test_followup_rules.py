@@ -23,6 +23,7 @@ from resilienced.followup.rules import (
     unusable_now,
 )
 from resilienced.model import RunFacts, StageSeen, Target
+from resilienced.recovery.steps import DurableStep, StepResults
 
 pytestmark = pytest.mark.unit
 
@@ -163,7 +164,8 @@ async def test_a_new_move_replaces_the_open_follow_up_and_a_redelivery_keeps_it(
                              reservation_id="cr-1" if capacity is Capacity.CAPACITY_BLOCK else None, details=details)
 
     first = await follower.open(TARGET, event=Event(kind=Kind.SPOT_INTERRUPTION, event_id="ev-1", time=T0),
-                                result=moved(Capacity.CAPACITY_BLOCK), durable={"verified": True, "step": 9, "world_size": 2})
+                                result=moved(Capacity.CAPACITY_BLOCK),
+                                steps=StepResults(durable=DurableStep(outcome="durable", step=9, world_size=2)))
     assert (first.stages, first.durable_step, first.durable_world_size) == (("scheduled", "training"), 9, 2)
     again = await follower.open(TARGET, event=Event(kind=Kind.SPOT_INTERRUPTION, event_id="ev-1", time=T0),
                                 result=moved(Capacity.CAPACITY_BLOCK, changes=()))

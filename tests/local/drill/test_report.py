@@ -265,3 +265,31 @@ async def test_a_wait_on_the_trainer_s_progress_ends_naming_why_when_nothing_rea
     with pytest.raises(DrillError, match=r"stopped reading the trainer's progress while waiting for step 6: "
                                          r"KeyError: 'step'"):
         await asyncio.wait_for(drill._until(lambda: False, what="step 6", timeout=3600), timeout=60)
+
+
+def test_the_drill_reads_the_daemons_decision_through_the_typed_steps(tmp_path) -> None:
+    """The drill's timeline line, durable time, capacity and elastic replacement come from the run
+    reports of the outcome (``StepResults.from_json``), as the responder writes them."""
+    from datetime import datetime, timezone
+
+    from resilienced.local.drill import Drill
+    from resilienced.model import Capacity, Event, Kind, Outcome, RequeueResult, Result, Verdict
+    from resilienced.recovery.responder import RunReport
+    from resilienced.recovery.steps import DurableStep, RequeueStep, SignalStep, StepResults
+
+    notice = datetime(2026, 8, 20, 12, 0, tzinfo=timezone.utc)
+    replacement = {"expected_at": "2026-08-20T12:03:00+00:00", "capacity": "on-demand"}
+    report = RunReport(run="ray://drill", instances=["i-1"], steps=StepResults(
+        signal=SignalStep(deadline=notice, drained={"n1": "accepted", "n2": "accepted"}),
+        durable=DurableStep(outcome="durable", step=16, world_size=2, notice_to_durable_s=3.5),
+        requeue=RequeueStep.of(RequeueResult(run_key="ray://drill", kind="ray", capacity=Capacity.ON_DEMAND,
+                                             reason="no Spot", changes=("+2 nodes",)), replacement=replacement)))
+    out = io.StringIO()
+    drill = Drill(DrillOptions(workdir=str(tmp_path)), out=out)
+    drill._observe(None, Outcome(result=Result.DONE, event=Event(kind=Kind.SPOT_INTERRUPTION, event_id="ev-1", time=notice),
+                                 details={"runs": [report.as_json(), {"run": "other", "retry": "busy"}]}),
+                   Verdict.DELETE, 0.1)
+    assert (drill.durable_at, drill.capacity, drill.replacement) == (notice.timestamp() + 3.5, "on-demand", replacement)
+    assert out.getvalue().rstrip().endswith(
+        "daemon   spot_interruption: done (drained 2 node(s); checkpoint step 16 durable in S3; "
+        "requeue -> on-demand: no Spot)")
