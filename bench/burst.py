@@ -429,8 +429,8 @@ async def start_stack(world: World, gcs: RecordingGcs, *, replica: str) -> tuple
     stack = Stack(emulator=emulator, api=api, kube=kube, gcs=gcs)
     try:
         await kube.start()
-        await kube.wait_ready(timeout=60)
-        await wait_for(lambda: sum(1 for v, _, _ in emulator.log() if v == "watch") >= len(kube.informers),
+        await kube.caches.wait_ready(timeout=60)
+        await wait_for(lambda: sum(1 for v, _, _ in emulator.log() if v == "watch") >= len(kube.caches.informers),
                        timeout=30, what="one watch per cache")
         return stack, Counter((v, r) for v, r, _ in emulator.log())
     except BaseException:

@@ -20,9 +20,8 @@ from datetime import datetime
 
 from kubernetes_asyncio import client as k8s
 
-from resilienced.kube.cache import CacheOptions, Informer
+from resilienced.kube.cache import CacheOptions
 from resilienced.kube.cluster_caches import ClusterCaches
-from resilienced.kube.discovery import CustomResource
 from resilienced.kube.events import EventRecorder
 from resilienced.kube.gcs_nodes import GcsNodes, RayControlFactory
 from resilienced.kube.locator import Locator
@@ -106,26 +105,9 @@ class KubeCluster:
         )
         self.marks = Marks(self.caches, core=k8s.CoreV1Api(api_client), events=events,
                            request_timeout_s=options.request_timeout_s, conflict_retries=options.conflict_retries)
-        # the parts' state under the names it had before the split (moved, not yet changed)
-        self.nodes, self.pods = self.caches.nodes, self.caches.pods
-        self.rayclusters, self.rayjobs = self.caches.rayclusters, self.caches.rayjobs
-        self.tokens, self.events = tokens, events
-
-    @property
-    def informers(self) -> tuple[Informer, ...]:
-        return self.caches.informers
-
-    @property
-    def optional(self) -> dict[str, Informer] | None:
-        return self.caches.optional
-
-    def cache_of(self, resource: CustomResource) -> Informer | None:
-        return self.caches.cache_of(resource)
-
-    def ready(self) -> bool:
-        return self.caches.ready()
 
     async def wait_ready(self, timeout: float | None = None) -> None:
+        """Wait (bounded) for the caches' first lists; BackendUnavailable when they do not come."""
         await self.caches.wait_ready(timeout)
 
     # ------------------------------------------------------------------ lifecycle

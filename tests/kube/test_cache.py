@@ -18,8 +18,8 @@ pytestmark = pytest.mark.integration
 
 
 async def _settled(cluster: KubeCluster, kubeapi: KubeApiServer) -> None:
-    await cluster.wait_ready()
-    await eventually(lambda: kubeapi.open_watches == len(cluster.informers), what="every cache's watch to open")
+    await cluster.caches.wait_ready()
+    await eventually(lambda: kubeapi.open_watches == len(cluster.caches.informers), what="every cache's watch to open")
 
 
 async def test_a_pod_added_after_start_is_found_through_the_watch(
@@ -32,30 +32,30 @@ async def test_a_pod_added_after_start_is_found_through_the_watch(
 
     kubeapi.create(ray_pod("w1", cluster="rc", node_name="n1", ip="10.0.0.2"))
     gcs.nodes["10.0.0.1:6379"] = [ray_node(1, "10.0.0.2")]
-    await cluster.pods.wait_until(lambda c: c.get("ml", "w1") is not None, timeout=LOCAL_BOUND_S)
+    await cluster.caches.pods.wait_until(lambda c: c.get("ml", "w1") is not None, timeout=LOCAL_BOUND_S)
     (target,) = (await cluster.locate(instance_ids=[instance(1)])).targets
     assert target.ray_node_ids == ("01" * 28,)
     assert kubeapi.counts()[("list", "pods")] == lists_before == 1
-    assert cluster.pods.stats.lists == 1 and cluster.pods.stats.events["ADDED"] == 1
+    assert cluster.caches.pods.stats.lists == 1 and cluster.caches.pods.stats.events["ADDED"] == 1
 
 
 async def test_changes_and_deletes_update_the_indices(cluster: KubeCluster, kubeapi: KubeApiServer) -> None:
     kubeapi.seed(ray_pod("w1", cluster="rc", node_name="n1", ip="10.0.0.2"))
     await _settled(cluster, kubeapi)
-    assert [p["metadata"]["name"] for p in cluster.pods.by_index("node", "n1")] == ["w1"]
+    assert [p["metadata"]["name"] for p in cluster.caches.pods.by_index("node", "n1")] == ["w1"]
     kubeapi.patch("pods", "w1", body={"spec": {"nodeName": "n2"}}, namespace="ml")
-    await cluster.pods.wait_until(lambda c: bool(c.by_index("node", "n2")), timeout=LOCAL_BOUND_S)
-    assert cluster.pods.by_index("node", "n1") == []
+    await cluster.caches.pods.wait_until(lambda c: bool(c.by_index("node", "n2")), timeout=LOCAL_BOUND_S)
+    assert cluster.caches.pods.by_index("node", "n1") == []
     kubeapi.delete("pods", "w1", namespace="ml")
-    await cluster.pods.wait_until(lambda c: len(c) == 0, timeout=LOCAL_BOUND_S)
-    assert cluster.pods.by_index("node", "n2") == [] and cluster.pods.by_index("cluster", "ml/rc") == []
+    await cluster.caches.pods.wait_until(lambda c: len(c) == 0, timeout=LOCAL_BOUND_S)
+    assert cluster.caches.pods.by_index("node", "n2") == [] and cluster.caches.pods.by_index("cluster", "ml/rc") == []
 
 
 async def test_pods_without_the_ray_label_are_not_cached(cluster: KubeCluster, kubeapi: KubeApiServer) -> None:
     kubeapi.seed({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "web", "namespace": "ml"},
                   "spec": {"nodeName": "n1"}}, ray_pod("w1", cluster="rc", node_name="n1", ip="10.0.0.2"))
     await _settled(cluster, kubeapi)
-    assert [p["metadata"]["name"] for p in cluster.pods.values()] == ["w1"]
+    assert [p["metadata"]["name"] for p in cluster.caches.pods.values()] == ["w1"]
     assert {r.label_selector for r in kubeapi.requests if r.resource == "pods"} == {"ray.io/node-type"}
 
 
@@ -65,10 +65,10 @@ async def test_410_gone_relists_and_recovers(cluster: KubeCluster, kubeapi: Kube
     kubeapi.expire_watches()  # every open watch gets ERROR 410, history is compacted
     kubeapi.create(node("n2", instance(2)))
     kubeapi.delete("nodes", "n1")
-    await cluster.nodes.wait_until(lambda c: c.get(None, "n2") is not None and c.get(None, "n1") is None, timeout=LOCAL_BOUND_S)
-    assert cluster.nodes.stats.expired == 1 and cluster.nodes.stats.lists == 2
+    await cluster.caches.nodes.wait_until(lambda c: c.get(None, "n2") is not None and c.get(None, "n1") is None, timeout=LOCAL_BOUND_S)
+    assert cluster.caches.nodes.stats.expired == 1 and cluster.caches.nodes.stats.lists == 2
     assert kubeapi.counts()[("list", "nodes")] == 2
-    assert cluster.ready()
+    assert cluster.caches.ready()
 
 
 async def test_a_dropped_watch_resumes_from_its_resource_version_without_a_list(
@@ -77,7 +77,7 @@ async def test_a_dropped_watch_resumes_from_its_resource_version_without_a_list(
     await _settled(cluster, kubeapi)
     kubeapi.drop_watches()
     kubeapi.create(node("n1", instance(1)))
-    await cluster.nodes.wait_until(lambda c: c.get(None, "n1") is not None, timeout=LOCAL_BOUND_S)
+    await cluster.caches.nodes.wait_until(lambda c: c.get(None, "n1") is not None, timeout=LOCAL_BOUND_S)
     assert kubeapi.counts()[("list", "nodes")] == 1 and kubeapi.counts()[("watch", "nodes")] >= 2
 
 
@@ -86,19 +86,19 @@ async def test_watch_errors_back_off_and_resume(cluster: KubeCluster, kubeapi: K
     kubeapi.fail(verb="watch", resource="nodes", status=503, times=2)
     kubeapi.drop_watches()
     kubeapi.create(node("n1", instance(1)))
-    await cluster.nodes.wait_until(lambda c: c.get(None, "n1") is not None, timeout=LOCAL_BOUND_S)
-    assert cluster.nodes.stats.errors == 2 and "503" in (cluster.nodes.stats.last_error or "")
+    await cluster.caches.nodes.wait_until(lambda c: c.get(None, "n1") is not None, timeout=LOCAL_BOUND_S)
+    assert cluster.caches.nodes.stats.errors == 2 and "503" in (cluster.caches.nodes.stats.last_error or "")
     assert kubeapi.counts()[("list", "nodes")] == 1
 
 
 async def test_bookmarks_advance_the_resource_version(cluster: KubeCluster, kubeapi: KubeApiServer) -> None:
     await _settled(cluster, kubeapi)
-    before = cluster.nodes.resource_version
+    before = cluster.caches.nodes.resource_version
     kubeapi.create(ray_pod("w1", cluster="rc", node_name="n1", ip="10.0.0.2"))  # moves the global RV
     kubeapi.send_bookmarks()
-    await eventually(lambda: cluster.nodes.stats.events["BOOKMARK"] == 1, what="a bookmark")
-    assert int(cluster.nodes.resource_version) > int(before)
-    assert len(cluster.nodes) == 0  # a bookmark changes no object
+    await eventually(lambda: cluster.caches.nodes.stats.events["BOOKMARK"] == 1, what="a bookmark")
+    assert int(cluster.caches.nodes.resource_version) > int(before)
+    assert len(cluster.caches.nodes) == 0  # a bookmark changes no object
 
 
 async def test_list_errors_keep_locate_waiting_then_answer(kubeapi: KubeApiServer, api, gcs: GcsFactory) -> None:
@@ -107,20 +107,20 @@ async def test_list_errors_keep_locate_waiting_then_answer(kubeapi: KubeApiServe
     async with KubeCluster(api, ray_control_factory=gcs, replica="r", options=FAST) as kube:
         location = await kube.locate(instance_ids=[instance(1)])
         assert location.unresolved == {instance(1): f"Node n1 ({instance(1)}) runs no Ray pods"}
-        assert kube.nodes.stats.errors == 3 and kube.nodes.stats.lists == 1
+        assert kube.caches.nodes.stats.errors == 3 and kube.caches.nodes.stats.lists == 1
 
 
 async def test_locate_gives_up_waiting_with_backend_unavailable(kubeapi: KubeApiServer, api, gcs: GcsFactory) -> None:
     kubeapi.fail(verb="list", resource="rayjobs", status=503, times=None)
     options = KubeOptions(cache=FAST.cache, ready_timeout_s=0.3)
     async with KubeCluster(api, ray_control_factory=gcs, replica="r", options=options) as kube:
-        await eventually(lambda: kube.rayjobs.stats.errors >= 1, what="a failed list of rayjobs")
+        await eventually(lambda: kube.caches.rayjobs.stats.errors >= 1, what="a failed list of rayjobs")
         with pytest.raises(BackendUnavailable) as err:
             await kube.locate(instance_ids=[instance(1)])
         assert "rayjobs.ray.io" in str(err.value) and "503" in str(err.value)
         kubeapi.clear_faults()
-        await kube.wait_ready(timeout=LOCAL_BOUND_S)
-        assert kube.ready()
+        await kube.caches.wait_ready(timeout=LOCAL_BOUND_S)
+        assert kube.caches.ready()
 
 
 async def test_lists_are_paged(kubeapi: KubeApiServer, api) -> None:
@@ -139,9 +139,9 @@ async def test_stop_ends_the_tasks_and_the_watches(kubeapi: KubeApiServer, api, 
     kube = KubeCluster(api, ray_control_factory=gcs, replica="r", options=FAST)
     await kube.start()
     await _settled(kube, kubeapi)
-    assert all(i.running for i in kube.informers)
+    assert all(i.running for i in kube.caches.informers)
     await kube.stop()
-    assert not any(i.running for i in kube.informers)
+    assert not any(i.running for i in kube.caches.informers)
     await eventually(lambda: kubeapi.open_watches == 0, what="the server to see the watches closed")
     # the autouse fixture also checks that no task is left behind
 
@@ -151,6 +151,6 @@ async def test_a_namespace_restricted_cluster_watches_that_namespace(kubeapi: Ku
                  ray_pod("w2", cluster="rc", node_name="n1", ip="10.0.0.3", namespace="other"))
     options = KubeOptions(cache=FAST.cache, namespace="ml")
     async with KubeCluster(api, ray_control_factory=gcs, replica="r", options=options) as kube:
-        await kube.wait_ready()
-        assert [p["metadata"]["name"] for p in kube.pods.values()] == ["w1"]
+        await kube.caches.wait_ready()
+        assert [p["metadata"]["name"] for p in kube.caches.pods.values()] == ["w1"]
     assert {r.namespace for r in kubeapi.requests if r.resource != "nodes"} == {"ml"}

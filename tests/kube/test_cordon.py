@@ -22,7 +22,7 @@ def _target(name: str = "n1") -> Target:
 
 
 async def _cached(cluster: KubeCluster, name: str = "n1") -> None:
-    await cluster.nodes.wait_until(lambda c: c.get(None, name) is not None, timeout=LOCAL_BOUND_S)
+    await cluster.caches.nodes.wait_until(lambda c: c.get(None, name) is not None, timeout=LOCAL_BOUND_S)
 
 
 async def test_cordon_adds_one_taint_and_keeps_the_others(cluster: KubeCluster, kubeapi: KubeApiServer) -> None:
@@ -41,7 +41,7 @@ async def test_cordon_is_idempotent(cluster: KubeCluster, kubeapi: KubeApiServer
     kubeapi.create(node("n1", instance(1)))
     await _cached(cluster)
     await cluster.cordon(_target(), reason="spot_interruption", deadline=None)
-    await cluster.nodes.wait_until(lambda c: bool((c.get(None, "n1") or {}).get("spec", {}).get("taints")), timeout=LOCAL_BOUND_S)
+    await cluster.caches.nodes.wait_until(lambda c: bool((c.get(None, "n1") or {}).get("spec", {}).get("taints")), timeout=LOCAL_BOUND_S)
     kubeapi.reset_log()
     await cluster.cordon(_target(), reason="spot_interruption", deadline=None)
     await cluster.cordon(_target(), reason="rebalance_recommendation", deadline=None)
@@ -78,7 +78,7 @@ async def test_cordon_of_a_tainted_node_read_after_a_conflict_sends_nothing_more
 
 
 async def test_cordon_of_a_vanished_node_is_a_no_op(cluster: KubeCluster, kubeapi: KubeApiServer) -> None:
-    await cluster.wait_ready()
+    await cluster.caches.wait_ready()
     await cluster.cordon(_target("gone"), reason="state_change", deadline=None)
     assert [(r.verb, r.status) for r in kubeapi.requests if r.resource == "nodes" and r.verb == "get"] == [("get", 404)]
 

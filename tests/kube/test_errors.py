@@ -77,7 +77,7 @@ async def test_api_errors_are_backend_unavailable_then_recover(
     cluster: KubeCluster, kubeapi: KubeApiServer, status: int
 ) -> None:
     kubeapi.create(node("n1", "i-00000000000000001"))
-    await cluster.nodes.wait_until(lambda c: c.get(None, "n1") is not None, timeout=LOCAL_BOUND_S)
+    await cluster.caches.nodes.wait_until(lambda c: c.get(None, "n1") is not None, timeout=LOCAL_BOUND_S)
     kubeapi.fail(verb="patch", resource="nodes", status=status, times=1)
     with pytest.raises(BackendUnavailable) as err:
         await cluster.cordon(_target(), reason="spot_interruption", deadline=None)
@@ -90,7 +90,7 @@ async def test_a_request_timeout_is_backend_unavailable(kubeapi: KubeApiServer, 
     kubeapi.create(node("n1", "i-00000000000000001"))
     options = KubeOptions(cache=FAST.cache, request_timeout_s=0.2)
     async with KubeCluster(api, ray_control_factory=gcs, replica="r", options=options) as kube:
-        await kube.wait_ready()
+        await kube.caches.wait_ready()
         kubeapi.delay(5.0, verb="create", resource="events")
         with pytest.raises(BackendUnavailable) as err:
             await kube.record(_target(), reason="SpotInterruption", message="m")
@@ -101,7 +101,7 @@ async def test_a_request_timeout_is_backend_unavailable(kubeapi: KubeApiServer, 
 
 async def test_forbidden_is_permanent_and_names_the_call(cluster: KubeCluster, kubeapi: KubeApiServer) -> None:
     kubeapi.create(node("n1", "i-00000000000000001"))
-    await cluster.nodes.wait_until(lambda c: c.get(None, "n1") is not None, timeout=LOCAL_BOUND_S)
+    await cluster.caches.nodes.wait_until(lambda c: c.get(None, "n1") is not None, timeout=LOCAL_BOUND_S)
     kubeapi.fail(verb="patch", resource="nodes", status=403)
     with pytest.raises(PermanentError) as err:
         await cluster.cordon(_target(), reason="spot_interruption", deadline=None)
@@ -114,7 +114,7 @@ async def test_an_unreachable_api_server_is_backend_unavailable(gcs: GcsFactory)
     client = server.api_client()
     try:
         async with KubeCluster(client, ray_control_factory=gcs, replica="r", options=FAST) as kube:
-            await kube.wait_ready()
+            await kube.caches.wait_ready()
             await server.stop()
             with pytest.raises(BackendUnavailable):
                 await kube.record(_target(), reason="SpotInterruption", message="m")

@@ -19,9 +19,9 @@ async def _world(cluster: KubeCluster, kubeapi: KubeApiServer) -> tuple[dict, di
     job = kubeapi.create(rayjob("train"))
     rc = kubeapi.create(raycluster("train-rc", owner_job=job))
     n1 = kubeapi.create(node("n1", instance(1)))
-    await cluster.wait_ready()
-    await cluster.rayjobs.wait_until(lambda c: c.get("ml", "train") is not None, timeout=LOCAL_BOUND_S)
-    await cluster.nodes.wait_until(lambda c: c.get(None, "n1") is not None, timeout=LOCAL_BOUND_S)
+    await cluster.caches.wait_ready()
+    await cluster.caches.rayjobs.wait_until(lambda c: c.get("ml", "train") is not None, timeout=LOCAL_BOUND_S)
+    await cluster.caches.nodes.wait_until(lambda c: c.get(None, "n1") is not None, timeout=LOCAL_BOUND_S)
     return n1, job, rc
 
 

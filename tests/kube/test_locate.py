@@ -86,7 +86,7 @@ async def test_a_node_with_no_ray_pod(cluster: KubeCluster, kubeapi: KubeApiServ
     kubeapi.create(node("n5", instance(5)))
     kubeapi.create({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "db", "namespace": "ml"},
                     "spec": {"nodeName": "n5"}, "status": {"phase": "Running"}})
-    await cluster.nodes.wait_until(lambda c: c.get(None, "n5") is not None, timeout=LOCAL_BOUND_S)
+    await cluster.caches.nodes.wait_until(lambda c: c.get(None, "n5") is not None, timeout=LOCAL_BOUND_S)
     location = await cluster.locate(instance_ids=[instance(5)])
     assert location.targets == ()
     assert location.unresolved == {instance(5): f"Node n5 ({instance(5)}) runs no Ray pods"}
@@ -113,7 +113,7 @@ async def test_head_on_the_instance_is_reported_not_drained(cluster: KubeCluster
 
 async def test_a_pod_with_no_ray_node_yet(cluster: KubeCluster, kubeapi: KubeApiServer, world: dict[str, str]) -> None:
     kubeapi.create(ray_pod("train-w4", cluster="train-rc", node_name="n1", ip="10.0.1.3", group="gpu"))
-    await cluster.pods.wait_until(lambda c: c.get("ml", "train-w4") is not None, timeout=LOCAL_BOUND_S)
+    await cluster.caches.pods.wait_until(lambda c: c.get("ml", "train-w4") is not None, timeout=LOCAL_BOUND_S)
     (target,) = (await cluster.locate(instance_ids=[instance(1)])).targets
     assert target.ray_node_ids == ("11" * 28, "12" * 28)
     assert target.attributes["unmapped_pods"] == ["train-w4"]
@@ -150,8 +150,8 @@ async def test_checkpoint_annotation_precedence_and_validation(
         ray_pod("w", cluster="rc", node_name="n1", ip="10.1.0.2"),
     )
     gcs.nodes["10.1.0.1:6379"] = [ray_node(1, "10.1.0.2")]
-    await cluster.pods.wait_until(lambda c: c.get("ml", "w") is not None, timeout=LOCAL_BOUND_S)
-    await cluster.rayclusters.wait_until(lambda c: c.get("ml", "rc") is not None, timeout=LOCAL_BOUND_S)
+    await cluster.caches.pods.wait_until(lambda c: c.get("ml", "w") is not None, timeout=LOCAL_BOUND_S)
+    await cluster.caches.rayclusters.wait_until(lambda c: c.get("ml", "rc") is not None, timeout=LOCAL_BOUND_S)
     location = await cluster.locate(instance_ids=[instance(1)])
     if problem is None:
         (target,) = location.targets
@@ -171,15 +171,15 @@ async def test_rayjob_found_by_cluster_selector(cluster: KubeCluster, kubeapi: K
         ray_pod("w", cluster="shared", node_name="n1", ip="10.2.0.2"),
     )
     gcs.nodes["10.2.0.1:6379"] = [ray_node(2, "10.2.0.2")]
-    await cluster.rayjobs.wait_until(lambda c: len(c) == 2, timeout=LOCAL_BOUND_S)
-    await cluster.pods.wait_until(lambda c: c.get("ml", "w") is not None, timeout=LOCAL_BOUND_S)
+    await cluster.caches.rayjobs.wait_until(lambda c: len(c) == 2, timeout=LOCAL_BOUND_S)
+    await cluster.caches.pods.wait_until(lambda c: c.get("ml", "w") is not None, timeout=LOCAL_BOUND_S)
     (target,) = (await cluster.locate(instance_ids=[instance(1)])).targets
     assert target.ray_job == "ml/running"
 
 
 async def test_capacity_reservation_adds_its_nodes(cluster: KubeCluster, kubeapi: KubeApiServer, world: dict[str, str]) -> None:
     kubeapi.patch("nodes", "n2", body={"metadata": {"labels": {"karpenter.k8s.aws/capacity-reservation-id": "cr-0abc"}}})
-    await cluster.nodes.wait_until(lambda c: bool(c.by_index("reservation", "cr-0abc")), timeout=LOCAL_BOUND_S)
+    await cluster.caches.nodes.wait_until(lambda c: bool(c.by_index("reservation", "cr-0abc")), timeout=LOCAL_BOUND_S)
     location = await cluster.locate(instance_ids=[instance(1)], capacity_reservation_id="cr-0abc")
     assert sorted({t.instance_id for t in location.targets}) == [instance(1), instance(2)]
 
@@ -194,7 +194,7 @@ async def test_gcs_address_prefers_service_ip_and_the_head_container_port(
         ray_pod("w", cluster="rc", node_name="n1", ip="10.3.0.2"),
     )
     gcs.nodes["172.20.0.7:6390"] = [ray_node(3, "10.3.0.2")]
-    await cluster.pods.wait_until(lambda c: len(c) == 2, timeout=LOCAL_BOUND_S)
+    await cluster.caches.pods.wait_until(lambda c: len(c) == 2, timeout=LOCAL_BOUND_S)
     (target,) = (await cluster.locate(instance_ids=[instance(1)])).targets
     assert target.ray_address == "172.20.0.7:6390"
     assert target.ray_node_ids == ("03" * 28,)
@@ -234,8 +234,8 @@ async def test_a_gcs_that_does_not_answer_in_time_is_temporary_then_recovers(
 async def test_a_burst_costs_no_api_call_and_one_gcs_call_per_cluster(
     cluster: KubeCluster, kubeapi: KubeApiServer, gcs: GcsFactory, world: dict[str, str]
 ) -> None:
-    await cluster.wait_ready()
-    await eventually(lambda: kubeapi.open_watches == len(cluster.informers), what="every watch to open")
+    await cluster.caches.wait_ready()
+    await eventually(lambda: kubeapi.open_watches == len(cluster.caches.informers), what="every watch to open")
     kubeapi.reset_log()
     locations = await asyncio.gather(*(
         cluster.locate(instance_ids=[instance(1 + i % 4)]) for i in range(500)))
@@ -249,9 +249,9 @@ async def test_locate_waits_for_the_first_lists(kubeapi: KubeApiServer, api, gcs
 
     kubeapi.delay(0.3, verb="list", resource="pods")
     async with KubeCluster(api, ray_control_factory=gcs, replica="r", options=FAST) as kube:
-        assert not kube.ready()
+        assert not kube.caches.ready()
         location = await kube.locate(instance_ids=[instance(1)])
-        assert kube.ready() and len(location.targets) == 1
+        assert kube.caches.ready() and len(location.targets) == 1
 
 
 async def test_it_is_the_kubernetes_cluster_port(cluster: KubeCluster) -> None:
@@ -301,7 +301,7 @@ async def test_the_elastic_annotation_reaches_the_target(cluster: KubeCluster, w
     job = kubeapi.get("rayjobs", "train", namespace="ml")
     job["metadata"]["annotations"]["resilienced.io/elastic"] = "true"
     kubeapi.put(job)
-    await eventually(lambda: (cluster.rayjobs.get("ml", "train") or {}).get("metadata", {})
+    await eventually(lambda: (cluster.caches.rayjobs.get("ml", "train") or {}).get("metadata", {})
                      .get("annotations", {}).get("resilienced.io/elastic") == "true")
     (target,) = (await cluster.locate(instance_ids=[instance(1)])).targets
     assert target.facts.elastic is True
@@ -320,7 +320,7 @@ async def test_the_requeue_a_run_carries_reaches_the_target(cluster: KubeCluster
                                            "resilienced.io/capacity-type": "capacity-block",
                                            "resilienced.io/capacity-reservation-id": "cr-0123"})
     kubeapi.put(job)
-    await eventually(lambda: (cluster.rayjobs.get("ml", "train") or {}).get("metadata", {})
+    await eventually(lambda: (cluster.caches.rayjobs.get("ml", "train") or {}).get("metadata", {})
                      .get("annotations", {}).get("resilienced.io/requeued-for") == "ev-1")
     (target,) = (await cluster.locate(instance_ids=[instance(1)])).targets
     assert (target.facts.requeued_for, target.facts.requeued_capacity,

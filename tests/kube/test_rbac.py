@@ -64,10 +64,10 @@ async def test_every_call_of_kubernetes_mode_is_allowed_and_every_rule_is_used(g
         gcs.nodes["10.0.9.1:6379"] = [ray_node(0x11, "10.0.1.1")]
         async with KubeCluster(client, ray_control_factory=gcs, replica="replica-a", options=FAST) as kube:
             (target,) = (await kube.locate(instance_ids=[instance(1)])).targets  # list, watch, get secret
-            await eventually(lambda: server.open_watches == len(kube.informers), what="the watches")
+            await eventually(lambda: server.open_watches == len(kube.caches.informers), what="the watches")
             server.drop_watches()
             server.fail(verb="watch", resource="nodes", status=503, times=None)
-            await eventually(lambda: server.open_watches < len(kube.informers), what="the node watch to stop")
+            await eventually(lambda: server.open_watches < len(kube.caches.informers), what="the node watch to stop")
             server.patch("nodes", "n1", body={"metadata": {"labels": {"changed": "yes"}}})
             await kube.cordon(target, reason="spot_interruption", deadline=None)  # patch 409, get, patch
             server.clear_faults()
@@ -105,7 +105,7 @@ async def test_a_missing_verb_is_a_permanent_error_naming_it(gcs: GcsFactory, dr
     try:
         server.create(node("n1", instance(1)))
         async with KubeCluster(client, ray_control_factory=gcs, replica="r", options=FAST) as kube:
-            await kube.nodes.wait_until(lambda c: c.get(None, "n1") is not None, timeout=LOCAL_BOUND_S)
+            await kube.caches.nodes.wait_until(lambda c: c.get(None, "n1") is not None, timeout=LOCAL_BOUND_S)
             target = Target(instance_id=instance(1), node="n1", ray_cluster=None, ray_job=None,
                             ray_node_ids=(), checkpoint_uri=None)
             with pytest.raises(PermanentError) as err:

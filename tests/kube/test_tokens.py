@@ -90,10 +90,10 @@ async def test_token_from_the_generated_secret(kube: KubeCluster, kubeapi: KubeA
 async def test_token_from_the_named_secret_is_cached(kube: KubeCluster, kubeapi: KubeApiServer, gcs: GcsFactory) -> None:
     rc = _world(kubeapi, gcs, {"mode": "token", "secretName": "ray-auth"})
     kubeapi.create(_secret("ray-auth", "tok-456"))
-    await kube.wait_ready()
-    await kube.rayclusters.wait_until(lambda c: c.get("ml", "rc") is not None, timeout=LOCAL_BOUND_S)
-    assert await kube.tokens.token_for(kube.rayclusters.get("ml", "rc")) == "tok-456"
-    assert await kube.tokens.token_for(rc) == "tok-456"
+    await kube.caches.wait_ready()
+    await kube.caches.rayclusters.wait_until(lambda c: c.get("ml", "rc") is not None, timeout=LOCAL_BOUND_S)
+    assert await kube.gcs.tokens.token_for(kube.caches.rayclusters.get("ml", "rc")) == "tok-456"
+    assert await kube.gcs.tokens.token_for(rc) == "tok-456"
     assert kubeapi.counts()[("get", "secrets")] == 1
 
 
@@ -104,21 +104,21 @@ async def test_a_missing_secret_is_a_clear_error(kube: KubeCluster, kubeapi: Kub
     assert location.unresolved[instance(1)] == (
         "RayCluster ml/rc: RayCluster ml/rc (authOptions.mode=token): its auth token Secret ml/rc does not exist")
     with pytest.raises(RayAuthError, match="does not exist"):
-        await kube.tokens.token_for(rc)
+        await kube.gcs.tokens.token_for(rc)
 
 
 async def test_a_secret_without_the_key_is_a_clear_error(kube: KubeCluster, kubeapi: KubeApiServer, gcs: GcsFactory) -> None:
     rc = _world(kubeapi, gcs, {"mode": "token"})
     kubeapi.create(_secret("rc", None))
     with pytest.raises(RayAuthError, match="has no data key 'auth_token'"):
-        await kube.tokens.token_for(rc)
+        await kube.gcs.tokens.token_for(rc)
 
 
 async def test_a_forbidden_secret_is_a_clear_error(kube: KubeCluster, kubeapi: KubeApiServer, gcs: GcsFactory) -> None:
     rc = _world(kubeapi, gcs, {"mode": "token"})
     kubeapi.fail(verb="get", resource="secrets", status=403)
     with pytest.raises(RayAuthError, match="may not read the auth token Secret ml/rc"):
-        await kube.tokens.token_for(rc)
+        await kube.gcs.tokens.token_for(rc)
 
 
 async def test_a_wrong_token_is_read_again_once_then_reported(kube: KubeCluster, kubeapi: KubeApiServer, gcs: GcsFactory) -> None:
@@ -134,7 +134,7 @@ async def test_a_wrong_token_is_read_again_once_then_reported(kube: KubeCluster,
 async def test_a_rotated_secret_is_picked_up(kube: KubeCluster, kubeapi: KubeApiServer, gcs: GcsFactory) -> None:
     rc = _world(kubeapi, gcs, {"mode": "token"})
     kubeapi.create(_secret("rc", "old"))
-    assert await kube.tokens.token_for(rc) == "old"  # cached
+    assert await kube.gcs.tokens.token_for(rc) == "old"  # cached
     kubeapi.put(_secret("rc", "new"))
     gcs.expected_token[GCS] = "new"
     (target,) = (await kube.locate(instance_ids=[instance(1)])).targets
@@ -159,7 +159,7 @@ async def test_delegated_mode_without_a_service_account_token(
     rc = _world(kubeapi, gcs, {"mode": "token", "enableK8sTokenAuth": True})
     sa_token.unlink()
     with pytest.raises(RayAuthError, match="enableK8sTokenAuth.*cannot be read"):
-        await kube.tokens.token_for(rc)
+        await kube.gcs.tokens.token_for(rc)
 
 
 async def test_delegated_mode_refused_names_ray_write(

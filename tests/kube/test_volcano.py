@@ -87,7 +87,7 @@ async def test_a_notice_for_a_node_of_a_volcano_jobs_ray_pods_restarts_the_job_w
     event = Event(kind=Kind.SPOT_INTERRUPTION, event_id="ev-vc", instance_ids=(instance(1),))
     async with KubeCluster(api, ray_control_factory=gcs, replica="r", options=FAST) as kube:
         location = await kube.locate(instance_ids=[instance(1)])
-        assert kube.cache_of(VOLCANO_JOBS) is not None  # the emulator serves batch.volcano.sh
+        assert kube.caches.cache_of(VOLCANO_JOBS) is not None  # the emulator serves batch.volcano.sh
         assert location.unresolved == {}
         (target,) = location.targets
         assert target.facts.volcano_job == f"{NS}/vcjob"
