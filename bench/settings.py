@@ -87,7 +87,8 @@ def pydantic_model() -> str:
                 continue
             seen.add(name)
             default = f.default.value if hasattr(f.default, "value") else f.default
-            lines.append(f"    {name}: {f.type} = Field({default!r}, description={meta.help!r})")
+            kind = "str" if hasattr(f.default, "value") else f.type  # an enum setting (Mode ...): its text
+            lines.append(f"    {name}: {kind} = Field({default!r}, description={meta.help!r})")
     return "\n".join(lines) + "\n"
 
 

@@ -50,7 +50,7 @@ def parse(envelope: Envelope, base: Event, settings: IntakeSettings) -> Event:
 
 
 def plan(event: Event, settings: IntakeSettings) -> Plan:
-    policy = settings.rebalance
+    policy = settings.rebalance_policy
     deadline = None
     if policy is RebalancePolicy.DRAIN and event.time is not None:
         try:

@@ -36,6 +36,12 @@ class Capacity(str, enum.Enum):
     WAIT = "wait"
 
 
+#: The names of the capacities a run is placed on (every :class:`Capacity` but ``wait``), in the
+#: enum's order: the one spelling of ``spot``, ``capacity-block``, ``on-demand`` for the settings
+#: (``--node-join-seconds``, ``--ec2-autoscaler-capacities``), the ledger's prices and Kueue's check.
+CAPACITY_NAMES: tuple[str, ...] = tuple(c.value for c in Capacity if c is not Capacity.WAIT)
+
+
 class Kind(str, enum.Enum):
     """What an SQS message turned out to be."""
 

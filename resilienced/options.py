@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import enum
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import ClassVar, TypeVar
 from urllib.parse import urlsplit
 
@@ -37,15 +39,29 @@ class Option:
     fallback_env: tuple[str, ...] = ()  # standard variables read after ours (AWS_REGION ...)
     metavar: str | None = None
     is_switch: bool = False  # a flag without a value (store_true)
+    bounds: Range | None = None  # the range a value must be in (Group.check_bounds)
+    unit: str = ""  # of a number in the range's error message ("s")
+
+
+#: The least and the most a setting may be: numbers, or durations (timedelta).
+Range = tuple[float, float] | tuple[timedelta, timedelta]
 
 
 def option(default: T, *, help: str, parse: Callable[[str], T], flag: str | None = None,
            fallback_env: Sequence[str] = (), metavar: str | None = None,
-           is_switch: bool = False) -> T:
+           is_switch: bool = False, bounds: Range | None = None, unit: str = "") -> T:
     """Declare a setting: its default, documentation, and how to parse it from a string (as
-    ``dataclasses.field``, it gives the field's value type to the annotation it stands in)."""
+    ``dataclasses.field``, it gives the field's value type to the annotation it stands in).
+
+    ``bounds``: the range its value must be in, written once here: :meth:`Group.check_bounds`
+    checks it (ConfigError naming the flag) and ``{range}`` in ``help`` shows it (``0-20``, ``1m-7d``).
+    """
+    if bounds is not None:
+        help = help.replace("{range}", f"{show_bound(bounds[0])}-{show_bound(bounds[1])}")
+    if "{range}" in help:
+        raise TypeError("{range} in the help of a setting without bounds")
     meta = Option(help=help, parse=parse, flag=flag, fallback_env=tuple(fallback_env),
-                  metavar=metavar, is_switch=is_switch)
+                  metavar=metavar, is_switch=is_switch, bounds=bounds, unit=unit)
     if isinstance(default, (list, dict, set)):
         raise TypeError("use an immutable default (a tuple)")
     return field(default=default, metadata={"option": meta})
@@ -106,15 +122,33 @@ def choice(*choices: str) -> Callable[[str], str]:
     return parse
 
 
+def choice_of(kind: type[E]) -> Callable[[str], E]:
+    """The member of the string enum ``kind`` whose value is given (as :func:`choice`: any case,
+    ``expected one of ...`` otherwise): the setting holds the enum, parsed once here."""
+    by_value = choice(*(member.value for member in kind))
+
+    def parse(value: str) -> E:
+        return kind(by_value(value))
+    return parse
+
+
 # --------------------------------------------------------------------------- the group machinery
 G = TypeVar("G", bound="Group")
 T = TypeVar("T")
+E = TypeVar("E", bound=enum.Enum)
 
 
 class Group:
     """Mixin for a settings group: argparse flags, env lookup, and ``validate()``."""
 
     TITLE: ClassVar[str] = "settings"
+
+    def __post_init__(self) -> None:
+        """An enum setting given its text (``ModeSettings(mode="ray")``) holds the member, as if parsed."""
+        for f in self.options():
+            value = getattr(self, f.name)
+            if isinstance(f.default, enum.Enum) and not isinstance(value, type(f.default)):
+                object.__setattr__(self, f.name, type(f.default)(value))
 
     @classmethod
     def options(cls) -> list[dataclasses.Field]:
@@ -164,6 +198,23 @@ class Group:
                 raise ConfigError(flag_of(f), f"{e} (from {origin})") from None
         return cls(**values)
 
+    def check_bounds(self, *names: str) -> None:
+        """Every setting (or the named ones) declared with ``bounds`` is in its range, else ConfigError
+        naming its flag; a setting whose value is not one number or duration checks its own."""
+        for f in self.options():
+            meta: Option = f.metadata["option"]
+            if meta.bounds is not None and (not names or f.name in names):
+                value = getattr(self, f.name)
+                if not isinstance(value, tuple):
+                    require_within(flag_of(f), value, meta.bounds, meta.unit)
+
+    @classmethod
+    def bounds_of(cls, name: str) -> Range:
+        """The ``bounds`` the setting ``name`` is declared with."""
+        meta: Option = next(f for f in cls.options() if f.name == name).metadata["option"]
+        assert meta.bounds is not None, name
+        return meta.bounds
+
     def validate(self) -> None:  # pragma: no cover - every group overrides
         """Raise ConfigError for a value that cannot work."""
 
@@ -171,6 +222,8 @@ class Group:
 def _show_default(value: object) -> str:
     if value is None or value == ():
         return "unset"
+    if isinstance(value, enum.Enum):
+        return str(value.value)
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, tuple):
@@ -180,7 +233,29 @@ def _show_default(value: object) -> str:
     return str(value)
 
 
-def _require_range(flag: str, value: float, low: float, high: float, unit: str = "") -> None:
+def show_bound(value: float | timedelta) -> str:
+    """A bound as the help writes it: ``0.05``, ``43200``; a duration in its largest whole unit, ``30m``, ``7d``."""
+    if not isinstance(value, timedelta):
+        return _show_default(float(value))
+    total = value.total_seconds()
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60), ("s", 1)):
+        if total and total % size == 0:
+            return f"{int(total // size)}{unit}"
+    return _show_default(total)
+
+
+def require_within(flag: str, value: object, bounds: Range, unit: str = "") -> None:
+    """``value`` within ``bounds`` (numbers, or durations), else ConfigError naming ``flag``."""
+    low, high = bounds
+    if isinstance(low, timedelta) and isinstance(high, timedelta):
+        if not isinstance(value, timedelta):
+            raise ConfigError(flag, f"expected a duration, got {value!r}")
+        if not low <= value <= high:
+            raise ConfigError(flag, f"must be between {low} and {high}, got {value}")
+        return
+    assert not isinstance(low, timedelta) and not isinstance(high, timedelta), bounds
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ConfigError(flag, f"expected a number, got {value!r}")
     if not (low <= value <= high):
         suffix = f" {unit}" if unit else ""
         raise ConfigError(flag, f"must be between {_show_default(float(low))} and "

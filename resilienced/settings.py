@@ -6,9 +6,12 @@ Every setting is a field of a frozen dataclass *group* (``QueueSettings``, ``Int
 A field is declared with :func:`~resilienced.options.option` (the machinery lives in
 :mod:`resilienced.options`), which carries its
 flag (``--visibility-timeout``), its environment variables (``RESILIENCED_VISIBILITY_TIMEOUT``,
-plus standard fallbacks such as ``AWS_REGION``), how to parse it from a string, and its
+plus standard fallbacks such as ``AWS_REGION``), how to parse it from a string, its range
+(``bounds``: checked by ``Group.check_bounds``, shown where its help says ``{range}``), and its
 documentation (units, and why the default is what it is).  The CLI flags, the environment
-lookup and the settings table in ``docs/intake.md`` all come from that one declaration.
+lookup and the settings table in ``docs/intake.md`` all come from that one declaration.  A setting
+with a fixed set of values holds an enum (``Mode``, ``RebalancePolicy``, ``ExportMode``), parsed
+from its text once (``choice_of``); the flags and environment values are that text.
 
 Precedence: flag, then the environment variables in order, then the default.  Parsing errors
 and range errors raise :class:`~resilienced.errors.ConfigError` naming the flag; the CLI prints
@@ -36,17 +39,20 @@ from urllib.parse import urlsplit
 
 from resilienced.capacity.policy import CapacityPolicy
 from resilienced.errors import ConfigError
+from resilienced.model import CAPACITY_NAMES
 from resilienced.options import (
     ACCOUNT_RE,
     REGION_RE,
     _AWS_QUEUE_HOST_RE,
     Group,
     Option,
-    _require_range,
+    require_within,
+    show_bound,
     _require_url,
     _show_default,
     boolean,
     choice,
+    choice_of,
     csv,
     env_of,
     flag_of,
@@ -77,27 +83,27 @@ class QueueSettings(Group):
              "or LocalStack, such as http://127.0.0.1:5000. Unset in production: botocore picks "
              "each service's regional endpoint.")
     wait_seconds: int = option(
-        20, parse=integer, metavar="S",
-        help="Long-poll wait of one ReceiveMessage, in seconds (0-20). 20 is SQS's maximum: "
+        20, parse=integer, bounds=(0, 20), unit="s", metavar="S",
+        help="Long-poll wait of one ReceiveMessage, in seconds ({range}). 20 is SQS's maximum: "
              "fewest empty receives, and a new message is still returned as soon as it arrives.")
     batch_size: int = option(
-        10, parse=integer, metavar="N",
-        help="Messages asked for per ReceiveMessage (1-10). 10 is SQS's maximum, as NTH and "
+        10, parse=integer, bounds=(1, 10), metavar="N",
+        help="Messages asked for per ReceiveMessage ({range}). 10 is SQS's maximum, as NTH and "
              "Karpenter use.")
     concurrency: int = option(
-        10, parse=integer, metavar="N",
-        help="Messages handled at the same time (1-1000). 10 matches NTH's workers and "
+        10, parse=integer, bounds=(1, 1000), metavar="N",
+        help="Messages handled at the same time ({range}). 10 matches NTH's workers and "
              "Karpenter's per-batch parallelism; a mass interruption is a few hundred messages.")
     visibility_timeout: int = option(
-        60, parse=integer, metavar="S",
-        help="Visibility timeout given to received messages, in seconds (2-43200). While a "
+        60, parse=integer, bounds=(2, 43200), unit="s", metavar="S",
+        help="Visibility timeout given to received messages, in seconds ({range}). While a "
              "message is being handled it is extended every visibility/3, so this bounds how "
              "long a crashed replica's message stays hidden, not how long handling may take. "
              "60 s: a dead replica's work is picked up within a minute, at 3 extensions a minute.")
     shutdown_timeout: float = option(
-        30.0, parse=seconds, metavar="S",
+        30.0, parse=seconds, bounds=(0, 3600), unit="s", metavar="S",
         help="On SIGTERM, how long in-flight messages may take to finish before they are "
-             "released (visibility 0) for another replica, in seconds (0-3600). Keep it below "
+             "released (visibility 0) for another replica, in seconds ({range}). Keep it below "
              "the pod's terminationGracePeriodSeconds (Kubernetes default 30 s) minus a few "
              "seconds; 30 s suits a grace period of 45 s or more.")
     allow_no_dlq: bool = option(
@@ -106,8 +112,8 @@ class QueueSettings(Group):
              "then deleted with an error log after --max-receives-without-dlq receives instead "
              "of moving to a DLQ. Off by default: nothing should be silently dropped.")
     max_receives_without_dlq: int = option(
-        5, parse=integer, metavar="N",
-        help="With --allow-no-dlq: receives after which a poison message is deleted (1-1000). "
+        5, parse=integer, bounds=(1, 1000), metavar="N",
+        help="With --allow-no-dlq: receives after which a poison message is deleted ({range}). "
              "5 gives a transient problem a few chances while a poison body cannot loop forever.")
 
     def validate(self, *, require_queue: bool = True) -> None:
@@ -124,12 +130,7 @@ class QueueSettings(Group):
                                           "--region or env RESILIENCED_REGION / AWS_REGION)")
         if self.effective_region is not None and not REGION_RE.fullmatch(self.effective_region):
             raise ConfigError("--region", f"{self.effective_region!r} is not an AWS region name")
-        _require_range("--wait-seconds", self.wait_seconds, 0, 20, "s")
-        _require_range("--batch-size", self.batch_size, 1, 10)
-        _require_range("--concurrency", self.concurrency, 1, 1000)
-        _require_range("--visibility-timeout", self.visibility_timeout, 2, 43200, "s")
-        _require_range("--shutdown-timeout", self.shutdown_timeout, 0, 3600, "s")
-        _require_range("--max-receives-without-dlq", self.max_receives_without_dlq, 1, 1000)
+        self.check_bounds()
 
     @property
     def effective_region(self) -> str | None:
@@ -165,44 +166,43 @@ class IntakeSettings(Group):
     allowed_regions: tuple[str, ...] = option(
         (), parse=csv, metavar="R,S",
         help="Comma-separated regions whose events are accepted; others are invalid. Unset: any.")
-    rebalance_policy: str = option(
-        RebalancePolicy.NOTIFY.value, parse=choice(*(p.value for p in RebalancePolicy)),
-        metavar="POLICY",
+    rebalance_policy: RebalancePolicy = option(
+        RebalancePolicy.NOTIFY, parse=choice_of(RebalancePolicy), metavar="POLICY",
         help="notify | checkpoint-ahead | drain. Rebalance recommendations are frequent and "
              "only mean elevated risk (AWS documents no lead time), so the default only "
              "records them; checkpoint-ahead gets a durable checkpoint without stopping the "
              "run; drain treats the recommendation as an interruption notice.")
     asg_deadline_seconds: float = option(
-        120.0, parse=seconds, metavar="S",
+        120.0, parse=seconds, bounds=(1, 172800), unit="s", metavar="S",
         help="Deadline of an ASG terminate lifecycle action, in seconds after the event "
-             "(1-172800). The hook's heartbeat timeout (30-7200 s, AWS default 3600) is not in "
+             "({range}). The hook's heartbeat timeout (30-7200 s, AWS default 3600) is not in "
              "the event; 120 s treats a terminate hook like a Spot notice, which is never too "
              "late. Set it to your hook's timeout to let runs use the slack.")
     notice_seconds: float = option(
-        120.0, parse=seconds, metavar="S",
-        help="Lead time of a Spot interruption notice, in seconds (5-120): the deadline is the "
+        120.0, parse=seconds, bounds=(5, 120), unit="s", metavar="S",
+        help="Lead time of a Spot interruption notice, in seconds ({range}): the deadline is the "
              "event's time plus this (also for a capacity-reservation interruption without "
              "instance-termination-time, and a rebalance under the drain policy). EC2 gives "
              "120 s; only the local drill shortens it, to play the story in less time.")
     stale_after_seconds: float = option(
-        300.0, parse=seconds, metavar="S",
+        300.0, parse=seconds, bounds=(0, 86400), unit="s", metavar="S",
         help="A notice whose deadline (or, without one, whose time) passed more than this long "
              "ago is stale: acknowledged with the reason, counted in "
-             "resilienced_stale_events_total, not acted on. In seconds (0-86400). 5 min covers "
+             "resilienced_stale_events_total, not acted on. In seconds ({range}). 5 min covers "
              "a queue backlog or a retried delivery while the run can still use the notice; "
              "older, the instance is gone and acting would drain or requeue on old news. An "
              "ASG lifecycle action is judged by its own timeout (--asg-deadline-seconds) "
              "instead: once that passed, the ASG has gone on without us.")
     future_skew_seconds: float = option(
-        300.0, parse=seconds, metavar="S",
+        300.0, parse=seconds, bounds=(1, 86400), unit="s", metavar="S",
         help="A notice whose time is more than this ahead of the daemon's clock is from the "
              "future: acknowledged with the reason, counted, not acted on. In seconds "
-             "(1-86400). EventBridge stamps events with AWS's clock; 5 min is far more than "
+             "({range}). EventBridge stamps events with AWS's clock; 5 min is far more than "
              "NTP-synced clocks disagree by, so only a forged or corrupted time trips it.")
     dedupe_seconds: float = option(
-        86400.0, parse=seconds, metavar="S",
+        86400.0, parse=seconds, bounds=(60, 1209600), unit="s", metavar="S",
         help="How long a handled event id is remembered, so a duplicate is acknowledged "
-             "without acting again, in seconds (60-1209600). 24 h is EventBridge's default "
+             "without acting again, in seconds ({range}). 24 h is EventBridge's default "
              "maximum event age for retried deliveries.")
 
     def validate(self) -> None:
@@ -212,16 +212,7 @@ class IntakeSettings(Group):
         for region in self.allowed_regions:
             if not REGION_RE.fullmatch(region):
                 raise ConfigError("--allowed-regions", f"{region!r} is not an AWS region name")
-        RebalancePolicy(self.rebalance_policy)  # parse() already restricted it
-        _require_range("--asg-deadline-seconds", self.asg_deadline_seconds, 1, 172800, "s")
-        _require_range("--dedupe-seconds", self.dedupe_seconds, 60, 1209600, "s")
-        _require_range("--notice-seconds", self.notice_seconds, 5, 120, "s")
-        _require_range("--stale-after-seconds", self.stale_after_seconds, 0, 86400, "s")
-        _require_range("--future-skew-seconds", self.future_skew_seconds, 1, 86400, "s")
-
-    @property
-    def rebalance(self) -> RebalancePolicy:
-        return RebalancePolicy(self.rebalance_policy)
+        self.check_bounds()
 
     @property
     def notice(self) -> timedelta:
@@ -240,14 +231,14 @@ class HttpSettings(Group):
         help="Address the HTTP server listens on. All interfaces, so the kubelet and "
              "Prometheus can reach it in a pod.")
     http_port: int = option(
-        8080, parse=integer, metavar="PORT",
+        8080, parse=integer, bounds=(0, 65535), metavar="PORT",
         help="Port of /metrics, /healthz and /readyz (0 picks a free port; the bound port is "
              "logged). 8080 as Karpenter's metrics port.")
 
     def validate(self) -> None:
         if not self.http_host:
             raise ConfigError("--http-host", "must not be empty")
-        _require_range("--http-port", self.http_port, 0, 65535)
+        self.check_bounds()
 
 
 @dataclass(frozen=True)
@@ -278,8 +269,8 @@ class ModeSettings(Group):
 
     TITLE: ClassVar[str] = "mode"
 
-    mode: str = option(
-        Mode.PLAN.value, parse=choice(*(m.value for m in Mode)), metavar="MODE",
+    mode: Mode = option(
+        Mode.PLAN, parse=choice_of(Mode), metavar="MODE",
         help="plan | kubernetes | ray. plan computes and logs each event's plan and touches "
              "nothing (a safe default for a daemon whose job is to drain nodes: acting is "
              "opted into); kubernetes finds KubeRay runs through the API server; ray acts on "
@@ -321,8 +312,7 @@ class ModeSettings(Group):
              "decision; kubernetes mode reads it from the Node's labels.")
 
     def validate(self) -> None:
-        mode = Mode(self.mode)
-        if mode is Mode.RAY and not self.ray_address:
+        if self.mode is Mode.RAY and not self.ray_address:
             raise ConfigError("--ray-address", "required in ray mode (flag --ray-address or env "
                                                "RESILIENCED_RAY_ADDRESS)")
         if self.checkpoint_uri is not None and not self.checkpoint_uri.startswith("s3://"):
@@ -332,9 +322,12 @@ class ModeSettings(Group):
         if not self.claims_namespace:
             raise ConfigError("--claims-namespace", "must not be empty")
 
-    @property
-    def kind(self) -> Mode:
-        return Mode(self.mode)
+
+class ExportMode(str, enum.Enum):
+    """How a checkpoint reaches S3 from FSx."""
+
+    AUTO = "auto"  # the data repository association auto-exports; the daemon watches S3
+    TASK = "task"  # the daemon starts an FSx export task and waits for it
 
 
 @dataclass(frozen=True)
@@ -343,8 +336,8 @@ class RecoverySettings(Group):
 
     TITLE: ClassVar[str] = "recovery"
 
-    export_mode: str = option(
-        "auto", parse=choice("auto", "task"), metavar="MODE",
+    export_mode: ExportMode = option(
+        ExportMode.AUTO, parse=choice_of(ExportMode), metavar="MODE",
         help="auto | task. auto: the FSx data repository association auto-exports new and "
              "changed files, and the daemon watches S3 until the checkpoint is there. task: the "
              "daemon starts an FSx export task for the run's checkpoint path and waits for it "
@@ -362,38 +355,36 @@ class RecoverySettings(Group):
         help="S3 path of the data repository association (export mode task), such as "
              "s3://bucket/checkpoints.")
     durable_grace_seconds: float = option(
-        60.0, parse=seconds, metavar="S",
+        60.0, parse=seconds, bounds=(0, 3600), unit="s", metavar="S",
         help="How long after the deadline S3 is still watched for the checkpoint, in seconds "
-             "(0-3600): FSx may still be exporting what the run saved just before the node "
+             "({range}): FSx may still be exporting what the run saved just before the node "
              "went.")
     durable_poll_seconds: float = option(
-        2.0, parse=seconds, metavar="S",
-        help="Seconds between looks at S3 (and at an export task) while waiting (0.05-60). "
+        2.0, parse=seconds, bounds=(0.05, 60), unit="s", metavar="S",
+        help="Seconds between looks at S3 (and at an export task) while waiting ({range}). "
              "2 s: a list of a checkpoint prefix is cheap; FSx task status only updates every 30 s.")
     checkpoint_ahead_seconds: float = option(
-        600.0, parse=seconds, metavar="S",
+        600.0, parse=seconds, bounds=(10, 86400), unit="s", metavar="S",
         help="Drain deadline given when an event has none (rebalance with checkpoint-ahead), in "
-             "seconds (10-86400).")
+             "seconds ({range}).")
     node_join_seconds: tuple[str, ...] = option(
-        (), parse=lambda v: _join_priors(v), metavar="S|KIND=S,...",
+        (), parse=lambda v: _join_priors(v), bounds=(1, 3600), unit="s", metavar="S|KIND=S,...",
         help="Elastic runs: how long a replacement node takes to join the Ray cluster (launch, "
-             "boot, image pull, ray start), in seconds (1-3600), for all capacity kinds (240) or "
+             "boot, image pull, ray start), in seconds ({range}), for all capacity kinds (240) or "
              "per kind (spot=240,on-demand=180,capacity-block=120). Used until the daemon has "
              "measured joins of that kind in the cluster; unset: no estimate before one is "
              "measured (the run then shrinks at once). docs/requeue.md, \"Elastic runs\".")
 
     def validate(self) -> None:
-        if self.export_mode == "task":
+        if self.export_mode is ExportMode.TASK:
             if not self.fsx_file_system_id:
                 raise ConfigError("--fsx-file-system-id", "required with --export-mode task")
             if not self.fsx_data_repository_path or not self.fsx_data_repository_path.startswith("s3://"):
                 raise ConfigError("--fsx-data-repository-path",
                                   "required with --export-mode task, as s3://bucket/prefix")
-        _require_range("--durable-grace-seconds", self.durable_grace_seconds, 0, 3600, "s")
-        _require_range("--durable-poll-seconds", self.durable_poll_seconds, 0.05, 60, "s")
-        _require_range("--checkpoint-ahead-seconds", self.checkpoint_ahead_seconds, 10, 86400, "s")
+        self.check_bounds()
         for kind, value in self.node_join_priors.items():
-            _require_range(f"--node-join-seconds ({kind})", value, 1, 3600, "s")
+            require_within(f"--node-join-seconds ({kind})", value, self.bounds_of("node_join_seconds"), "s")
 
     @property
     def node_join_priors(self) -> dict[str, float]:
@@ -436,12 +427,12 @@ class NotifySettings(Group):
              "steps_lost, capacity, capacity_reason, outcome, reason, stage, "
              "seconds_from_notice); see docs/operations.md.")
     notify_timeout_seconds: float = option(
-        5.0, parse=seconds, metavar="S",
-        help="Total time one POST may take, in seconds (0.1-60). Slack answers in well under a "
+        5.0, parse=seconds, bounds=(0.1, 60), unit="s", metavar="S",
+        help="Total time one POST may take, in seconds ({range}). Slack answers in well under a "
              "second; 5 s bounds a hanging endpoint. The recovery never waits for it.")
     notify_retries: int = option(
-        2, parse=integer, metavar="N",
-        help="Retries of a POST that timed out, could not connect or got 429/5xx (0-10), after "
+        2, parse=integer, bounds=(0, 10), metavar="N",
+        help="Retries of a POST that timed out, could not connect or got 429/5xx ({range}), after "
              "0.5 s, 1 s, 2 s ... Then the failure is counted and logged.")
 
     def validate(self) -> None:
@@ -454,8 +445,7 @@ class NotifySettings(Group):
                 and self.notify_webhook_file is None:
             raise ConfigError("--notify-template", "given without --notify-webhook")
         self.webhook_url()
-        _require_range("--notify-timeout-seconds", self.notify_timeout_seconds, 0.1, 60, "s")
-        _require_range("--notify-retries", self.notify_retries, 0, 10)
+        self.check_bounds()
 
     def webhook_url(self) -> str | None:
         """The URL given, else the one in --notify-webhook-file (None: no notifications)."""
@@ -490,56 +480,51 @@ class FollowUpSettings(Group):
              "scheduled (ray mode: joined), training; fall back to the next capacity when a stage "
              "stalls. false: a recovery ends with the requeue, as before (docs/requeue.md).")
     admitted_bound_seconds: float = option(
-        600.0, parse=seconds, metavar="S",
+        600.0, parse=seconds, bounds=(5, 86400), unit="s", metavar="S",
         help="How long a Kueue-managed run's Workload may stay pending after the requeue before the "
-             "recovery counts as stalled, in seconds (5-86400). 10 min: Kueue admits within seconds "
+             "recovery counts as stalled, in seconds ({range}). 10 min: Kueue admits within seconds "
              "when quota is free; minutes of pending mean quota or flavors do not fit.")
     scheduled_bound_seconds: float = option(
-        900.0, parse=seconds, metavar="S",
+        900.0, parse=seconds, bounds=(5, 86400), unit="s", metavar="S",
         help="How long the gang's worker pods may wait for Nodes of the decided capacity (ray mode: "
              "for the replacement node to join) before the recovery counts as stalled, in seconds "
-             "(5-86400). 15 min: Karpenter launches and a GPU node boots and joins in 3-10 min.")
+             "({range}). 15 min: Karpenter launches and a GPU node boots and joins in 3-10 min.")
     training_bound_seconds: float = option(
-        900.0, parse=seconds, metavar="S",
+        900.0, parse=seconds, bounds=(5, 86400), unit="s", metavar="S",
         help="How long the run may take to train a step again once scheduled (image pull, Ray start, "
-             "checkpoint restore), in seconds (5-86400). 15 min covers a multi-GB image and a large "
+             "checkpoint restore), in seconds ({range}). 15 min covers a multi-GB image and a large "
              "restore; the trainer's resume record says when it trained again.")
     max_fallbacks: int = option(
-        2, parse=integer, metavar="N",
-        help="Moves to the next capacity a stalled recovery may make before the run is stuck (0-10). "
+        2, parse=integer, bounds=(0, 10), metavar="N",
+        help="Moves to the next capacity a stalled recovery may make before the run is stuck ({range}). "
              "2: Spot -> Capacity Block -> On-Demand covers the ranking; more moves restart the gang "
              "for little.")
     fallback_cooldown_seconds: float = option(
-        1800.0, parse=seconds, metavar="S",
+        1800.0, parse=seconds, bounds=(60, 604800), unit="s", metavar="S",
         help="How long capacity that stalled a run's recovery is not tried again for that run, in "
-             "seconds (60-604800). 30 min: longer than a stall bound, shorter than a Spot wave.")
+             "seconds ({range}). 30 min: longer than a stall bound, shorter than a Spot wave.")
     follow_up_interval_seconds: float = option(
-        15.0, parse=seconds, metavar="S",
-        help="Seconds between two looks at every followed run (0.2-600). 15 s: a few API reads per "
+        15.0, parse=seconds, bounds=(0.2, 600), unit="s", metavar="S",
+        help="Seconds between two looks at every followed run ({range}). 15 s: a few API reads per "
              "run, small next to the bounds.")
     follow_up_claim_ttl_seconds: float = option(
-        60.0, parse=seconds, metavar="S",
+        60.0, parse=seconds, bounds=(10, 3600), unit="s", metavar="S",
         help="TTL of a run's move claim held by the follow-up while it looks at or moves the run, "
-             "renewed every third of it, in seconds (10-3600). 60 s, as the run claims (the "
+             "renewed every third of it, in seconds ({range}). 60 s, as the run claims (the "
              "visibility timeout): a replica that dies mid-move leaves the run to another within "
              "it. (The requeue step of a notice holds the same claim with the run claim's TTL.)")
 
     def validate(self) -> None:
-        for flag, value, low, high in (
-                ("--admitted-bound-seconds", self.admitted_bound_seconds, 5, 86400),
-                ("--scheduled-bound-seconds", self.scheduled_bound_seconds, 5, 86400),
-                ("--training-bound-seconds", self.training_bound_seconds, 5, 86400),
-                ("--fallback-cooldown-seconds", self.fallback_cooldown_seconds, 60, 604800),
-                ("--follow-up-interval-seconds", self.follow_up_interval_seconds, 0.2, 600),
-                ("--follow-up-claim-ttl-seconds", self.follow_up_claim_ttl_seconds, 10, 3600)):
-            _require_range(flag, value, low, high, "s")
-        _require_range("--max-fallbacks", self.max_fallbacks, 0, 10)
+        self.check_bounds()
 
 
 def _ratio(value: str) -> float:
+    """A ratio, refused as it is read when outside ``--goodput-floor``'s declared bounds."""
     number = float(value)
-    if not 0 <= number <= 1:
-        raise ValueError(f"expected a ratio between 0 and 1, got {value!r}")
+    low, high = LedgerSettings.bounds_of("goodput_floor")
+    assert isinstance(low, (int, float)) and isinstance(high, (int, float))
+    if not low <= number <= high:
+        raise ValueError(f"expected a ratio between {show_bound(low)} and {show_bound(high)}, got {value!r}")
     return number
 
 
@@ -556,13 +541,13 @@ class LedgerSettings(Group):
              "\"hours\": ..., \"instances\": ...}}}), read first; what it lacks is asked of the AWS Pricing API "
              "(GetProducts, us-east-1). For clusters that cannot reach the Pricing API. Unset: the API only.")
     goodput_floor: float = option(
-        0.8, parse=_ratio, metavar="RATIO",
-        help="The goodput below which a run is alerted on (ResilienceRunGoodputLow), 0-1: exported as "
+        0.8, parse=_ratio, bounds=(0, 1), metavar="RATIO",
+        help="The goodput below which a run is alerted on (ResilienceRunGoodputLow), {range}: exported as "
              "resilienced_goodput_floor_ratio for the alert rule. 0.8: a run that loses a fifth of its "
              "GPU time to interruptions is worth a look.")
 
     def validate(self) -> None:
-        _require_range("--goodput-floor", self.goodput_floor, 0, 1)
+        self.check_bounds()
         if self.on_demand_prices is not None:  # read once here; its entries are checked as the daemon opens it
             try:
                 json.loads(Path(self.on_demand_prices).read_text())
@@ -617,28 +602,26 @@ class Ec2NodeSettings(Group):
             if not sep or not zone or not re.fullmatch(r"subnet-[0-9a-f]{8,17}", subnet):
                 raise ConfigError("--ec2-subnets", f"{entry!r}: expected ZONE=subnet-<hex>")
         for kind in self.ec2_autoscaler_capacities:
-            if kind not in _JOIN_KINDS:
+            if kind not in CAPACITY_NAMES:
                 raise ConfigError("--ec2-autoscaler-capacities",
-                                  f"{kind!r}: expected one of {', '.join(_JOIN_KINDS)}")
+                                  f"{kind!r}: expected one of {', '.join(CAPACITY_NAMES)}")
         if not self.ec2_owner or not re.fullmatch(r"[A-Za-z0-9_.:=+@-]{1,128}", self.ec2_owner):
             raise ConfigError("--ec2-owner", f"{self.ec2_owner!r}: 1-128 of letters, digits and _.:=+@-")
 
 
 # --------------------------------------------------------------------------- all groups
-_JOIN_KINDS = ("spot", "capacity-block", "on-demand")
-
 
 def _join_priors(value: str) -> tuple[str, ...]:
     """``240`` or ``spot=240,on-demand=180`` -> ("capacity-block=240", ...): one per kind given."""
     items = [v.strip() for v in value.split(",") if v.strip()]
     if len(items) == 1 and "=" not in items[0]:
-        return tuple(f"{kind}={seconds(items[0])}" for kind in _JOIN_KINDS)
+        return tuple(f"{kind}={seconds(items[0])}" for kind in CAPACITY_NAMES)
     out = {}
     for item in items:
         kind, sep, number = item.partition("=")
         kind = kind.strip().lower()
-        if not sep or kind not in _JOIN_KINDS:
-            raise ValueError(f"expected seconds or KIND=seconds with KIND one of {', '.join(_JOIN_KINDS)}, "
+        if not sep or kind not in CAPACITY_NAMES:
+            raise ValueError(f"expected seconds or KIND=seconds with KIND one of {', '.join(CAPACITY_NAMES)}, "
                              f"got {item!r}")
         out[kind] = seconds(number)
     return tuple(f"{kind}={out[kind]}" for kind in sorted(out))
@@ -694,9 +677,9 @@ class Settings:
         """Check every group once; raise ConfigError naming the first bad setting."""
         for name in self.GROUPS:
             getattr(self, name).validate()
-        if self.ec2_nodes.ec2_launch_template and self.mode.kind is not Mode.RAY:
+        if self.ec2_nodes.ec2_launch_template and self.mode.mode is not Mode.RAY:
             raise ConfigError("--ec2-launch-template", f"launches ray mode's replacement nodes; --mode is "
-                                                       f"{self.mode.mode}")
+                                                       f"{self.mode.mode.value}")
         return self
 
 

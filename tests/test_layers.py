@@ -363,8 +363,9 @@ def test_package_inits_import_nothing_of_ours() -> None:
 def test_importing_settings_loads_no_aws_kubernetes_or_http_library() -> None:
     ours, libraries = loaded_by("resilienced.settings", IMPORT_TIME_EDGES)
     assert {name: where for name, where in libraries.items() if name in HEAVY_LIBRARIES} == {}
+    # resilienced.model: the capacity names (model.CAPACITY_NAMES) the settings check; standard library only
     assert ours <= {"resilienced", "resilienced.settings", "resilienced.options", "resilienced.errors",
-                    "resilienced.capacity", "resilienced.capacity.policy"}, sorted(ours)
+                    "resilienced.model", "resilienced.capacity", "resilienced.capacity.policy"}, sorted(ours)
 
 
 @pytest.mark.integration

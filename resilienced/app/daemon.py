@@ -89,7 +89,7 @@ async def serve(settings: Settings, *, responder: Responder | None = None,
                             endpoint_url=qs.endpoint_url, max_receive_count=max_receive_count,
                             concurrency=qs.concurrency, visibility_timeout_s=qs.visibility_timeout,
                             http_port=http.port, replica=consumer.replica,
-                            rebalance_policy=settings.intake.rebalance_policy)
+                            rebalance_policy=settings.intake.rebalance_policy.value)
                 if ready is not None:
                     ready.set()
                 await running.spawn(consumer.run(), name="resilienced.consumer",
@@ -200,7 +200,7 @@ async def run(settings: Settings, *, ready: asyncio.Event | None = None, observe
     stop = stop if stop is not None else asyncio.Event()
     for sig in signals:
         loop.add_signal_handler(sig, _on_stop_signal, stop, logger, sig)
-    logger.info("starting", mode=settings.mode.mode, queue_url=settings.queue.queue_url)
+    logger.info("starting", mode=settings.mode.mode.value, queue_url=settings.queue.queue_url)
     for sig in early_signals or ():
         _on_stop_signal(stop, logger, sig)
     started = ready if ready is not None else asyncio.Event()

@@ -464,7 +464,7 @@ async def open_lookup(settings: LookupSettings) -> AsyncIterator[Finder]:
         planner = CapacityPlanner(source=capacity, policy=settings.capacity)
         gcs_errors: dict[str, str] = {}
         cluster: Cluster
-        if mode.kind is Mode.KUBERNETES:
+        if mode.mode is Mode.KUBERNETES:
             from resilienced.kube.api import connect
             from resilienced.kube.cluster import KubeCluster, KubeOptions
 

@@ -72,7 +72,7 @@ from resilienced.followup.follower import Follower, FollowUpMetrics, FollowUpOpt
 from resilienced.recovery.move import Mover
 from resilienced.recovery.plan_only import PlanLogger
 from resilienced.recovery.responder import Recovery, RecoveryMetrics, RecoveryOptions
-from resilienced.settings import Mode, Settings
+from resilienced.settings import ExportMode, Mode, Settings
 from resilienced.supervisor import Supervisor
 
 if TYPE_CHECKING:  # imported where used: the kubernetes client is loaded in kubernetes mode only
@@ -306,7 +306,7 @@ def _follower(settings: Settings, parts: ModeParts, *, mover: Mover | None,
                       training=timedelta(seconds=fs.training_bound_seconds)),
         max_fallbacks=fs.max_fallbacks, cooldown=timedelta(seconds=fs.fallback_cooldown_seconds),
         interval_s=fs.follow_up_interval_seconds, claim_ttl_s=fs.follow_up_claim_ttl_seconds,
-        keep=timedelta(seconds=settings.intake.dedupe_seconds), mode=settings.mode.kind.value)
+        keep=timedelta(seconds=settings.intake.dedupe_seconds), mode=settings.mode.mode.value)
     return Follower(store=parts.follow_ups, cluster=parts.cluster, progress=parts.progress,
                     mover=mover, objects=store, options=options, metrics=metrics,
                     notifier=notifier, replica=replica, ledger=ledger)
@@ -345,7 +345,7 @@ async def open_runtime(
     from resilienced.capacity.ec2 import Ec2Capacity
     from resilienced.capacity.planner import CapacityPlanner
 
-    mode = settings.mode.kind
+    mode = settings.mode.mode
     groups = metric_groups(metrics)  # in every mode: the same series for dashboards and alerts
     groups.ledger.floor.set(settings.ledger.goodput_floor)
     if mode is Mode.PLAN:
@@ -368,7 +368,7 @@ async def open_runtime(
         lifecycle = Lifecycle(await client("autoscaling"))
         export = None
         rs = settings.recovery
-        if rs.export_mode == "task":
+        if rs.export_mode is ExportMode.TASK:
             from resilienced.aws.fsx import FsxExportTasks
 
             export = FsxExportTasks(client=await client("fsx"),

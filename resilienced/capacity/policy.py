@@ -61,14 +61,14 @@ class CapacityPolicy(Group):
     TITLE: ClassVar[str] = "capacity"
 
     interruption_threshold: int = option(
-        2, parse=integer, metavar="N",
+        2, parse=integer, bounds=(1, 1000), metavar="N",
         help="Interruptions of a pool (instance type x AZ) within --interruption-window at which "
-             "Spot counts as unreliable for it and the run leaves Spot (1-1000). 2: one "
+             "Spot counts as unreliable for it and the run leaves Spot ({range}). 2: one "
              "interruption is ordinary Spot life and moving a gang costs a restart; a second one "
              "within the window says the pool is being reclaimed.")
     interruption_window: timedelta = option(
-        timedelta(hours=1), parse=duration, metavar="DURATION",
-        help="Sliding window in which interruptions of a pool are counted (1m-7d). 1 h: Spot "
+        timedelta(hours=1), parse=duration, bounds=(timedelta(minutes=1), timedelta(days=7)), metavar="DURATION",
+        help="Sliding window in which interruptions of a pool are counted ({range}). 1 h: Spot "
              "reclaims come in waves of minutes to hours; a longer window keeps runs off a pool "
              "that has since recovered.")
     allow_on_demand: bool = option(
@@ -76,21 +76,21 @@ class CapacityPolicy(Group):
         help="Whether a run may go to On-Demand when Spot is unreliable and no Capacity Block has "
              "room. False: the run waits (decision `wait`) instead of paying On-Demand prices.")
     spot_cooldown: timedelta = option(
-        timedelta(hours=2), parse=duration, metavar="DURATION",
+        timedelta(hours=2), parse=duration, bounds=(timedelta(0), timedelta(days=7)), metavar="DURATION",
         help="How long a run moved off Spot stays off it, and how long the pool must have been "
-             "quiet (no interruption) before the run goes back (0-7d). 2 h: twice the default "
+             "quiet (no interruption) before the run goes back ({range}). 2 h: twice the default "
              "window, so a run does not bounce back into the wave that pushed it out.")
     block_end_margin: timedelta = option(
-        timedelta(minutes=40), parse=duration, metavar="DURATION",
-        help="A Capacity Block is never used within this time of its end (30m-1d). 40 min: EC2 "
+        timedelta(minutes=40), parse=duration, bounds=(timedelta(minutes=30), timedelta(days=1)), metavar="DURATION",
+        help="A Capacity Block is never used within this time of its end ({range}). 40 min: EC2 "
              "starts terminating a block's instances 30 min before its end (60 min for "
              "UltraServers) and sends the expiration warning 40 min before; Karpenter drains at "
              "40 min too, so for a run on Karpenter's nodes (label karpenter.sh/nodepool) the "
              "margin used is never below 40 min, whatever this says.")
     min_block_time: timedelta = option(
-        timedelta(hours=1), parse=duration, metavar="DURATION",
+        timedelta(hours=1), parse=duration, bounds=(timedelta(0), timedelta(days=7)), metavar="DURATION",
         help="When the run's remaining time is unknown, the least usable time (before "
-             "--block-end-margin) a Capacity Block must still offer to be chosen (0-7d). 1 h: a "
+             "--block-end-margin) a Capacity Block must still offer to be chosen ({range}). 1 h: a "
              "move costs a gang restart; a block that forces another move sooner is not worth it.")
     prefer_blocks: bool = option(
         False, parse=boolean, metavar="BOOL",
@@ -111,8 +111,8 @@ class CapacityPolicy(Group):
         help="Call PurchaseCapacityBlock with DryRun: checks permissions and the offering and "
              "records what would be bought, buys nothing. On by default; turn off to really buy.")
     purchase_max_wait: timedelta = option(
-        timedelta(minutes=30), parse=duration, metavar="DURATION",
-        help="The latest an offering may start, from now, to be bought for a waiting run (0-7d). "
+        timedelta(minutes=30), parse=duration, bounds=(timedelta(0), timedelta(days=7)), metavar="DURATION",
+        help="The latest an offering may start, from now, to be bought for a waiting run ({range}). "
              "30 min: a block starting later leaves the gang down too long; On-Demand or waiting "
              "for Spot is then the better answer.")
     purchase_platform: str = option(
@@ -126,11 +126,12 @@ class CapacityPolicy(Group):
              "selects). The IAM policy must allow exactly these keys (CloudFormation parameter "
              "CapacityBlockTagKeys). Empty: only the purchase key.")
     wait_retry: timedelta = option(
-        timedelta(minutes=1), parse=duration, metavar="DURATION",
-        help="After a `wait` decision, when the requeue is worth trying again (1s-1h). 1 min: "
+        timedelta(minutes=1), parse=duration, bounds=(timedelta(seconds=1), timedelta(hours=1)), metavar="DURATION",
+        help="After a `wait` decision, when the requeue is worth trying again ({range}). 1 min: "
              "below Karpenter's 3 min ICE cache, so a freed pool is noticed soon.")
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         # ``choice`` lower-cases; keep the AWS spelling.
         for platform in PLATFORMS:
             if self.purchase_platform.lower() == platform.lower():
@@ -140,14 +141,7 @@ class CapacityPolicy(Group):
     def validate(self) -> None:
         if isinstance(self.interruption_threshold, bool) or not isinstance(self.interruption_threshold, int):
             raise ConfigError("--interruption-threshold", f"expected a whole number, got {self.interruption_threshold!r}")
-        if not 1 <= self.interruption_threshold <= 1000:
-            raise ConfigError("--interruption-threshold", f"must be between 1 and 1000, got {self.interruption_threshold}")
-        _range("--interruption-window", self.interruption_window, timedelta(minutes=1), timedelta(days=7))
-        _range("--spot-cooldown", self.spot_cooldown, timedelta(0), timedelta(days=7))
-        _range("--block-end-margin", self.block_end_margin, timedelta(minutes=30), timedelta(days=1))
-        _range("--min-block-time", self.min_block_time, timedelta(0), timedelta(days=7))
-        _range("--purchase-max-wait", self.purchase_max_wait, timedelta(0), timedelta(days=7))
-        _range("--wait-retry", self.wait_retry, timedelta(seconds=1), timedelta(hours=1))
+        self.check_bounds()
         if self.price_cap is not None and self.price_cap <= 0:
             raise ConfigError("--price-cap", f"must be a positive dollar amount, got {self.price_cap}")
         if self.purchase_blocks and self.price_cap is None:
@@ -174,9 +168,3 @@ class CapacityPolicy(Group):
             tags[key] = value
         return tags
 
-
-def _range(flag: str, value: timedelta, low: timedelta, high: timedelta) -> None:
-    if not isinstance(value, timedelta):
-        raise ConfigError(flag, f"expected a duration, got {value!r}")
-    if not low <= value <= high:
-        raise ConfigError(flag, f"must be between {low} and {high}, got {value}")

@@ -21,10 +21,10 @@ from resilienced.kube.cluster_caches import (
     ClusterCaches,
 )
 from resilienced.kube.karpenter import selectable_reservations
-from resilienced.kube.kueue import CAPACITIES, QueueCheck, closed_capacities, worker_needs
+from resilienced.kube.kueue import QueueCheck, closed_capacities, worker_needs
 from resilienced.kube.locate import KUEUE_QUEUE_LABEL, capacity_selector, kueue_manages, labels, name_of, namespace_of
 from resilienced.log import get as get_logger
-from resilienced.model import Capacity, NodeShape, RunFacts
+from resilienced.model import CAPACITY_NAMES, Capacity, NodeShape, RunFacts
 
 log = get_logger(__name__)
 
@@ -74,5 +74,5 @@ def kueue_facts(caches: ClusterCaches, run_objects: Sequence[JsonObj], facts: Ru
     check = QueueCheck(clusterqueue, needs=needs, own_selector=own, flavor_labels=lambda f: (
         None if (flavor := flavors.get(None, f)) is None  # type: ignore[union-attr]
         else (flavor.get("spec") or {}).get("nodeLabels") or {}))
-    closed = closed_capacities(check, {c: capacity_selector(c, shape=facts.node_shape) for c in CAPACITIES})
+    closed = closed_capacities(check, {c: capacity_selector(c, shape=facts.node_shape) for c in CAPACITY_NAMES})
     return replace(facts, closed_capacity=closed)

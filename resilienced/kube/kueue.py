@@ -37,8 +37,6 @@ from decimal import Decimal, InvalidOperation
 
 from resilienced.model import JsonValue
 
-#: Capacities the check answers for, in the decision's own words.
-CAPACITIES = ("spot", "capacity-block", "on-demand")
 _QUANTITY = re.compile(r"^([+-]?[0-9.]+)([a-zA-Z]*)$")
 _SUFFIX = {"": 1, "m": Decimal("0.001"), "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18,
            "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}

@@ -51,8 +51,6 @@ PARTS: tuple[str, ...] = tuple(p.value for p in Part)
 #: The moments a ledger marks (``Ledger.marks``): the notice, training stopped on the lost node, the
 #: requeue, the capacity placed, training again.
 MARKS: tuple[str, ...] = ("notice", "stopped", "requeued", "placed", "again")
-#: The capacities a price is read for (the ``capacity`` label of the premium counter).
-CAPACITIES: tuple[str, ...] = ("spot", "capacity-block", "on-demand")
 FORMAT = "resilienced-ledger/1"
 
 

@@ -53,8 +53,6 @@ HISTORY_KEPT = 20
 HISTORY_USED = 5
 #: A record whose node has not joined this long after it was asked for is settled as never joined.
 GIVE_UP_S = 3600.0
-#: The capacity kinds a prior can be given for (``--node-join-seconds``).
-CAPACITY_KINDS = ("spot", "capacity-block", "on-demand")
 
 
 def estimate_join(history: Sequence[float], prior: float | None) -> tuple[float | None, str]:

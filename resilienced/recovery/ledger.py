@@ -45,7 +45,7 @@ from resilienced import log
 from resilienced.aws.pricing import Prices
 from resilienced.aws.s3 import ObjectNotFound, parse_s3_uri
 from resilienced.clock import parse_time
-from resilienced.model import CapacityOffering, JsonValue
+from resilienced.model import CAPACITY_NAMES, CapacityOffering, JsonValue
 from resilienced.ops.ledger import (
     CapacityUse,
     Gpus,
@@ -297,7 +297,7 @@ class LedgerKeeper:
     async def _prices(self, record: Mapping[str, JsonValue], recovery: Recovery) -> dict[str, Price]:
         facts = _object(_object(record.get("target"), "target").get("facts"), "target.facts")
         if self.prices is None:
-            return {c: Price.unknown("", "no price source configured") for c in ("spot", "capacity-block", "on-demand")}
+            return {c: Price.unknown("", "no price source configured") for c in CAPACITY_NAMES}
         itype, zone = _text(facts.get("instance_type")), _text(facts.get("availability_zone"))
         named = [str(f.get(k) or "").split()
                  for f in _objects(record.get("fallbacks"), "fallbacks") for k in ("from", "to")]

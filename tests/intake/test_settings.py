@@ -117,3 +117,45 @@ def test_node_join_seconds_is_one_figure_for_every_kind_or_one_per_kind():
         settings(["--node-join-seconds", "reserved=60"])
     with pytest.raises(ConfigError, match=r"--node-join-seconds \(spot\)"):
         settings(["--node-join-seconds", "spot=0"]).recovery.validate()
+
+
+def test_a_range_is_declared_once_shown_in_the_help_and_checked_naming_the_flag():
+    from datetime import timedelta
+
+    from resilienced.capacity.policy import CapacityPolicy
+
+    helps = {flag: help_text for _, flag, _, _, help_text in documented_options()}
+    assert QueueSettings.bounds_of("wait_seconds") == (0, 20) and "in seconds (0-20)." in helps["--wait-seconds"]
+    assert CapacityPolicy.bounds_of("interruption_window") == (timedelta(minutes=1), timedelta(days=7))
+    assert "counted (1m-7d)." in helps["--interruption-window"]
+    with pytest.raises(ConfigError, match=r"^--wait-seconds: must be between 0 and 20 s, got 21$"):
+        settings(["--queue-url", QUEUE, "--wait-seconds", "21"]).validate()
+    with pytest.raises(ConfigError, match=r"^--interruption-window: must be between 0:01:00 and 7 days"):
+        CapacityPolicy(interruption_window=timedelta(seconds=59))
+    with pytest.raises(ConfigError, match=r"^--goodput-floor: expected a ratio between 0 and 1, got '1.5'"):
+        settings(["--goodput-floor", "1.5"])
+
+
+def test_enum_settings_hold_the_member_parsed_once_and_name_the_flag_on_a_bad_value():
+    from resilienced.settings import ExportMode, IntakeSettings, Mode, ModeSettings, RebalancePolicy
+
+    s = settings(["--mode", "RAY", "--export-mode", "task"], {"RESILIENCED_REBALANCE_POLICY": "drain"})
+    assert s.mode.mode is Mode.RAY and s.recovery.export_mode is ExportMode.TASK
+    assert s.intake.rebalance_policy is RebalancePolicy.DRAIN
+    assert settings().mode.mode is Mode.PLAN and settings().recovery.export_mode is ExportMode.AUTO
+    # given its text in code (the drill, tests), an enum setting still holds the member
+    assert ModeSettings(mode="kubernetes").mode is Mode.KUBERNETES
+    assert IntakeSettings(rebalance_policy="checkpoint-ahead").rebalance_policy is RebalancePolicy.CHECKPOINT_AHEAD
+    with pytest.raises(ConfigError, match=r"^--mode: expected one of plan, kubernetes, ray, got 'k8s' "
+                                          r"\(from env RESILIENCED_MODE\)$"):
+        settings([], {"RESILIENCED_MODE": "k8s"})
+    with pytest.raises(ConfigError, match=r"^--export-mode: expected one of auto, task, got 'push'"):
+        settings(["--export-mode", "push"])
+
+
+def test_the_capacity_names_are_the_model_s_capacities():
+    from resilienced.model import CAPACITY_NAMES, Capacity
+
+    assert CAPACITY_NAMES == ("spot", "capacity-block", "on-demand")
+    assert all(Capacity(name) is not Capacity.WAIT for name in CAPACITY_NAMES)
+    assert set(settings(["--node-join-seconds", "60"]).recovery.node_join_priors) == set(CAPACITY_NAMES)
