@@ -34,7 +34,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 from urllib.parse import urlsplit
 
 from resilienced.capacity.policy import CapacityPolicy
@@ -671,7 +671,8 @@ class Settings:
             parser = argparse.ArgumentParser(prog="resilienced run")
             cls.add_arguments(parser)
             args = parser.parse_args(list(args or []))
-        return cls(**{name: group.from_args(args, environ) for name, group in cls.GROUPS.items()})
+        groups: dict[str, Any] = {name: group.from_args(args, environ) for name, group in cls.GROUPS.items()}
+        return cls(**groups)  # each name's group, as GROUPS pairs them
 
     def validate(self) -> Settings:
         """Check every group once; raise ConfigError naming the first bad setting."""

@@ -258,7 +258,7 @@ def _ray_mode(settings: Settings, *, ec2: AioBaseClient, provider: NodeProvider 
     from resilienced.ray.progress import RayProgress
     from resilienced.ray.requeue import RayModeRequeuer
 
-    ray = RayGcs(settings.mode.ray_address, token=read_token(settings.mode.ray_token_file))
+    ray = RayGcs(settings.mode.ray_address or "", token=read_token(settings.mode.ray_token_file))
     cluster = RayModeCluster(ray=ray, checkpoint_uri=settings.mode.checkpoint_uri, ec2=ec2,
                              instance_label=settings.mode.instance_label,
                              instance_type=settings.mode.instance_type)
@@ -372,7 +372,7 @@ async def open_runtime(
             from resilienced.aws.fsx import FsxExportTasks
 
             export = FsxExportTasks(client=await client("fsx"),
-                                    report_path=rs.fsx_data_repository_path.rstrip("/") + "/.fsx-reports",
+                                    report_path=(rs.fsx_data_repository_path or "").rstrip("/") + "/.fsx-reports",
                                     mount_point=rs.fsx_file_system_path if rs.fsx_file_system_path.startswith("/") else "/")
         notifier = _notifier(settings, groups.notify)
         if notifier is not None:

@@ -176,7 +176,7 @@ class Prices:
             return block_price(upfront_fee=float(offering.upfront_fee), hours=hours,
                                instances=offering.instance_count, source=f"offering {offering.offering_id}")
         if self.file is not None and reservation_id in self.file.blocks:
-            fee, hours, instances = self.file.blocks[reservation_id]  # type: ignore[index]
+            fee, hours, instances = self.file.blocks[reservation_id]
             return block_price(upfront_fee=fee, hours=hours, instances=instances,
                                source=f"{self.file.where} {reservation_id}")
         return Price.unknown(f"capacity-block {reservation_id}", "the block's upfront fee is not known (not "

@@ -137,7 +137,7 @@ def slack_body(facts: Mapping[str, JsonValue]) -> dict[str, JsonValue]:
     if f["lost_gpu_seconds"] != "-" or f["goodput"] != "-":  # the ledger, on resumed and stuck
         fields += [("Lost GPU-seconds", "lost_gpu_seconds"), ("Premium over Spot (USD)", "premium_usd"),
                    ("Goodput", "goodput")]
-    blocks: list[dict[str, JsonValue]] = [
+    blocks: list[JsonValue] = [
         {"type": "section", "text": {"type": "mrkdwn", "text": f"*resilienced*: {headline}"}},
         {"type": "section", "fields": [{"type": "mrkdwn", "text": f"*{title}*\n{f[key]}"}
                                        for title, key in fields]},
