@@ -7,6 +7,7 @@ Volcano Job, else the RayJob, else the RayCluster) through :class:`~resilienced.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import datetime, timezone
 
 from kubernetes_asyncio import client as k8s
@@ -56,10 +57,17 @@ class Marks:
         """Taint the Node ``resilienced.io/interruption=<reason>:NoSchedule`` (once; patch, not replace).
 
         Node taints have no strategic-merge key, so the patch carries the whole list, guarded by
-        the resourceVersion it was read at; a 409 re-reads the Node and tries again.
+        the resourceVersion it was read at; a 409 re-reads the Node and tries again.  A target
+        without a Node name (an instance whose Node runs no Ray pod any more: a notice that came
+        after its run was moved, issue #45) is the Node of its instance, if the cache has one.
         """
         if not target.node:
-            return
+            found = self._caches.nodes.by_index("instance", target.instance_id) if target.instance_id else []
+            if not found:
+                return
+            target = replace(target, node=str((found[0].get("metadata") or {}).get("name") or ""))
+            if not target.node:
+                return
         taint = {"key": TAINT_KEY, "value": taint_value(reason), "effect": "NoSchedule"}
         node = self._caches.nodes.get(None, target.node)
         for _ in range(self._conflict_retries):

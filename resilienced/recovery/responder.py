@@ -6,7 +6,10 @@
    the plan's instances (for a Capacity Block expiry, the reservation's instances from EC2) ->
    the Ray Train runs on them (:meth:`Cluster.locate`), grouped per run: several instances of one
    run are one gang and are handled together;
-2. per run, under a claim ``run/<event id>/<run>`` (cross-replica idempotency: a run already
+2. per run: a notice of a run this replica handles now joins that handling (``recovery.waves``:
+   its own instances cordoned and drained, added to the run's move unless it began, the outcome
+   shared; no claim and no Event of its own); else it leads the run's handling, under a claim
+   ``run/<event id>/<run>`` (cross-replica idempotency: a run already
    done for this event is skipped; one held by another delivery is retried later, never skipped):
 
    * NOTIFY: an Event on the run, nothing else;
@@ -58,7 +61,8 @@ from resilienced.recovery.steps import (
     SignalStep,
     StepResults,
 )
-from resilienced.recovery.targets import find_targets
+from resilienced.recovery.targets import Targets, find_targets
+from resilienced.recovery.waves import Wave, Waves
 from resilienced.errors import (
     PermanentError,
     ResilienceError,
@@ -150,12 +154,15 @@ class RunReport:
     instances: list[str]
     steps: StepResults = StepResults()
     skipped: str | None = None
+    joined: str | None = None  # the event whose handling of the run this notice joined (recovery.waves)
     record: RunRecord | None = None  # what the done claim keeps
 
     def as_json(self) -> dict[str, JsonValue]:
         out: dict[str, JsonValue] = {"run": self.run, "instances": list(self.instances), **self.steps.as_json()}
         if self.skipped:
             out["skipped"] = self.skipped
+        if self.joined:
+            out["joined"] = self.joined
         return out
 
 
@@ -209,6 +216,7 @@ class Recovery:
         self.follower = follower
         self.clock = clock
         self._log = log.get("resilienced.recovery")
+        self.waves: Waves[RunReport] = Waves()  # the runs this replica handles now
 
     # ------------------------------------------------------------------ the plan
     async def act(self, plan: Plan, *, holder: str) -> Outcome:
@@ -218,6 +226,7 @@ class Recovery:
         async with hook_kept_alive(self.lifecycle, plan) as beats:  # an ASG hook waits for the save
             outcomes = await asyncio.gather(*(self._run(plan, run, holder=holder) for run in runs),
                                             return_exceptions=True)
+        cordoned = await self._cordon_runless(plan, found)
         reports: list[JsonValue] = []
         temporary: list[TemporaryError] = []
         permanent: list[str] = []
@@ -241,6 +250,8 @@ class Recovery:
             lifecycle = await self._complete_lifecycle(plan)
         details: dict[str, JsonValue] = {"runs": reports, "unresolved": dict(found.unresolved),
                                    "instances": list[JsonValue](instance_ids)}
+        if cordoned:
+            details["cordoned"] = list[JsonValue](cordoned)
         if lifecycle:
             details["lifecycle"] = lifecycle
         if beats:
@@ -263,7 +274,94 @@ class Recovery:
                        reason=f"{len(runs)} run(s): " + ", ".join(r.run_key for r in runs))
 
     # ------------------------------------------------------------------ one run
+    async def needs_event_claim(self, plan: Plan) -> bool:
+        """Whether ``plan`` needs the consumer's event claim (``consumer.event_claim.SharesClaims``).
+
+        Not when every run it hits is handled in this replica now by a wave that does its steps
+        (it joins that handling, which holds the run claim); a plan that hits no run (a copy of a
+        handled event is a duplicate, not ``not_actionable``), a terminate hook (completed once per
+        event) and a plan that cannot be located now are claimed as before.
+        """
+        if Step.COMPLETE_LIFECYCLE in plan.steps:
+            return True
+        try:
+            found = await find_targets(plan, cluster=self.cluster, capacity=self.capacity)
+        except ResilienceError:
+            return True  # the act meets it again and says why
+        return not found.runs or not all(self._joins(plan, self.waves.current(r.run_key)) for r in found.runs)
+
+    @staticmethod
+    def _joins(plan: Plan, wave: Wave[RunReport] | None) -> bool:
+        """Whether ``plan`` joins ``wave``: it does the plan's steps, and the plan's event is not in
+        it already (a copy of an event goes the claims' way: a duplicate, or a retry)."""
+        return wave is not None and wave.covers(plan.steps) and plan.event.event_id not in wave.events
+
     async def _run(self, plan: Plan, target: Target, *, holder: str) -> RunReport:
+        """A notice of a run this replica handles now joins that handling (``recovery.waves``);
+        else it leads the run's handling (:meth:`_lead`), which later notices join."""
+        wave = self.waves.current(target.run_key)
+        if self._joins(plan, wave):
+            assert wave is not None
+            return await self._join(plan, target, wave)
+        if wave is not None:  # under way for fewer steps (a notify-only notice), or a copy: as before
+            return await self._lead(plan, target, holder=holder, wave=None)
+        async with self.waves.lead(target.run_key, event_id=plan.event.event_id, steps=plan.steps) as wave:
+            report = await self._lead(plan, target, holder=holder, wave=wave)
+            wave.finish(report)
+            return report
+
+    async def _join(self, plan: Plan, target: Target, wave: Wave[RunReport]) -> RunReport:
+        """Join ``wave``: cordon and drain this notice's own instances, add them to the run's move
+        unless it began, and share the wave's outcome; no claim and no Event of its own."""
+        event = plan.event
+        report = RunReport(run=target.run_key, instances=list(target.facts.instance_ids), joined=wave.event_id)
+        if event.event_id:
+            wave.events.add(event.event_id)
+        if Step.SIGNAL in plan.steps:
+            await self._signal(plan, target, report, record=False)
+        in_move = wave.join(target)
+        try:
+            await asyncio.shield(wave.ended)
+        except TemporaryError as e:
+            raise TemporaryError(f"{e} (this notice joined the handling of run {target.run_key} for event "
+                                 f"{wave.event_id})", delay=e.delay, backends=backends_of(e)) from e
+        if not in_move and not self._moves_whole_gangs(target):
+            raise TemporaryError(f"run {target.run_key} was being moved for event {wave.event_id} when this "
+                                 "notice joined: its instances are looked at again", delay=1.0)
+        return report
+
+    async def _moved_since(self, target: Target, event: Event) -> str | None:
+        """The event another notice moved ``target``'s run for after ``event`` was sent, from the
+        run's follow-up record (None: not known to be moved).  A retried notice whose RayCluster
+        the move's suspension deleted is then done with that move, not failed (issue #45)."""
+        if self.follower is None or event.time is None:
+            return None
+        try:
+            record = await self.follower.read(target.run_key)
+        except ResilienceError:
+            return None
+        if record is None or record.event_id == event.event_id or record.opened_at < event.time:
+            return None
+        return record.event_id
+
+    def _moves_whole_gangs(self, target: Target) -> bool:
+        """Whether a move of ``target``'s run takes every worker (kubernetes mode, not elastic): a
+        notice that joined after the move began is then in it all the same."""
+        return self.mover is not None and self.mover.kind == "kubernetes" and target.facts.elastic is not True
+
+    async def _cordon_runless(self, plan: Plan, found: Targets) -> list[str]:
+        """Cordon the Nodes of the plan's instances that run no Ray pod of a run (any more: a notice
+        handled after its run was moved finds the pods deleted, issue #45); the instances done."""
+        if Step.SIGNAL not in plan.steps:
+            return []
+        lone = [i for i in found.instance_ids if i in found.unresolved]
+        bare = [Target(instance_id=i, node=None, ray_cluster=None, ray_job=None, ray_node_ids=(),
+                       checkpoint_uri=None) for i in lone]
+        await asyncio.gather(*(self.cluster.cordon(t, reason=plan.event.kind.value, deadline=self._deadline(plan, t))
+                               for t in bare))
+        return lone
+
+    async def _lead(self, plan: Plan, target: Target, *, holder: str, wave: Wave[RunReport] | None) -> RunReport:
         """The run's steps under its run claim (``claims.held_claim``: renewed every third of its
         TTL while the steps go on; a replica that lost it takes no further step and does not
         complete it, docs/reliability.md, the fencing fix; a step under way when it is lost
@@ -284,10 +382,17 @@ class Recovery:
                 raise TemporaryError(f"run {target.run_key} for event {event.event_id} is being "
                                      f"handled by {who}", delay=ttl)
             for step, act in ((Step.NOTIFY, self._notify), (Step.SIGNAL, self._signal),
-                              (Step.DURABLE, self._durable), (Step.REQUEUE, partial(self._requeue, holder=holder))):
+                              (Step.DURABLE, self._durable), (Step.REQUEUE, partial(self._requeue, holder=holder, wave=wave))):
                 if step in plan.steps:
                     held.check()  # a replica that lost its claim does not take another step
-                    await act(plan, target, report)
+                    try:
+                        await act(plan, target, report)
+                    except PermanentError as e:
+                        moved = await self._moved_since(target, event)
+                        if moved is None:
+                            raise
+                        report.skipped = f"{e}; the run was moved for event {moved} after this notice"
+                        break
             report.record = RunRecord.of(event, run=report.run, instances=tuple(report.instances),
                                          steps=report.steps, outcome="done", at=self.clock())
             await held.complete(report.record.as_json())  # after a renewal in flight; not when lost
@@ -312,7 +417,7 @@ class Recovery:
         deadline = capacity_block_expiry.run_deadline(plan, node_shape=target.facts.node_shape)
         return deadline or (self.clock() + timedelta(seconds=self.options.checkpoint_ahead_seconds))
 
-    async def _signal(self, plan: Plan, target: Target, report: RunReport) -> None:
+    async def _signal(self, plan: Plan, target: Target, report: RunReport, *, record: bool = True) -> None:
         event = plan.event
         deadline = self._deadline(plan, target)
         drained: dict[str, str] = {}
@@ -338,7 +443,8 @@ class Recovery:
         rejected = [n for n, o in drained.items() if o == "rejected"]
         if rejected:
             raise TemporaryError(f"GCS did not accept the drain of {', '.join(rejected)}", delay=5)
-        await self._record(target, event, reason=REASON_DRAINING, warning=True, message=(
+        if record:  # a notice that joined a run's handling records nothing: its leader does
+            await self._record(target, event, reason=REASON_DRAINING, warning=True, message=(
             f"{event.kind.value} (event {event.event_id}): drained Ray node(s) "
             f"{', '.join(drained) or 'none on these instances'} of run {target.run_key} "
             f"with deadline {deadline.isoformat()}; every rank saves the step it is on"))
@@ -402,8 +508,12 @@ class Recovery:
             outcome="not_durable", reason=result.reason, resume_step=result.fallback_step,
             steps_lost=result.steps_lost, rejected=tuple(result.rejected)))
 
-    async def _requeue(self, plan: Plan, target: Target, report: RunReport, *, holder: str) -> None:
+    async def _requeue(self, plan: Plan, target: Target, report: RunReport, *, holder: str,
+                       wave: Wave[RunReport] | None = None) -> None:
         event = plan.event
+        if wave is not None:  # the notices that joined the run's handling are in its move; none after
+            target = wave.begin_move(target)
+            report.instances = list(target.facts.instance_ids)
         if Step.DURABLE not in plan.steps and target.checkpoint_uri and self.store is not None:
             # The instance is already gone (no notice): the run resumes from what is in S3.
             newest = await newest_durable(store=self.store, uri=target.checkpoint_uri,

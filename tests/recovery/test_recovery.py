@@ -412,3 +412,64 @@ async def test_two_notices_of_one_run_at_once_move_it_once_without_the_follow_up
     assert len(on_the_run) == 1, [e.get("message") for e in on_the_run]
     counts = world.kubeapi.counts()
     assert (counts[("patch", "rayjobs.ray.io")], counts[("delete", "pods")]) == (1, 2), counts  # one move
+
+
+def spot_notice(i: int, *, when: datetime, event_id: str | None = None) -> Any:
+    return plan_of(body("EC2 Spot Instance Interruption Warning",
+                        {"instance-id": instance(i), "instance-action": "terminate"}, when=when,
+                        event_id=event_id or f"7e9d2f6c-0000-4000-8000-00000000020{i}"))
+
+
+async def test_a_gangs_notices_in_one_replica_are_handled_as_one(world: World) -> None:
+    """Issue #45: the two workers' notices of one run, in flight in one replica at once, are one
+    handling: the first leads (its run claim, its move claim, one Event per step on the run), the
+    second joins (its own Node cordoned, its Ray node drained, its instance in the move) and shares
+    the outcome; it writes no claim and no Event of its own, and the consumer takes no event claim
+    for it."""
+    now = datetime.now(timezone.utc)
+    first, second = spot_notice(1, when=now), spot_notice(2, when=now)
+    assert await world.recovery.needs_event_claim(first)  # nothing under way: it leads, claimed
+    async def save_after_both_drains() -> None:  # the trainer saves once both workers were told
+        while len(world.gcs.drains) < 2:
+            await asyncio.sleep(0.02)
+        await save_after_the_drain(world, step=13)
+
+    saver = asyncio.create_task(save_after_both_drains())
+    leading = asyncio.create_task(world.recovery.act(first, holder="replica-a/m1"))
+    while world.recovery.waves.current(f"{NS}/train") is None:
+        await asyncio.sleep(0.01)
+    assert not await world.recovery.needs_event_claim(second)  # its run is under way here: it joins
+    joining = await world.recovery.act(second, holder="replica-a/m2")
+    led = await leading
+    await saver
+    assert led.result is Result.DONE and joining.result is Result.DONE, (led.reason, joining.reason)
+    assert joining.details["runs"][0]["joined"] == first.event.event_id
+    assert sorted(d[0] for d in world.gcs.drains) == ["01" * 28, "02" * 28]
+    assert all(any(t["key"] == "resilienced.io/interruption" for t in world.kubeapi.get("nodes", n)["spec"]["taints"])
+               for n in ("n1", "n2"))
+    assert led.details["runs"][0]["instances"] == [instance(1), instance(2)]  # the move took both
+    keys = sorted(l["metadata"]["annotations"]["resilienced.io/claim-key"]
+                  for l in world.kubeapi.list("leases", namespace=DAEMON_NS))
+    assert keys == [f"run/{first.event.event_id}/{NS}/train"], keys  # the move claim was released
+    for reason in ("Draining", "CheckpointDurable", "Requeued"):
+        on_job = [e for e in world.events(reason) if e["involvedObject"]["kind"] == "RayJob"]
+        assert len(on_job) == 1, (reason, on_job)
+    counts = world.kubeapi.counts()
+    assert counts[("patch", "rayjobs.ray.io")] == 1 and counts[("patch", "nodes")] == 2, counts
+
+
+async def test_a_notice_that_finds_its_run_gone_still_cordons_its_node(world: World) -> None:
+    """Issue #45 (a): a notice handled after its run's requeue finds no Ray pod on its Node (Kueue
+    suspended the job, KubeRay deleted the pods); its Spot Node is cordoned all the same (under the
+    event claim, as before: a copy of a handled event stays a duplicate)."""
+    world.kubeapi.delete("pods", "train-w2", namespace=NS)
+    while (await world.cluster.locate(instance_ids=[instance(2)])).targets:  # the watch saw it go
+        await asyncio.sleep(0.01)
+    plan = spot_notice(2, when=datetime.now(timezone.utc))
+    assert await world.recovery.needs_event_claim(plan)
+    outcome = await world.recovery.act(plan, holder="replica-a/m1")
+    assert outcome.result is Result.NOT_ACTIONABLE, outcome.reason
+    assert outcome.details["cordoned"] == [instance(2)]
+    taints = world.kubeapi.get("nodes", "n2")["spec"].get("taints") or []
+    assert [t["key"] for t in taints] == ["resilienced.io/interruption"], taints
+    assert world.gcs.drains == [] and world.kubeapi.list("leases", namespace=DAEMON_NS) == []
