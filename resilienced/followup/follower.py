@@ -5,19 +5,27 @@ The :class:`Follower` is a long-lived task of the daemon (a reconciler, as Karpe
 move claim as the requeue (``recovery.move.Mover``, which makes every move of a run), and then completes the notice: the SQS message is not held for the
 minutes a run takes to train again (docs/requeue.md, "Following the run after the requeue").
 Every ``interval`` the follower lists the follow-ups (``ports.FollowUpStore``: a Lease per run
-in kubernetes mode, the GCS KV in ray mode) and, for each open one, under the run's move claim
-``move/<run>`` (TTL ``claim_ttl``, renewed while held; never two moves of one run at once, and a
-replica that dies mid-move leaves the claim to expire before another goes on):
+in kubernetes mode, the GCS KV in ray mode) and looks at the open ones together, at most
+``looks_at_once`` at a time.  For each one it:
 
 1. finishes a move another replica recorded as decided and did not record as made (the
    record's ``moving``: applied again, which changes nothing if it was applied: the run is
    moved once);
-2. looks at the current stage (``ports.Progress``; the training stage from the trainer's resume
-   records in S3, ``trainer.resume``) and asks :func:`resilienced.followup.rules.judge`;
+2. looks at the current stage (``ports.Progress``: in kubernetes mode from the daemon's watch
+   caches; the training stage from the trainer's resume records in S3, ``trainer.resume``) and
+   asks :func:`resilienced.followup.rules.judge`;
 3. goes on to the next stage, ends the follow-up (``TrainingResumed``), falls back to the next
    capacity of the decision's ranking (the stalled one unusable for the run for ``cooldown``;
    ``RecoveryStalled``), or gives up after ``max_fallbacks`` moves (``RecoveryStuck``: the run
    is still watched for training, never moved again).
+
+A move (1., and a fallback in 3.) is made under the run's move claim ``move/<run>`` (TTL
+``claim_ttl``, renewed while held; never two moves of one run at once, and a replica that dies
+mid-move leaves the claim to expire before another goes on), on the record read again under it
+and unchanged since the look; a look that does not move the run takes no claim (issue #45: a
+waiting run costs no write).  Every write of a record is at the version read, so two replicas'
+looks at one run, or a look and a notice's requeue, never both write: the later one finds the
+record changed (:class:`RecordChanged`) and the run is looked at again next pass.
 
 Each end and each fallback is an Event on the run, a webhook notification and metrics.
 """
@@ -25,7 +33,7 @@ Each end and each fallback is an Event on the run, a webhook notification and me
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta, timezone
 from typing import Any
@@ -90,6 +98,15 @@ class FollowUpOptions:
     claim_ttl_s: float = 60.0
     keep: timedelta = timedelta(hours=24)
     mode: str = "kubernetes"
+    looks_at_once: int = 10  # open follow-ups looked at together in a pass
+
+
+class RecordChanged(TemporaryError):
+    """The follow-up record changed since it was read (another replica, or a notice's requeue)."""
+
+
+#: Times a requeue's follow-up is opened again on a record a look changed meanwhile.
+OPEN_TRIES = 3
 
 
 class FollowUpMetrics:
@@ -156,14 +173,21 @@ class Follower:
         """
         if result.refused or result.dry_run or result.capacity is Capacity.WAIT or not event.event_id:
             return None
+        tries = 1
+        while True:  # the move claim keeps other moves out, not a look's write of the record
+            try:
+                return await self._open(target, event=event, result=result, steps=steps)
+            except RecordChanged:
+                if tries >= OPEN_TRIES:
+                    raise
+                tries += 1
+
+    async def _open(self, target: Target, *, event: Event, result: RequeueResult, steps: StepResults) -> FollowUp:
         now = self.clock()
         existing = await self.read(target.run_key)
-        if not opens_new(existing, event_id=event.event_id, event_time=event.time, changed=result.changed):
+        if existing is not None and not opens_new(existing, event_id=event.event_id, event_time=event.time,
+                                                  changed=result.changed):
             return existing
-        if existing is not None and not existing.ended:  # one record per run: the new one replaces it
-            self._count_end("superseded")
-            self._log.info("follow-up superseded", run=existing.run, event_id=existing.event_id,
-                           by=event.event_id, stage=existing.stage)
         if event.kind is Kind.CAPACITY_BLOCK_EXPIRY and event.capacity_reservation_id:
             target = replace(target, facts=replace(target.facts, exclude=tuple(dict.fromkeys(
                 [*target.facts.exclude, event.capacity_reservation_id]))))
@@ -180,6 +204,10 @@ class Follower:
             bought={**(existing.bought if existing is not None else {}), **bought_by(result)},
             version=existing.version if existing is not None else None)
         record = await self._save(record)
+        if existing is not None and not existing.ended:  # one record per run: the new one replaced it
+            self._count_end("superseded")
+            self._log.info("follow-up superseded", run=existing.run, event_id=existing.event_id,
+                           by=event.event_id, stage=existing.stage)
         self._log.info("follow-up opened", run=record.run, event_id=record.event_id, capacity=record.where,
                        stages=list(record.stages))
         return record
@@ -203,15 +231,22 @@ class Follower:
                 records.append(FollowUp.from_json(data, version=version))
             except ValueError as e:
                 self._log.warning("follow-up record unreadable", error=str(e))
-        after = []
-        for record in records:
+        looks = asyncio.Semaphore(max(1, self.options.looks_at_once))
+
+        async def one(record: FollowUp) -> FollowUp | None:
             if record.ended:
                 if record.ended_at is not None and now - record.ended_at > self.options.keep:
                     await self.store.delete(record.run, version=record.version or "")
-                else:
-                    after.append(record)
-                continue
-            after.append(await self._follow(record))
+                    return None
+                return record
+            async with looks:
+                return await self._follow(record)
+
+        done = await asyncio.gather(*(one(r) for r in records), return_exceptions=True)
+        failed = next((r for r in done if isinstance(r, BaseException)), None)
+        if failed is not None:  # every look finished first: none is cut off mid-move
+            raise failed
+        after = [r for r in done if isinstance(r, FollowUp)]
         self._gauge(after)
         if self.ledger is not None:  # every replica: each run's goodput, from its newest ledger
             self.ledger.show([r.as_json() for r in after])
@@ -230,28 +265,36 @@ class Follower:
         self.metrics.overdue.set(sum(overdue(r, now=now, bounds=self.options.bounds) for r in records))
 
     async def _follow(self, record: FollowUp) -> FollowUp:
-        """One run, under its move claim; the record as it is afterwards."""
+        """One look at one run (the record as the pass listed it); the record as it is afterwards."""
+        try:
+            try:
+                return await self._step(record)
+            except (PermanentError, ValueError, KeyError) as e:  # the run is gone, cannot be moved or
+                # decided for (a fact missing): nothing more to try; said on the run and notified
+                return await self._stuck(record, f"the follow-up cannot go on: {type(e).__name__}: {e}")
+        except RecordChanged as e:  # another replica's look, or a requeue, wrote it first
+            self._log.info("follow-up record changed meanwhile", run=record.run, error=str(e))
+            return record
+        except ResilienceError as e:
+            self._log.warning("follow-up step failed", run=record.run, error=str(e))
+            return record
+
+    async def _claimed(self, record: FollowUp, move: Callable[[FollowUp], Awaitable[FollowUp]]) -> FollowUp:
+        """``move(fresh)`` under the run's move claim, on the record read again under it and unchanged
+        since the look (``record.version``); else the record as it is (the run is looked at next pass)."""
         async with self.mover.moving(record.run, holder=f"{self.replica}/follow-up",
                                      ttl=self.options.claim_ttl_s) as held:
             if not held:
-                return record  # another replica follows or moves it now
-            try:
-                fresh = await self.read(record.run)
-                if fresh is None or fresh.ended or fresh.event_id != record.event_id:
-                    return fresh or record
-                try:
-                    return await self._step(fresh)
-                except (PermanentError, ValueError, KeyError) as e:  # the run is gone, cannot be moved or
-                    # decided for (a fact missing): nothing more to try; said on the run and notified
-                    return await self._stuck(fresh, f"the follow-up cannot go on: {type(e).__name__}: {e}")
-            except ResilienceError as e:
-                self._log.warning("follow-up step failed", run=record.run, error=str(e))
-                return record
+                return record  # another replica moves it now, or a notice's requeue does
+            fresh = await self.read(record.run)
+            if fresh is None or fresh.version != record.version:
+                return fresh or record
+            return await move(fresh)
 
     async def _step(self, record: FollowUp) -> FollowUp:
         if record.moving is not None:
-            record = await self._move(record)
-            if record.ended or record.state == State.STUCK.value:
+            record = await self._claimed(record, self._move)
+            if record.moving is not None or record.ended or record.state == State.STUCK.value:
                 return record
         if record.state == State.STUCK.value:  # watched for training, never moved again
             seen = await self._training(record)
@@ -269,7 +312,7 @@ class Follower:
         if verdict.action == "resumed":
             return await self._resumed(record, seen)
         if verdict.action == "fall_back":
-            return await self._fall_back(record, verdict.reason)
+            return await self._claimed(record, lambda fresh: self._fall_back(fresh, verdict.reason))
         if verdict.action == "stuck":
             return await self._stuck(record, verdict.reason)
         if record.evidence != seen.detail:  # wait; keep the evidence for status (no write when unchanged)
@@ -433,8 +476,8 @@ class Follower:
     async def _save(self, record: FollowUp) -> FollowUp:
         version = await self.store.put(record.run, record.as_json(), version=record.version)
         if version is None:
-            raise TemporaryError(f"the follow-up of {record.run} was changed by another replica; looked at again "
-                                 "next pass", delay=self.options.interval_s)
+            raise RecordChanged(f"the follow-up of {record.run} was changed by another replica; looked at again "
+                                "next pass", delay=self.options.interval_s)
         return replace(record, version=version)
 
     def _count_end(self, outcome: str) -> None:

@@ -11,7 +11,11 @@ exponential backoff with jitter and resumes the watch from where it was (or list
 the first list never finished).
 
 ``synced`` is set once the first list is in the store and stays set: a later re-list replaces the
-store in one step, so readers never see a half-filled cache.
+store in one step, so readers never see a half-filled cache.  ``behind`` says why the store may lag
+the server (a failed watch or list in its backoff, a 410 Gone before its re-list), None while the
+watch follows it: a reader that must not act on stale state (the follow-up's probe,
+``kube.progress``) takes :attr:`Informer.answers` (synced and not behind) as the cache's answer and
+anything else as "no answer yet".
 """
 
 from __future__ import annotations
@@ -85,6 +89,12 @@ class Source:
     method: Callable[..., Awaitable[object]]
     args: tuple[str, ...] = ()
     label_selector: str | None = None
+    field_selector: str | None = None
+    namespace: str | None = None  # the one namespace a namespaced list covers (None: all, or cluster-scoped)
+
+    def covers(self, namespace: str | None) -> bool:
+        """Whether objects of ``namespace`` are listed (an object absent from the store is absent)."""
+        return self.namespace is None or self.namespace == namespace
 
 
 @dataclass
@@ -122,6 +132,12 @@ class Informer:
         self._changed = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self.failure: BaseException | None = None  # set when the task died of a bug
+        self.behind: str | None = None  # why the store may lag the server now (None: the watch follows it)
+
+    @property
+    def answers(self) -> bool:
+        """Whether the store is the server's state as of the watch: listed, and not behind."""
+        return self.synced.is_set() and self.behind is None and self.running
 
     # ------------------------------------------------------------------ reads
     def get(self, namespace: str | None, name: str) -> JsonObj | None:
@@ -237,10 +253,12 @@ class Informer:
             except _Gone:
                 self.stats.expired += 1
                 self.resource_version = None
+                self.behind = "resourceVersion expired: listing again"
                 log.info("kubernetes cache: resourceVersion expired, listing again", resource=self.source.resource)
             except ResilienceError as err:
                 self.stats.errors += 1
                 self.stats.last_error = str(err)
+                self.behind = str(err)
                 delay = backoff.next()
                 log.warning("kubernetes cache: retrying", resource=self.source.resource, error=str(err),
                             delay_s=round(delay, 1))
@@ -256,8 +274,7 @@ class Informer:
                 "_preload_content": False,
                 "_request_timeout": self.options.request_timeout_s,
             }
-            if self.source.label_selector:
-                kwargs["label_selector"] = self.source.label_selector
+            self._selectors(kwargs)
             if token:
                 kwargs["_continue"] = token
             try:
@@ -277,6 +294,7 @@ class Informer:
         self._replace(items)
         self.resource_version = list_rv
         self.stats.lists += 1
+        self.behind = None
         self.synced.set()
         self._notify()
 
@@ -293,8 +311,7 @@ class Informer:
                 sock_read=self.options.watch_timeout_s + self.options.watch_read_slack_s,
             ),
         }
-        if self.source.label_selector:
-            kwargs["label_selector"] = self.source.label_selector
+        self._selectors(kwargs)
         self.stats.watches += 1
         stream = k8s_watch.Watch(return_type="object")
         try:
@@ -302,6 +319,7 @@ class Informer:
                 async for event in stream.stream(self.source.method, *self.source.args, **kwargs):
                     progressed = True
                     self._apply(event)
+                    self.behind = None
         except (asyncio.CancelledError, _Gone, ResilienceError):
             raise
         except Exception as err:  # kubernetes_asyncio / aiohttp, translated at this boundary
@@ -309,7 +327,14 @@ class Informer:
             if isinstance(translated, KubeStatusError) and translated.status == 410:
                 raise _Gone() from err
             raise translated from err
+        self.behind = None  # the server ended the watch in time: it was following
         return progressed
+
+    def _selectors(self, kwargs: dict[str, JsonValue]) -> None:
+        if self.source.label_selector:
+            kwargs["label_selector"] = self.source.label_selector
+        if self.source.field_selector:
+            kwargs["field_selector"] = self.source.field_selector
 
     def _apply(self, event: Mapping[str, JsonValue]) -> None:
         kind = str(event.get("type", "")).upper()
@@ -328,4 +353,10 @@ class Informer:
             self._notify()
 
 
-__all__ = ["CacheOptions", "Informer", "InformerStats", "Source", "object_key"]
+def controller_uids(obj: Mapping[str, JsonValue]) -> list[str]:
+    """The uid of the object's controller (its controller ownerReference), as an index value."""
+    return [str(ref.get("uid") or "") for ref in (obj.get("metadata") or {}).get("ownerReferences") or []
+            if ref.get("controller")]
+
+
+__all__ = ["CacheOptions", "Informer", "InformerStats", "Source", "controller_uids", "object_key"]

@@ -2,8 +2,11 @@
 
 Nodes, Ray pods, RayClusters and RayJobs are always cached (one :class:`~resilienced.kube.cache.Informer`
 each, in ``namespace`` or all namespaces); the optional resources of other projects (Volcano Jobs,
-Karpenter's NodePools and EC2NodeClasses, Kueue's queues) only where API discovery says the cluster
-serves them, since a cache of a resource that is not served would never sync.  ``wait_ready``
+Karpenter's NodePools, EC2NodeClasses and NodeClaims, Kueue's queues, ResourceFlavors and
+Workloads) only where API discovery says the cluster serves them, since a cache of a resource that
+is not served would never sync.  Where NodeClaims are served, Karpenter's InsufficientCapacityError
+Events on them are cached too (``ICE_EVENTS``).  The follow-up's probe (``kube.progress``) reads
+Workloads (indexed by their controller's uid), ResourceFlavors, NodeClaims and those Events.  ``wait_ready``
 bounds the wait for the first lists, so a caller answers BackendUnavailable (the message is
 retried) instead of hanging.
 """
@@ -17,7 +20,7 @@ from kubernetes_asyncio import client as k8s
 
 from resilienced.errors import BackendUnavailable
 from resilienced.kube.api import BACKEND
-from resilienced.kube.cache import CacheOptions, Informer, Source
+from resilienced.kube.cache import CacheOptions, Indexer, Informer, Source, controller_uids
 from resilienced.kube.discovery import CustomResource, served_as
 from resilienced.kube.locate import (
     RAY_POD_SELECTOR,
@@ -42,7 +45,19 @@ CLUSTERQUEUES = CustomResource("kueue.x-k8s.io", "v1beta2", "clusterqueues", nam
                                older_versions=("v1beta1",))
 RESOURCEFLAVORS = CustomResource("kueue.x-k8s.io", "v1beta2", "resourceflavors", namespaced=False,
                                  older_versions=("v1beta1",))
-OPTIONAL_RESOURCES = (VOLCANO_JOBS, NODEPOOLS, EC2NODECLASSES, LOCALQUEUES, CLUSTERQUEUES, RESOURCEFLAVORS)
+#: Kueue's Workloads (the follow-up's ``admitted`` stage), indexed by their controller's uid ("controller").
+WORKLOADS = CustomResource("kueue.x-k8s.io", "v1beta2", "workloads", namespaced=True, older_versions=("v1beta1",))
+#: Karpenter's NodeClaims (the follow-up's evidence of a launch that failed).
+NODECLAIMS = CustomResource("karpenter.sh", "v1", "nodeclaims", namespaced=False)
+OPTIONAL_RESOURCES = (VOLCANO_JOBS, NODEPOOLS, EC2NODECLASSES, LOCALQUEUES, CLUSTERQUEUES, RESOURCEFLAVORS,
+                      WORKLOADS, NODECLAIMS)
+#: Indices of an optional resource's cache, by its key.
+OPTIONAL_INDEXERS: dict[str, dict[str, Indexer]] = {WORKLOADS.key: {"controller": controller_uids}}
+#: The Event reason Karpenter records on a NodeClaim EC2 had no capacity for.
+ICE_REASON = "InsufficientCapacityError"
+#: The cache of those Events (in ``optional`` by this key), started where NodeClaims are served.
+ICE_EVENTS = f"events/{ICE_REASON}"
+ICE_SELECTOR = f"involvedObject.kind=NodeClaim,reason={ICE_REASON}"
 
 
 class ClusterCaches:
@@ -70,7 +85,8 @@ class ClusterCaches:
 
         def crs(plural: str) -> Source:
             if ns:
-                return Source(f"{plural}.ray.io", custom.list_namespaced_custom_object, ("ray.io", "v1", ns, plural))
+                return Source(f"{plural}.ray.io", custom.list_namespaced_custom_object, ("ray.io", "v1", ns, plural),
+                              namespace=ns)
             return Source(f"{plural}.ray.io", custom.list_cluster_custom_object, ("ray.io", "v1", plural))
 
         self.nodes = Informer(
@@ -81,7 +97,7 @@ class ClusterCaches:
             },
         )
         pod_source = (
-            Source("pods", core.list_namespaced_pod, (ns,), label_selector=RAY_POD_SELECTOR) if ns
+            Source("pods", core.list_namespaced_pod, (ns,), label_selector=RAY_POD_SELECTOR, namespace=ns) if ns
             else Source("pods", core.list_pod_for_all_namespaces, label_selector=RAY_POD_SELECTOR)
         )
         self.pods = Informer(
@@ -96,6 +112,7 @@ class ClusterCaches:
         self.informers: tuple[Informer, ...] = (self.nodes, self.pods, self.rayclusters, self.rayjobs)
         self._api_client = api_client
         self._custom = custom
+        self._core = core
         #: Caches of OPTIONAL_RESOURCES the cluster serves (by CustomResource.key); None until
         #: discovery has answered (start(), else the first wait_ready()).
         self.optional: dict[str, Informer] | None = None
@@ -120,7 +137,10 @@ class ClusterCaches:
             version = await served_as(self._api_client, resource, timeout_s=self._request_timeout_s)
             if version is not None:
                 found[resource.key] = Informer(self._source(replace(resource, version=version)),
-                                               options=self._cache)
+                                               options=self._cache, indexers=OPTIONAL_INDEXERS.get(resource.key))
+        if NODECLAIMS.key in found:
+            found[ICE_EVENTS] = Informer(Source("events", self._core.list_event_for_all_namespaces,
+                                                field_selector=ICE_SELECTOR), options=self._cache)
         self.optional = found
         for informer in found.values():
             informer.start(self._supervisor)
@@ -131,7 +151,8 @@ class ClusterCaches:
         ns = self._namespace
         args = (resource.group, resource.version)
         if resource.namespaced and ns:
-            return Source(resource.key, self._custom.list_namespaced_custom_object, (*args, ns, resource.plural))
+            return Source(resource.key, self._custom.list_namespaced_custom_object, (*args, ns, resource.plural),
+                          namespace=ns)
         return Source(resource.key, self._custom.list_cluster_custom_object, (*args, resource.plural))
 
     def cache_of(self, resource: CustomResource) -> Informer | None:

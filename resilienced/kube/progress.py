@@ -21,28 +21,43 @@ Read, never written, for the follow-up (``resilienced.followup.follower``); each
   (kubernetes-sigs/karpenter ``pkg/controllers/nodeclaim/lifecycle/launch.go`` and ``events.go``,
   v1.x).
 
+Where it reads (issue #45: no run's follow-up polls the API in a loop): the daemon's watch caches
+(:class:`Caches`, ``kube.cluster_caches``: RayJobs, RayClusters, Ray pods, Nodes, and where
+discovery says the cluster serves them Workloads, ResourceFlavors, NodeClaims and Karpenter's
+InsufficientCapacityError Events), so that a look at a waiting run sends no request.  The API is
+read only where no cache holds the object: a resource with no cache (not discovered yet; a
+Workload version other than the requeuer's; a namespace the caches do not watch), and to confirm
+an absence (an object missing from a cache may be younger than the cache's last event: the API
+says whether it is gone).  A cache that has not synced, or whose watch is failing or re-listing
+(``Informer.answers`` false), is no answer: the look raises :class:`NoAnswerYet` (a
+``TemporaryError``: the follow-up looks again next pass) instead of judging on a stale or empty
+store.  Without caches (``caches=None``) every read goes to the API, as before.
+
 RBAC (``resilienced.ops.permissions``): ``kueue.x-k8s.io resourceflavors get``, ``karpenter.sh
-nodeclaims list``, ``events list`` besides what the requeuers have.
+nodeclaims list``, ``events list`` besides what the requeuers have; the caches' ``list``/``watch``
+of Workloads, NodeClaims and Events.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from datetime import datetime
+from typing import Protocol
 
 from kubernetes_asyncio import client as k8s
 
 from resilienced.clock import parse_time
+from resilienced.errors import TemporaryError
 from resilienced.kube.api import JsonObj, KubeStatusError, call
+from resilienced.kube.cache import Informer
+from resilienced.kube.cluster_caches import ICE_EVENTS, ICE_REASON, ICE_SELECTOR, NODECLAIMS, RESOURCEFLAVORS, WORKLOADS
+from resilienced.kube.discovery import CustomResource
+from resilienced.kube.locate import NODE_TYPE_LABEL, labels
 from resilienced.model import Capacity, CapacityDecision, JsonValue, StageSeen, Target
-from resilienced.requeue.kueue import KueueRequeuer, is_active
+from resilienced.requeue.kueue import KueueRequeuer, active_workload, is_active, owned_by
 from resilienced.requeue.objects import RAYCLUSTER, RAYJOB, Kind, Objects, split_key
 from resilienced.requeue.placement import Placement
 
-#: Karpenter's NodeClaim (cluster-scoped); only read where the cluster serves it.
-NODECLAIMS = ("karpenter.sh", "v1", "nodeclaims")
-#: The Event reason Karpenter records on a NodeClaim EC2 had no capacity for.
-ICE_REASON = "InsufficientCapacityError"
 #: How many pieces of evidence a detail names (the rest are counted).
 EVIDENCE = 3
 
@@ -96,17 +111,39 @@ def _listed(items: Sequence[str], what: str) -> str:
     return f"; {what}: " + "; ".join(items[:EVIDENCE]) + more
 
 
+class NoAnswerYet(TemporaryError):
+    """A cache the look reads has not synced, or lags its server now: no verdict from it."""
+
+
+class Caches(Protocol):
+    """The daemon's watch caches the probe reads (``kube.cluster_caches.ClusterCaches``)."""
+
+    @property
+    def nodes(self) -> Informer: ...
+    @property
+    def pods(self) -> Informer: ...  # Ray pods (NODE_TYPE_LABEL exists), indexed by "cluster"
+    @property
+    def rayclusters(self) -> Informer: ...
+    @property
+    def rayjobs(self) -> Informer: ...
+    @property
+    def optional(self) -> Mapping[str, Informer] | None: ...  # by CustomResource.key; None: not discovered
+
+
 class KubeProgress:
-    """``ports.Progress`` on the Kubernetes API (the requeuers' client).
+    """``ports.Progress`` on the Kubernetes API (the requeuers' client) and the daemon's caches.
 
     Args:
         api_client: the daemon's client.
         kueue: the Kueue requeuer, whose Workload lookup and served version are used.
+        caches: the daemon's watch caches (None: every read is an API read).
     """
 
-    def __init__(self, api_client: k8s.ApiClient, *, kueue: KueueRequeuer, request_timeout_s: float = 10.0) -> None:
+    def __init__(self, api_client: k8s.ApiClient, *, kueue: KueueRequeuer, caches: Caches | None = None,
+                 request_timeout_s: float = 10.0) -> None:
         self.objects = Objects(api_client, request_timeout_s=request_timeout_s)
         self.kueue = kueue
+        self.caches = caches
         self._custom = k8s.CustomObjectsApi(api_client)
         self._core = k8s.CoreV1Api(api_client)
         self._timeout = request_timeout_s
@@ -114,14 +151,75 @@ class KubeProgress:
     def _opts(self) -> dict[str, JsonValue]:
         return {"_preload_content": False, "_request_timeout": self._timeout}
 
+    # ------------------------------------------------------------------ caches
+    def _cache(self, informer: Informer | None, namespace: str | None = None) -> Informer | None:
+        """The cache that answers for objects of ``namespace``: None where none holds them (read the
+        API); :class:`NoAnswerYet` where it has not synced or lags its server."""
+        if informer is None or not informer.source.covers(namespace):
+            return None
+        if not informer.answers:
+            raise NoAnswerYet(f"the watch cache of {informer.source.resource} has no answer yet: "
+                              f"{informer.behind or 'not listed yet'}; looked at again next pass")
+        return informer
+
+    def _optional(self, resource: CustomResource | str) -> Informer | None:
+        """An optional resource's cache where discovery found it (None: none, or not discovered)."""
+        found = (self.caches.optional if self.caches is not None else None) or {}
+        return found.get(resource if isinstance(resource, str) else resource.key)
+
+    def _discovered(self) -> bool:
+        return self.caches is not None and self.caches.optional is not None
+
+    def _of_kind(self, kind: Kind) -> Informer | None:
+        if self.caches is None:
+            return None
+        return {RAYJOB: self.caches.rayjobs, RAYCLUSTER: self.caches.rayclusters}.get(kind)
+
+    async def _find(self, kind: Kind, namespace: str, name: str) -> JsonObj | None:
+        """A RayJob or RayCluster: from its cache; the API where none holds it or it is missing there
+        (absent from the cache may be newer than its last event)."""
+        cache = self._cache(self._of_kind(kind), namespace)
+        found = cache.get(namespace, name) if cache is not None else None
+        return found if found is not None else await self.objects.find(kind, namespace, name)
+
+    async def _workload(self, job: Mapping[str, JsonValue], kind: Kind) -> JsonObj | None:
+        """The job's Workload (``KueueRequeuer.find_workload``): from the Workloads' cache where it holds
+        the requeuer's version and the job's namespace, else (or when it holds none) the API."""
+        cache = self._optional(WORKLOADS)
+        namespace = (job.get("metadata") or {}).get("namespace")
+        if cache is not None and cache.source.args[1:2] == (self.kueue.workload.version,):
+            cache = self._cache(cache, namespace)
+            uid = (job.get("metadata") or {}).get("uid")
+            owned = [w for w in cache.by_index("controller", str(uid or "")) if owned_by(w, job, kind)] if cache else []
+            if owned:
+                return active_workload(owned)
+        return await self.kueue.find_workload(job, kind)
+
+    async def _worker_pods(self, namespace: str, cluster_name: str) -> list[JsonObj]:
+        cache = self._cache(self.caches.pods if self.caches is not None else None, namespace)
+        if cache is not None:
+            pods = [p for p in cache.by_index("cluster", f"{namespace}/{cluster_name}")
+                    if labels(p).get(NODE_TYPE_LABEL) == "worker"]
+        else:
+            pods = await self.objects.pods(namespace, label_selector=f"ray.io/cluster={cluster_name},"
+                                                                    f"{NODE_TYPE_LABEL}=worker")
+        return [p for p in pods if not (p.get("metadata") or {}).get("deletionTimestamp")]
+
+    async def _node_labels(self, name: str) -> dict[str, str] | None:
+        cache = self._cache(self.caches.nodes if self.caches is not None else None)
+        node = cache.get(None, name) if cache is not None else None
+        if node is None:  # no cache, or not in it: the API says whether it is gone
+            return await self.objects.node_labels(name)
+        return dict((node.get("metadata") or {}).get("labels") or {})
+
     # ------------------------------------------------------------------ admitted
     async def admitted(self, target: Target, *, capacity: Capacity, reservation_id: str | None) -> StageSeen:
         placement = _placement(capacity, reservation_id, shape=target.facts.node_shape)
         kind, namespace, name = _job_of(target)
-        job = await self.objects.find(kind, namespace, name)
+        job = await self._find(kind, namespace, name)
         if job is None:
             return StageSeen(False, f"{kind.kind} {namespace}/{name} is gone")
-        wl = await self.kueue.find_workload(job, kind)
+        wl = await self._workload(job, kind)
         if wl is None:
             return StageSeen(False, f"Kueue has no Workload for {kind.kind} {namespace}/{name}")
         wl_name = f"Workload {namespace}/{wl['metadata']['name']}"
@@ -145,6 +243,10 @@ class KubeProgress:
                          facts={"flavors": sorted(flavors)})
 
     async def _flavor_labels(self, name: str) -> Mapping[str, str] | None:
+        cache = self._cache(self._optional(RESOURCEFLAVORS))
+        flavor = cache.get(None, name) if cache is not None else None
+        if flavor is not None:
+            return dict((flavor.get("spec") or {}).get("nodeLabels") or {})
         version = self.kueue.workload.version
         try:
             flavor = await call("get", "resourceflavors.kueue.x-k8s.io", self._custom.get_cluster_custom_object(
@@ -160,9 +262,7 @@ class KubeProgress:
                      since: datetime | None = None) -> StageSeen:
         placement = _placement(capacity, reservation_id, shape=target.facts.node_shape)
         namespace, cluster_name, raycluster = await self._cluster_of(target)
-        pods = [p for p in await self.objects.pods(
-            namespace, label_selector=f"ray.io/cluster={cluster_name},ray.io/node-type=worker")
-            if not (p.get("metadata") or {}).get("deletionTimestamp")]
+        pods = await self._worker_pods(namespace, cluster_name)
         need = _expected_workers(raycluster) if raycluster is not None else max(len(pods), 1)
         bound, elsewhere, pending = [], [], []
         labels_of: dict[str, dict[str, str] | None] = {}
@@ -173,7 +273,7 @@ class KubeProgress:
                 pending.append(f"{pod_name} {why.get('reason') or 'Pending'}: {why.get('message') or 'not scheduled yet'}")
                 continue
             if node not in labels_of:
-                labels_of[node] = await self.objects.node_labels(node)
+                labels_of[node] = await self._node_labels(node)
             if placement.node_matches(labels_of[node]):
                 bound.append(pod_name)
             else:
@@ -192,37 +292,54 @@ class KubeProgress:
         deletes and recreates it), else the target's; a Volcano run has none (its pods carry the name)."""
         if target.ray_job and not target.facts.volcano_job:
             namespace, name = split_key(target.ray_job, what="target.ray_job")
-            job = await self.objects.find(RAYJOB, namespace, name)
+            job = await self._find(RAYJOB, namespace, name)
             current = ((job or {}).get("status") or {}).get("rayClusterName")
             if current:
-                return namespace, current, await self.objects.find(RAYCLUSTER, namespace, current)
+                return namespace, current, await self._find(RAYCLUSTER, namespace, current)
         namespace, name = split_key(target.ray_cluster or "", what="target.ray_cluster")
         if target.facts.volcano_job:
             return namespace, name, None
-        return namespace, name, await self.objects.find(RAYCLUSTER, namespace, name)
+        return namespace, name, await self._find(RAYCLUSTER, namespace, name)
 
     async def _launch_failures(self, placement: Placement, *, since: datetime | None) -> list[str]:
         """NodeClaims of the placement's capacity that did not launch, and Karpenter's ICE Events."""
         found = []
-        group, version, plural = NODECLAIMS
-        try:
-            claims = await call("list", f"{plural}.{group}", self._custom.list_cluster_custom_object(
-                group, version, plural, **self._opts()))
-        except KubeStatusError as e:
-            if e.status not in (403, 404):  # not served (no Karpenter), or not granted
-                raise
-            claims = {}
-        for claim in claims.get("items") or []:
+        claims, events = await self._claims_and_ice()
+        for claim in claims:
             launched = _condition(claim, "Launched")
             if launched.get("status") == "False" and _claims_capacity(claim, placement):
                 found.append(f"NodeClaim {claim['metadata']['name']} {launched.get('reason')}: {launched.get('message')}")
-        events = await call("list", "events", self._core.list_event_for_all_namespaces(
-            field_selector=f"involvedObject.kind=NodeClaim,reason={ICE_REASON}", **self._opts()))
-        for event in events.get("items") or []:
+        for event in events:
             when = event.get("lastTimestamp") or event.get("eventTime") or event.get("firstTimestamp")
             if since is None or (when and _after(when, since)):
                 found.append(f"{ICE_REASON}: {event.get('message')}")
         return found
+
+    async def _claims_and_ice(self) -> tuple[list[JsonObj], list[JsonObj]]:
+        """Karpenter's NodeClaims and its InsufficientCapacityError Events: from their caches where
+        discovery found NodeClaims served, none where it found them not served (no Karpenter: neither
+        exists), else from the API (no caches, or discovery has not answered yet)."""
+        if self._discovered():
+            claims, ice = self._cache(self._optional(NODECLAIMS)), self._cache(self._optional(ICE_EVENTS))
+            if claims is None:
+                return [], []
+            if ice is not None:
+                return claims.values(), ice.values()
+            return claims.values(), await self._ice_events()
+        group, version, plural = NODECLAIMS.group, NODECLAIMS.version, NODECLAIMS.plural
+        try:
+            listed = await call("list", f"{plural}.{group}", self._custom.list_cluster_custom_object(
+                group, version, plural, **self._opts()))
+        except KubeStatusError as e:
+            if e.status not in (403, 404):  # not served (no Karpenter), or not granted
+                raise
+            listed = {}
+        return list(listed.get("items") or []), await self._ice_events()
+
+    async def _ice_events(self) -> list[JsonObj]:
+        events = await call("list", "events", self._core.list_event_for_all_namespaces(
+            field_selector=ICE_SELECTOR, **self._opts()))
+        return list(events.get("items") or [])
 
 
 def _placement(capacity: Capacity, reservation_id: str | None, *, shape: str | None) -> Placement:

@@ -64,6 +64,14 @@ RBAC_RULES: tuple[Rule, ...] = (
     Rule(("kueue.x-k8s.io",), ("localqueues", "clusterqueues", "resourceflavors"), ("list", "watch"), "cluster",
          "cache Kueue's queues (where served): a Kueue-managed run's LocalQueue -> ClusterQueue quota and "
          "usage, and the ResourceFlavors' nodeLabels, so a capacity without free quota is not chosen"),
+    Rule(("kueue.x-k8s.io",), ("workloads",), ("list", "watch"), "cluster",
+         "cache Workloads (where served): the follow-up reads whether a run's Workload is admitted, and on "
+         "which flavors, from the cache (issue #45)"),
+    Rule(("karpenter.sh",), ("nodeclaims",), ("list", "watch"), "cluster",
+         "cache NodeClaims (where served): those that failed to launch are the follow-up's evidence of a stall"),
+    Rule(("",), ("events",), ("list", "watch"), "cluster",
+         "cache Karpenter's InsufficientCapacityError Events on NodeClaims (where NodeClaims are served; "
+         "field selector involvedObject.kind=NodeClaim,reason=InsufficientCapacityError)"),
     Rule(("",), ("events",), ("create", "get", "patch"), "cluster",
          "Events on Nodes (namespace default) and RayJobs/RayClusters; get + patch count repeats"),
     Rule(("coordination.k8s.io",), ("leases",), ("create", "get", "update", "patch", "delete", "list"), "lease-namespace",

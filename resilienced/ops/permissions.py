@@ -64,9 +64,11 @@ RBAC_RULES: tuple[Rule, ...] = (
     Rule("", "pods", ("list", "watch", "delete"), "resilienced.kube, resilienced.requeue",
          "locate: cache Ray pods to find the runs on a Node (list/watch); requeue (KubeRay without "
          "Kueue): delete the run's worker pods so KubeRay recreates them on the decided capacity"),
-    Rule("", "events", ("create", "get", "patch", "list"), "resilienced.kube.events, resilienced.kube.progress",
+    Rule("", "events", ("create", "get", "patch", "list", "watch"),
+         "resilienced.kube.events, resilienced.kube.cluster_caches, resilienced.kube.progress",
          "record: Events on Nodes and RayJobs/RayClusters; a repeat is read and its count patched; "
-         "follow-up: list Karpenter's InsufficientCapacityError Events on NodeClaims (evidence of a stall)"),
+         "follow-up: cache Karpenter's InsufficientCapacityError Events on NodeClaims where Karpenter is "
+         "installed (list/watch; evidence of a stall)"),
     Rule("ray.io", "rayclusters", ("get", "list", "watch", "patch"),
          "resilienced.kube, resilienced.requeue",
          "locate: cache RayClusters (GCS address, authOptions, checkpoint annotation); requeue: "
@@ -74,9 +76,10 @@ RBAC_RULES: tuple[Rule, ...] = (
     Rule("ray.io", "rayjobs", ("get", "list", "watch", "patch"), "resilienced.kube, resilienced.requeue",
          "locate: cache RayJobs (owner, resilienced.io/checkpoint-uri); requeue: the same patch as "
          "on its RayCluster's template"),
-    Rule("kueue.x-k8s.io", "workloads", ("list", "patch"), "resilienced.requeue",
+    Rule("kueue.x-k8s.io", "workloads", ("list", "watch", "patch"), "resilienced.kube, resilienced.requeue",
          "requeue (Kueue): find the run's Workload; evict (spec.active=false) and requeue it "
-         "(spec.active=true) as a whole"),
+         "(spec.active=true) as a whole; follow-up: cache Workloads where Kueue is installed (list/watch), "
+         "whether the run's is admitted and on which flavors"),
     Rule("batch.volcano.sh", "jobs", ("get", "list", "watch", "patch"), "resilienced.kube, resilienced.requeue",
          "locate: cache Volcano Jobs where the cluster serves them, to find the Job that created a "
          "Ray pod and its checkpoint annotation (list/watch); requeue (Volcano): read the Job, set "
@@ -89,9 +92,9 @@ RBAC_RULES: tuple[Rule, ...] = (
     Rule("karpenter.k8s.aws", "ec2nodeclasses", ("list", "watch"), "resilienced.kube",
          "capacity (where Karpenter is installed): cache EC2NodeClasses; a Capacity Block is used "
          "only when one lists it in status.capacityReservations"),
-    Rule("karpenter.sh", "nodeclaims", ("list",), "resilienced.kube.progress",
-         "follow-up (where Karpenter is installed): NodeClaims that failed to launch (Launched=False), "
-         "the evidence of a stalled scheduling"),
+    Rule("karpenter.sh", "nodeclaims", ("list", "watch"), "resilienced.kube, resilienced.kube.progress",
+         "follow-up (where Karpenter is installed): cache NodeClaims, those that failed to launch "
+         "(Launched=False) are the evidence of a stalled scheduling"),
     Rule("kueue.x-k8s.io", "localqueues", ("list", "watch"), "resilienced.kube",
          "capacity (where Kueue is installed): cache LocalQueues, a Kueue-managed run's queue -> ClusterQueue"),
     Rule("kueue.x-k8s.io", "clusterqueues", ("list", "watch"), "resilienced.kube",

@@ -116,6 +116,13 @@ def is_active(workload: Mapping[str, JsonValue]) -> bool:
     return (workload.get("spec") or {}).get("active", True) is not False
 
 
+def owned_by(workload: Mapping[str, JsonValue], job: Mapping[str, JsonValue], kind: Kind) -> bool:
+    """Whether ``job`` (a ``kind``) is the Workload's controller (its ownerReference, by uid)."""
+    uid = (job.get("metadata") or {}).get("uid")
+    return any(ref.get("controller") and ref.get("uid") == uid and ref.get("kind") == kind.kind
+               for ref in (workload.get("metadata") or {}).get("ownerReferences") or [])
+
+
 def has_quota(workload: Mapping[str, JsonValue]) -> bool:
     """Whether the Workload holds a quota reservation (``status.admission`` / QuotaReserved)."""
     status = workload.get("status") or {}
@@ -233,15 +240,11 @@ class KueueRequeuer:
         """
         meta = job["metadata"]
         uid, namespace = meta.get("uid"), meta["namespace"]
-
-        def owned(wl: Mapping[str, JsonValue]) -> bool:
-            return any(ref.get("controller") and ref.get("uid") == uid and ref.get("kind") == kind.kind
-                       for ref in (wl.get("metadata") or {}).get("ownerReferences") or [])
-
         candidates = [w for w in await self.objects.list(self.workload, namespace,
-                                                         label_selector=f"{JOB_UID_LABEL}={uid}") if owned(w)]
+                                                         label_selector=f"{JOB_UID_LABEL}={uid}")
+                      if owned_by(w, job, kind)]
         if not candidates:
-            candidates = [w for w in await self.objects.list(self.workload, namespace) if owned(w)]
+            candidates = [w for w in await self.objects.list(self.workload, namespace) if owned_by(w, job, kind)]
         return active_workload(candidates)
 
     async def _wait(self, read: Callable[[], Awaitable[T]], done: Callable[[T], bool], *, what: str) -> T:

@@ -59,6 +59,7 @@ async def eventually(predicate: Callable[[], bool], *, timeout: float = LOCAL_BO
 KARPENTER_RESOURCES = (
     ResourceType("karpenter.sh", ("v1",), "nodepools", "NodePool", namespaced=False),
     ResourceType("karpenter.k8s.aws", ("v1",), "ec2nodeclasses", "EC2NodeClass", namespaced=False),
+    ResourceType("karpenter.sh", ("v1",), "nodeclaims", "NodeClaim", namespaced=False),
 )
 
 #: Kueue's queue kinds as v0.19.2 serves them (config/components/crd/bases: ClusterQueue and
