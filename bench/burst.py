@@ -82,7 +82,7 @@ from prometheus_client import CollectorRegistry  # noqa: E402
 
 from resilienced import log  # noqa: E402
 from resilienced.aws.sqs import SqsQueue  # noqa: E402
-from resilienced.claims import MemoryClaims  # noqa: E402
+from resilienced.doubles import MemoryClaims  # noqa: E402
 from resilienced.consumer.loop import Consumer  # noqa: E402
 from resilienced.kube.cluster import KubeCluster, KubeOptions  # noqa: E402
 from resilienced.kube.leases import KubeLeaseClaims  # noqa: E402

@@ -37,7 +37,7 @@ sys.path.insert(0, str(ROOT))
 
 from resilienced import log  # noqa: E402
 from resilienced.aws.sqs import SqsQueue  # noqa: E402
-from resilienced.claims import MemoryClaims  # noqa: E402
+from resilienced.doubles import MemoryClaims  # noqa: E402
 from resilienced.consumer.loop import Consumer  # noqa: E402
 from resilienced.local.aws import FAKE_CREDENTIALS, MotoServer, free_port  # noqa: E402
 from resilienced.recovery.plan_only import PlanLogger  # noqa: E402

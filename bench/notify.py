@@ -35,7 +35,7 @@ from prometheus_client import CollectorRegistry
 
 from resilienced import log
 from resilienced.intake import pipeline as intake
-from resilienced.claims import MemoryClaims
+from resilienced.doubles import MemoryClaims
 from resilienced.model import Target
 from resilienced.ops.notify import Notifier, NotifyMetrics
 from resilienced.ports import DrainResult, Location

@@ -1,7 +1,8 @@
 """resilienced: turns an EC2 interruption notice into a durable checkpoint and a requeued gang.
 
 Folders: the root holds the shared vocabulary (``model``, ``ports``, ``errors``, ``settings``,
-``options``, ``clock``, ``retry``, ``log``, ``supervisor``) and the claim lifecycle (``claims``);
+``options``, ``clock``, ``retry``, ``log``, ``supervisor``), the claim lifecycle (``claims``) and the ports'
+stand-ins (``doubles``: in memory, or read-only);
 ``followup/`` the follow-up after a requeue (``rules``, pure; ``follower``: until the run trains
 again); ``app/`` the entry points and their assembly (``cli``,
 ``daemon``, ``runtime``, the ``replay``, ``status`` and ``inject`` commands); ``intake/`` from a
@@ -23,7 +24,7 @@ numbered lines below, so this list is the one place the layers are written:
 1. app, app.cli, __main__, app.replay, app.status, app.inject, local: entry points and the local stand-ins
 2. app.daemon, app.runtime: settings -> adapters -> consumer loop, HTTP server
 3. consumer, recovery, followup.follower: one pass receive -> handle -> ack; acting on a plan; following it
-4. aws, kube, ray, requeue, capacity, claims, ops, ops.notify, ops.http, ops.metrics: adapters and their state
+4. aws, kube, ray, requeue, capacity, claims, doubles, ops, ops.notify, ops.http, ops.metrics: adapters and their state
 5. intake, handlers, ops.run_record, recovery.steps, log, supervisor, retry, followup, ops.ledger, capacity.decision, capacity.history, capacity.request: pure logic
 6. model, ports, errors, settings, options, ops.permissions, clock, capacity.policy, resilienced: vocabulary
 

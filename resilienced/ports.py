@@ -24,8 +24,8 @@ Requeuer          ``requeue.router.ReportingRequeuer`` around     the same, real
                   ``ray.requeue.RayModeRequeuer``
 NodeProvider      ``aws.ec2nodes.Ec2NodeProvider`` (aiobotocore)  ``local.provider.LocalNodeProvider``;
                                                                   the EC2 one on moto over HTTP
-FollowUpStore     ``kube.followup_store.KubeFollowUps`` (Leases), the same, real (``tests.support.
-                  ``ray.followup_store.RayKvFollowUps`` (GCS KV)  followups.MemoryFollowUps`` in unit tests)
+FollowUpStore     ``kube.followup_store.KubeFollowUps`` (Leases), the same, real (``doubles.
+                  ``ray.followup_store.RayKvFollowUps`` (GCS KV)  MemoryFollowUps`` in unit tests)
 Progress          ``kube.progress.KubeProgress``,                 the same, real (emulated API,
                   ``ray.progress.RayProgress``                    real local Ray cluster)
 Replacements      ``ray.replacement.ReplacementAnnouncer``        the same, real (local Ray cluster)
@@ -231,7 +231,7 @@ class Claim:
 class ClaimStore(Protocol):
     """Cross-replica idempotency: who handles (event id, run), and whether it is done.
 
-    The contract every store keeps (``claims.MemoryClaims``, ``kube.leases.KubeLeaseClaims``,
+    The contract every store keeps (``doubles.MemoryClaims``, ``kube.leases.KubeLeaseClaims``,
     ``ray.claims.RayKvClaims``; one test runs it against all three:
     tests/intake/test_claim_contract.py).  A claim is ``held`` by one holder (one delivery of an
     event, ``<replica>/<message id>``, or one actor) until its TTL runs out, or ``done``.  A held

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 from resilienced import log
 from resilienced.aws.sqs import SqsQueue
-from resilienced.claims import MemoryClaims
+from resilienced.doubles import MemoryClaims
 from resilienced.consumer.loop import Consumer
 from resilienced.consumer.settle import Observer
 from resilienced.errors import BackendUnavailable, ConfigError, ResilienceError

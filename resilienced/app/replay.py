@@ -25,7 +25,7 @@ instead of raising).  :func:`open_lookup` builds the read-only adapters the way
 ``RayModeCluster`` on one GCS; ``Ec2Capacity`` for the capacity decision, on a client from the
 same :func:`resilienced.aws.clients.open_client`), but never the acting
 ones: no claims, no S3, no requeuer, no Auto Scaling.  The Ray and EC2 adapters are wrapped in
-:class:`ReadOnlyRay` and :class:`ReadOnlyCapacity`, whose ``drain`` and ``purchase`` refuse, and
+:class:`~resilienced.doubles.ReadOnlyRay` and :class:`~resilienced.doubles.ReadOnlyCapacity`, whose ``drain`` and ``purchase`` refuse, and
 the capacity decision is :meth:`CapacityPlanner.target_plan` (a dry run: counts nothing, buys
 nothing).  So the Kubernetes API sees only get/list/watch, the GCS only node listings, EC2 only
 Describe* calls.
@@ -47,23 +47,19 @@ import sys
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING, NoReturn, TextIO
+from typing import TYPE_CHECKING, TextIO
 
 from resilienced import log
 from resilienced.intake import pipeline as intake
 from resilienced.capacity.policy import CapacityPolicy
 from resilienced.clock import parse_time, utcnow
-from resilienced.errors import (
-    BackendUnavailable,
-    ConfigError,
-    PermanentError,
-    ResilienceError,
-)
+from resilienced.doubles import ReadOnlyCapacity, ReadOnlyRay
+from resilienced.errors import ConfigError, ResilienceError
 from resilienced.intake.pipeline import Reading
-from resilienced.model import CapacityOffering, JsonValue, Plan, Step, Target
-from resilienced.ports import CapacityReservation, Cluster, DrainResult, RayControl, RayNode, Responder
+from resilienced.model import JsonValue, Plan, Step, Target
+from resilienced.ports import Cluster, Responder
 from resilienced.recovery.plan_only import PlanLogger
 from resilienced.recovery.targets import find_targets
 from resilienced.settings import IntakeSettings, Mode, ModeSettings, QueueSettings
@@ -72,7 +68,6 @@ from resilienced.intake.validate import isoformat
 if TYPE_CHECKING:  # imported where it is built (its dependencies load on use)
     from aiobotocore.client import AioBaseClient
 
-    from resilienced.capacity.ec2 import Ec2Capacity
     from resilienced.capacity.planner import CapacityPlanner
 
 #: The ModeSettings flags replay takes: where the runs are (the mode follows from which is given).
@@ -278,100 +273,6 @@ def row(source_file: str, reading: Reading, *, found: Found | None = None) -> di
             record["reason"] = ("nothing to act on: no instance of the event resolves to a run"
                                 + (f" ({why})" if why else ""))
     return record
-
-
-# --------------------------------------------------------------------------- read-only adapters
-class ReadOnlyRay:
-    """A Ray cluster's GCS for replay: node listings only; ``drain`` refuses.
-
-    ``errors`` (kubernetes mode): when given, a GCS that does not answer is recorded there by
-    address and its node list taken as empty, so the run's targets still come out (without
-    ``ray_node_ids``); otherwise the error is raised.  ``timeout_s`` bounds one listing.
-    """
-
-    def __init__(self, inner: RayControl, *, timeout_s: float, errors: dict[str, str] | None = None) -> None:
-        self._inner = inner
-        self._timeout_s = timeout_s
-        self._errors = errors
-
-    @property
-    def address(self) -> str | None:
-        return getattr(self._inner, "address", None)
-
-    async def nodes(self) -> list[RayNode]:
-        try:
-            async with asyncio.timeout(self._timeout_s):
-                nodes = await self._inner.nodes()
-        except TimeoutError:
-            error: BackendUnavailable = BackendUnavailable(
-                "ray-gcs", f"{self.address}: no node list within {self._timeout_s:g}s")
-        except BackendUnavailable as e:
-            error = e
-        else:
-            if self._errors is not None:
-                self._errors.pop(self.address or "", None)
-            return nodes
-        if self._errors is None:
-            raise error
-        self._errors[self.address or ""] = str(error)
-        return []
-
-    async def ping(self) -> str:
-        """Connect once (token and Ray version checked); BackendUnavailable when it does not answer."""
-        try:
-            async with asyncio.timeout(self._timeout_s):
-                return await self._inner.ping()
-        except TimeoutError:
-            raise BackendUnavailable("ray-gcs", f"{self.address}: no answer within {self._timeout_s:g}s") from None
-
-    async def drain(self, node_id: str, *, deadline: datetime, message: str) -> DrainResult:
-        raise PermanentError(f"replay only reads: it does not drain Ray node {node_id}")
-
-
-class ReadOnlyCapacity:
-    """The capacity source of replay's decisions: Describe* only; ``purchase`` refuses.
-
-    ``inner`` is ``Ec2Capacity`` when a region is configured, else None with ``missing`` saying
-    why (no Capacity Blocks are known then).  A reservation listing that fails is taken as
-    empty; every such gap is appended to :attr:`notes`, which the caller adds to the decision's
-    reason.
-    """
-
-    def __init__(self, inner: Ec2Capacity | None, *, missing: str = "no EC2") -> None:
-        self._inner = inner
-        self.missing = missing
-        self.notes: list[str] = []
-
-    async def reservations(self, *, instance_type: str | None = None) -> list[CapacityReservation]:
-        if self._inner is None:
-            self.notes.append(f"{self.missing}: decided with no Capacity Blocks known")
-            return []
-        try:
-            return await self._inner.reservations(instance_type=instance_type)
-        except ResilienceError as e:
-            self.notes.append(f"EC2 did not answer ({e}): decided with no Capacity Blocks known")
-            return []
-
-    async def reservation_instances(self, *, reservation_id: str) -> list[str]:
-        if self._inner is None:
-            raise PermanentError(self.missing)
-        return await self._inner.reservation_instances(reservation_id=reservation_id)
-
-    async def offerings(self, *, instance_type: str, instance_count: int, duration: timedelta,
-                        start_after: datetime, start_before: datetime) -> list[CapacityOffering]:
-        if self._inner is None:
-            self.notes.append(f"{self.missing}: no Capacity Block offerings known")
-            return []
-        try:
-            return await self._inner.offerings(instance_type=instance_type, instance_count=instance_count,
-                                               duration=duration, start_after=start_after,
-                                               start_before=start_before)
-        except ResilienceError as e:
-            self.notes.append(f"EC2 did not answer ({e}): no Capacity Block offerings known")
-            return []
-
-    async def purchase(self, offering: CapacityOffering, **_: object) -> NoReturn:
-        raise PermanentError(f"replay only reads: it does not buy {offering.offering_id}")
 
 
 # --------------------------------------------------------------------------- the lookup

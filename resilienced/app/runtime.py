@@ -48,7 +48,7 @@ from prometheus_client import Counter
 from resilienced import log
 from resilienced.aws.autoscaling import Lifecycle
 from resilienced.aws.clients import open_client
-from resilienced.claims import MemoryClaims
+from resilienced.doubles import MemoryClaims
 from resilienced.errors import ConfigError, ResilienceError
 from resilienced.ops.ledger_metrics import LedgerMetrics
 from resilienced.ops.metrics import Metrics

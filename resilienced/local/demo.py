@@ -29,7 +29,7 @@ from resilienced import log
 from resilienced.app import inject
 from resilienced.app import replay
 from resilienced.aws.sqs import SqsQueue
-from resilienced.claims import MemoryClaims
+from resilienced.doubles import MemoryClaims
 from resilienced.consumer.loop import Consumer
 from resilienced.errors import ConfigError
 from resilienced.local.aws import FAKE_CREDENTIALS, MotoServer, create_queue_with_dlq, create_rules

@@ -35,7 +35,7 @@ _PREFIX = "claims/"
 class RayKvClaims:
     """``ports.ClaimStore`` on a Ray cluster's GCS internal KV (namespace ``resilienced``).
 
-    The :class:`~resilienced.ports.ClaimStore` contract, as :class:`resilienced.claims.MemoryClaims`:
+    The :class:`~resilienced.ports.ClaimStore` contract, as :class:`resilienced.doubles.MemoryClaims`:
     a free or expired claim is taken, the same holder renews, another live holder or a remembered
     ``done`` wins.  Records are JSON
     ``{"holder", "state": "held"|"done"|"released", "expires": unix s, "details"}``.

@@ -21,7 +21,7 @@ from handlers import asg_lifecycle, scheduled_change, state_change
 from resilienced.aws.sqs import SqsQueue
 from resilienced.capacity.ec2 import PURCHASE_KEY_TAG
 from resilienced.capacity.policy import CapacityPolicy
-from resilienced.claims import MemoryClaims
+from resilienced.doubles import MemoryClaims
 from resilienced.consumer.loop import Consumer
 from resilienced.local.aws import MotoServer
 from resilienced.model import Kind, Result, Verdict

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from resilienced.aws.sqs import SqsQueue
-from resilienced.claims import MemoryClaims
+from resilienced.doubles import MemoryClaims
 from resilienced.consumer.loop import Consumer
 from resilienced.local.aws import MotoServer
 from resilienced.ops.metrics import Metrics

@@ -26,7 +26,7 @@ from typing import Any
 
 import pytest
 
-from resilienced.claims import MemoryClaims
+from resilienced.doubles import MemoryClaims
 from resilienced.local.raycluster import LocalRayCluster
 from resilienced.ports import ClaimStore
 from tests.support import layers

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from resilienced.claims import MemoryClaims
+from resilienced.doubles import MemoryClaims
 from resilienced.ports import ClaimStore
 import pytest
 

@@ -10,7 +10,7 @@ import boto3
 import pytest
 
 from handlers import registry
-from resilienced.claims import MemoryClaims
+from resilienced.doubles import MemoryClaims
 from resilienced.errors import BackendUnavailable, PermanentError, TemporaryError
 from resilienced.model import Kind, Outcome, Plan, Result, Wrapping
 from resilienced.settings import IntakeSettings

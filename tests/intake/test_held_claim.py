@@ -13,7 +13,8 @@ from typing import Any
 
 import pytest
 
-from resilienced.claims import ClaimLost, MemoryClaims, held_claim
+from resilienced.claims import ClaimLost, held_claim
+from resilienced.doubles import MemoryClaims
 from resilienced.errors import BackendUnavailable
 
 pytestmark = pytest.mark.unit

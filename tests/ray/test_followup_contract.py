@@ -27,7 +27,7 @@ import pytest
 
 from resilienced.local.raycluster import LocalRayCluster
 from resilienced.ports import FollowUpStore
-from tests.support.followups import MemoryFollowUps
+from resilienced.doubles import MemoryFollowUps
 from tests.support import layers
 from tests.support.controlplane.world import ensure_namespace
 from tests.support.kubeapi import KubeApiServer

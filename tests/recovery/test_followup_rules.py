@@ -150,7 +150,7 @@ def test_a_follow_up_notification_says_how_the_run_came_back() -> None:
 async def test_a_new_move_replaces_the_open_follow_up_and_a_redelivery_keeps_it() -> None:
     from prometheus_client import CollectorRegistry
 
-    from tests.support.followups import MemoryFollowUps
+    from resilienced.doubles import MemoryFollowUps
     from resilienced.model import Capacity, Event, Kind, RequeueResult
     from resilienced.followup.follower import Follower, FollowUpMetrics
 

@@ -20,7 +20,7 @@ from resilienced.ops.ledger import Ledger
 from resilienced.ops.ledger_metrics import LedgerMetrics
 from resilienced.recovery.ledger import LedgerKeeper
 from tests.support.checkpoints import BUCKET, PREFIX, URI, aio_session, s3, store  # noqa: F401  (fixtures)
-from tests.support.followups import MemoryFollowUps
+from resilienced.doubles import MemoryFollowUps
 from trainer.manifest import FileEntry, Manifest
 
 pytestmark = pytest.mark.integration

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from resilienced.claims import MemoryClaims
+from resilienced.doubles import MemoryClaims
 from resilienced.consumer.loop import Consumer
 from resilienced.errors import BackendUnavailable, TemporaryError
 from resilienced.ops.metrics import Metrics
