@@ -93,7 +93,7 @@ class Follow:
                            claim_ttl_s=30, clock=now)
         self.follower = Follower(
             store=follow_ups, cluster=self.cluster,
-            progress=KubeProgress(api, kueue=self.kueue), mover=self.mover,
+            progress=KubeProgress(api, kueue=self.kueue, caches=self.cluster.caches), mover=self.mover,
             objects=S3Store(client=s3), metrics=FollowUpMetrics(self.registry), replica=f"replica-{replica}",
             options=FollowUpOptions(bounds=Bounds(admitted=BOUND, scheduled=BOUND, training=BOUND),
                                     max_fallbacks=max_fallbacks, interval_s=0.05, claim_ttl_s=30),
@@ -112,6 +112,34 @@ class Follow:
 
     def metric(self, name: str, labels: dict[str, str] | None = None) -> float:
         return self.registry.get_sample_value(name, labels or {}) or 0.0
+
+    async def caught_up(self, timeout: float = 10.0) -> None:
+        """Wait (bounded) until the daemon's caches hold what the emulated API server holds: the test's
+        stand-ins write to it directly, and the follow-up's looks read the caches, which follow their
+        watches a moment later (as on a real cluster, where the next pass sees it)."""
+        caches = self.cluster.caches
+        informers = [caches.nodes, caches.pods, caches.rayclusters, caches.rayjobs, *(caches.optional or {}).values()]
+
+        def held(informer: Any) -> dict[tuple[str, str], str]:
+            return {(o["metadata"].get("namespace") or "", o["metadata"]["name"]): o["metadata"]["resourceVersion"]
+                    for o in informer.values()}
+
+        def served(informer: Any) -> dict[tuple[str, str], str]:
+            source = informer.source
+            objects = self.kubeapi.list(source.resource.split(".")[0], namespace=None,
+                                        label_selector=source.label_selector)
+            if source.field_selector:  # the ICE Events' cache: Karpenter's Events on NodeClaims
+                objects = [o for o in objects if (o.get("involvedObject") or {}).get("kind") == "NodeClaim"
+                           and o.get("reason") == "InsufficientCapacityError"]
+            return {(o["metadata"].get("namespace") or "", o["metadata"]["name"]): o["metadata"]["resourceVersion"]
+                    for o in objects}
+
+        await eventually(lambda: all(held(i) == served(i) for i in informers), timeout=timeout)
+
+    async def pass_once(self) -> list[Any]:
+        """The follower's pass, once the caches it reads hold what the stand-ins wrote."""
+        await self.caught_up()
+        return await self.follower.pass_once()
 
     async def record(self) -> dict[str, Any]:
         found = await self.follower.store.get(f"{NS}/train")
@@ -168,12 +196,12 @@ async def test_unschedulable_pods_fall_back_to_the_next_capacity_and_the_run_tra
     notice = world.clock[0]
     kuberay, scheduler = await requeued_onto_the_block(world, when=notice)
 
-    (record,) = await world.follower.pass_once()  # within the bound: it waits, says why
+    (record,) = await world.pass_once()  # within the bound: it waits, says why
     assert record.state == "following" and record.stage == "scheduled"
     assert "Unschedulable" in (record.evidence or "") and "node affinity/selector" in record.evidence
 
     world.later(BOUND + timedelta(seconds=1))
-    (record,) = await world.follower.pass_once()
+    (record,) = await world.pass_once()
     assert record.state == "following" and record.capacity == "spot" and record.stage == "scheduled"
     assert [(f["from"], f["to"], f["stage"]) for f in record.fallbacks] == [(f"capacity-block {BLOCK}", "spot", "scheduled")]
     assert "Unschedulable" in record.fallbacks[0]["reason"]
@@ -185,17 +213,17 @@ async def test_unschedulable_pods_fall_back_to_the_next_capacity_and_the_run_tra
     world.kubeapi.create(node("n3", instance(3)))  # Karpenter launches a Spot node for the second worker
     kuberay.scale_workers("train-rc")
     scheduler.step()
-    (record,) = await world.follower.pass_once()
+    (record,) = await world.pass_once()
     assert record.stage == "training" and record.state == "following"  # scheduled is not the end
 
     await resume_record(world.s3, at=notice - timedelta(seconds=30), step=3)  # the attempt before: not it
-    (record,) = await world.follower.pass_once()
+    (record,) = await world.pass_once()
     assert record.state == "following" and "no attempt has trained a step since the notice" in record.evidence
 
     trained = world.clock[0] + timedelta(seconds=5)
     await resume_record(world.s3, at=trained, step=5)
     world.later(timedelta(seconds=10))
-    (record,) = await world.follower.pass_once()
+    (record,) = await world.pass_once()
     assert record.state == "resumed" and record.resumed["resumed_from_step"] == 5
     assert record.stage_seconds()["training"] == pytest.approx((trained - record.notice_at).total_seconds(), abs=1)
     assert world.events("TrainingResumed")
@@ -227,7 +255,7 @@ async def test_a_nodeclaim_that_cannot_launch_is_the_evidence_and_the_run_is_stu
                         "status": {"conditions": [{"type": "Launched", "status": "False", "reason": "LaunchFailed",
                                                    "message": "ReservationCapacityExceeded"}]}})
         world.later(BOUND + timedelta(seconds=1))
-        (record,) = await world.follower.pass_once()
+        (record,) = await world.pass_once()
         assert record.state == "stuck" and record.fallbacks == ()
         assert "InsufficientCapacityError" in record.reason and "blocks-def34 LaunchFailed" in record.reason
         assert selectors(kubeapi) == ["reserved"]  # not moved: no move left
@@ -236,7 +264,7 @@ async def test_a_nodeclaim_that_cannot_launch_is_the_evidence_and_the_run_is_stu
         assert world.metric("resilienced_runs_recovering", {"stage": "stuck"}) == 1
 
         world.later(BOUND)
-        (again,) = await world.follower.pass_once()  # a stuck run is watched, never moved again
+        (again,) = await world.pass_once()  # a stuck run is watched, never moved again
         assert again.state == "stuck" and selectors(kubeapi) == ["reserved"]
         assert world.metric("resilienced_recoveries_total", {"outcome": "stuck"}) == 1
 
@@ -263,28 +291,29 @@ async def test_an_attempt_that_never_trains_at_its_size_is_a_stall_and_a_stuck_r
             obj["metadata"]["labels"].update(block_nodes)
             kubeapi.create(obj)
         await requeued_onto_the_block(world, when=notice)  # here the block's Nodes exist: bound
-        (record,) = await world.follower.pass_once()
+        (record,) = await world.pass_once()
         assert record.stage == "training"
         await resume_record(s3, at=notice - timedelta(seconds=20), step=3)  # the attempt before the notice
         world.later(BOUND + timedelta(seconds=1))  # no attempt since: Ray Train never started again
-        (record,) = await world.follower.pass_once()
+        (record,) = await world.pass_once()
         assert record.state == "stuck" and "no attempt has trained a step since the notice" in record.reason
         # then it restarts at one worker of the two its minimum says: not training again either
         await resume_record(s3, at=notice + timedelta(seconds=80), step=7, world_size=1, min_world_size=2)
-        (record,) = await world.follower.pass_once()
+        (record,) = await world.pass_once()
         assert record.state == "stuck" and "below its minimum 2" in (record.evidence or record.reason)
         assert not world.events("TrainingResumed")
 
         await resume_record(s3, at=notice + timedelta(seconds=90), step=7)  # the full gang trains again
-        (record,) = await world.follower.pass_once()
+        (record,) = await world.pass_once()
         assert record.state == "resumed" and record.resumed["world_size"] == 2
         assert world.events("TrainingResumed")
     finally:
         await world.cluster.stop()
 
 
-async def test_a_workload_pending_for_quota_falls_back_to_a_flavor_with_quota(api: Any, kubeapi: KubeApiServer,
-                                                                              s3: Any) -> None:
+def kueue_world(api: Any, kubeapi: KubeApiServer, s3: Any) -> Follow:
+    """The run under Kueue: its RayJob in queue ``training``, its Workload admitted on Spot, the
+    flavors served (start the returned replica's caches)."""
     kubeapi.register(ResourceType("kueue.x-k8s.io", ("v1beta1", "v1beta2"), "resourceflavors", "ResourceFlavor",
                                   namespaced=False))
     for name, labels in (*FLAVORS, DEFAULT_FLAVOR):
@@ -295,7 +324,12 @@ async def test_a_workload_pending_for_quota_falls_back_to_a_flavor_with_quota(ap
     job["metadata"].setdefault("labels", {})["kueue.x-k8s.io/queue-name"] = "training"
     kubeapi.put(job)
     kubeapi.create(workload_for(kubeapi.get("rayjobs", "train", namespace=NS), flavor="spot"))
-    world = Follow(api=api, kubeapi=kubeapi, s3=s3, clock=[datetime.now(timezone.utc)])
+    return Follow(api=api, kubeapi=kubeapi, s3=s3, clock=[datetime.now(timezone.utc)])
+
+
+async def test_a_workload_pending_for_quota_falls_back_to_a_flavor_with_quota(api: Any, kubeapi: KubeApiServer,
+                                                                              s3: Any) -> None:
+    world = kueue_world(api, kubeapi, s3)
     await world.cluster.start()
     try:
         async with KueueSim(kubeapi, namespace=NS) as kueue:
@@ -309,15 +343,15 @@ async def test_a_workload_pending_for_quota_falls_back_to_a_flavor_with_quota(ap
                 kubeapi.delete("pods", pod, namespace=NS)
             kubeapi.delete("nodes", "n1")
             await eventually(lambda: kueue.no_fit > 0)
-            (record,) = await world.follower.pass_once()
+            (record,) = await world.pass_once()
             assert record.stage == "admitted" and "insufficient unused quota" in (record.evidence or "")
 
             world.later(BOUND + timedelta(seconds=1))
-            (record,) = await world.follower.pass_once()
+            (record,) = await world.pass_once()
             assert [(f["from"], f["to"]) for f in record.fallbacks] == [(f"capacity-block {BLOCK}", "spot")]
             assert "admitted not reached" in record.fallbacks[0]["reason"]
             await eventually(lambda: kueue.admitted[-1:] == ["spot"])
-            (record,) = await world.follower.pass_once()
+            (record,) = await world.pass_once()
             assert record.stage == "scheduled" and "admitted" in record.reached
             assert "0 of 2 worker pod(s)" in record.evidence  # KubeRay has not made the new cluster's pods yet
             assert kueue.foreign_suspend_writes == 0
@@ -357,21 +391,21 @@ async def test_a_replica_killed_mid_follow_up_is_taken_over_and_the_run_is_moved
         dying = DiesAfterTheMove(a.requeue)
         a.mover.requeue = dying
         a.later(BOUND + timedelta(seconds=1))
-        killed = asyncio.create_task(a.follower.pass_once())
+        killed = asyncio.create_task(a.pass_once())
         await asyncio.wait_for(dying.applied.wait(), 10)
         killed.cancel()
         await asyncio.gather(killed, return_exceptions=True)
         assert selectors(kubeapi) == ["spot"] and worker_pods_deleted(kubeapi) == deleted + 2
         assert (await a.record())["moving"]["to"]["capacity"] == "spot"  # decided, not recorded as made
 
-        (record,) = await b.follower.pass_once()  # a's move claim is live: b leaves the run alone
+        (record,) = await b.pass_once()  # a's move claim is live: b leaves the run alone
         assert record.moving is not None and record.fallbacks == ()
         with pytest.raises(TemporaryError, match="being moved by its follow-up"):  # nor does a new notice
             await b.recovery.act(state_change(clock[0], 100, event_id="7e9d2f6c-0000-4000-8000-00000000f002"),
                                  holder="replica-b/m2")
 
         b.later(timedelta(seconds=31))  # past the claim's TTL: b takes the follow-up over
-        (record,) = await b.follower.pass_once()
+        (record,) = await b.pass_once()
         assert record.moving is None and [(f["from"], f["to"]) for f in record.fallbacks] == [
             (f"capacity-block {BLOCK}", "spot")]
         assert record.capacity == "spot" and selectors(kubeapi) == ["spot"]

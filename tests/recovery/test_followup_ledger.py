@@ -59,11 +59,11 @@ async def played(api: Any, kubeapi: KubeApiServer, s3: Any, *, keeper: Any) -> t
     world.later(timedelta(seconds=5))
     await requeued_onto_the_block(world, when=notice)
     world.later(timedelta(seconds=25))
-    (record,) = await world.follower.pass_once()
+    (record,) = await world.pass_once()
     assert record.stage == "training" and record.reached["scheduled"] == (notice + timedelta(seconds=30)).isoformat()
     await resume_record(s3, at=notice + timedelta(seconds=90), step=15)
     world.later(timedelta(seconds=70))
-    (record,) = await world.follower.pass_once()
+    (record,) = await world.pass_once()
     return world, notice, record
 
 
@@ -119,7 +119,7 @@ async def test_a_ledger_that_cannot_be_written_is_counted_once_and_the_end_stand
         assert world.events("TrainingResumed")
         assert world.metric("resilienced_ledger_failures_total", {"step": "write"}) == 1
         world.later(timedelta(seconds=30))
-        await world.follower.pass_once()  # an ended follow-up is not looked at again: nothing retries it
+        await world.pass_once()  # an ended follow-up is not looked at again: nothing retries it
         assert world.metric("resilienced_ledger_failures_total", {"step": "write"}) == 1
         assert world.metric("resilienced_lost_gpu_seconds_total", {"part": "idle"}) == 0
     finally:
