@@ -533,3 +533,11 @@ class Responder(Protocol):
     async def act(self, plan: Plan, *, holder: str) -> Outcome:
         """Carry out ``plan``; return its outcome or raise TemporaryError / PermanentError."""
         ...
+
+
+@runtime_checkable
+class SharesClaims(Protocol):
+    """A responder that can say a plan needs no event claim of its own (``consumer.event_claim``'s
+    docstring: ``Recovery`` for a notice that joins its run's handling in this replica)."""
+
+    async def needs_event_claim(self, plan: Plan) -> bool: ...

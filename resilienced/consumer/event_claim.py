@@ -12,7 +12,7 @@ event is acted on then -- deleting the copy loses nothing.  The exception is the
 message coming back (its visibility lapsed while the claim is still held): it is kept (RETRY),
 never deleted, so a slow or dead holder cannot make its event vanish.
 
-No event claim: a responder that says so for a plan (:class:`SharesClaims`,
+No event claim: a responder that says so for a plan (:class:`~resilienced.ports.SharesClaims`,
 ``needs_event_claim`` False: ``Recovery`` for a notice whose runs this replica handles now, which
 joins their handling, or one that hits no run) is asked at once.  Its steps run under the claims
 of the run's handling (or are a cordon, which is idempotent), so a duplicate still acts once; the
@@ -22,9 +22,6 @@ as one write one event claim, not one per notice).
 
 from __future__ import annotations
 
-
-from typing import Protocol, runtime_checkable
-
 from resilienced.intake import ack_policy
 from resilienced.claims import HeldClaim, held_claim
 from resilienced.consumer.flight import Flight
@@ -32,15 +29,8 @@ from resilienced.errors import PermanentError, TemporaryError, backends_of
 from resilienced.log import Logger
 from resilienced.ops.metrics import Metrics
 from resilienced.model import Outcome, Plan, Result
-from resilienced.ports import Claim, ClaimStore, Message, Responder
+from resilienced.ports import Claim, ClaimStore, Message, Responder, SharesClaims
 from resilienced.settings import QueueSettings
-
-
-@runtime_checkable
-class SharesClaims(Protocol):
-    """A responder that can say a plan needs no event claim of its own (see the module docstring)."""
-
-    async def needs_event_claim(self, plan: Plan) -> bool: ...
 
 
 class EventClaim:
