@@ -20,10 +20,11 @@ Targets (``--kubeconfig`` or ``--ray-address``, only with ``--dry-run``): each a
 also gets ``targets``, the runs on its instances, and ``unresolved``, why the other instances
 have none, found through the daemon's own resolve -> locate -> group
 (:func:`resilienced.recovery.targets.find_targets`, as ``Recovery``, asked to record failures
-instead of raising).  :func:`open_lookup` builds the read-only adapters the way
-:func:`resilienced.app.runtime.open_runtime` does for the daemon (``KubeCluster`` on watch caches, or
-``RayModeCluster`` on one GCS; ``Ec2Capacity`` for the capacity decision, on a client from the
-same :func:`resilienced.aws.clients.open_client`), but never the acting
+instead of raising).  :func:`open_lookup` opens the cluster through the daemon's own composition
+root, read-only (:func:`resilienced.app.runtime.open_cluster`: ``KubeCluster`` on watch caches, or
+``RayModeCluster`` on one GCS, built by the functions ``open_runtime`` builds them with), and
+``Ec2Capacity`` for the capacity decision, on a client from the same
+:func:`resilienced.aws.clients.open_client`; never the acting
 ones: no claims, no S3, no requeuer, no Auto Scaling.  The Ray and EC2 adapters are wrapped in
 :class:`~resilienced.doubles.ReadOnlyRay` and :class:`~resilienced.doubles.ReadOnlyCapacity`, whose ``drain`` and ``purchase`` refuse, and
 the capacity decision is :meth:`CapacityPlanner.target_plan` (a dry run: counts nothing, buys
@@ -55,7 +56,7 @@ from resilienced import log
 from resilienced.intake import pipeline as intake
 from resilienced.capacity.policy import CapacityPolicy
 from resilienced.clock import parse_time, utcnow
-from resilienced.doubles import ReadOnlyCapacity, ReadOnlyRay
+from resilienced.doubles import ReadOnlyCapacity
 from resilienced.errors import ConfigError, ResilienceError
 from resilienced.intake.pipeline import Reading
 from resilienced.model import JsonValue, Plan, Step, Target
@@ -344,14 +345,14 @@ async def ec2_client(*, region: str, endpoint_url: str | None) -> AsyncIterator[
 async def open_lookup(settings: LookupSettings) -> AsyncIterator[Finder]:
     """The read-only adapters of ``settings``' mode, started; closed again on exit.
 
+    The cluster is opened by the daemon's own :func:`resilienced.app.runtime.open_cluster`, read-only.
     Raises (before yielding) when the cluster does not answer at all: the Kubernetes caches do
     not fill within ``KUBE_READY_TIMEOUT_S``, or the GCS at ``--ray-address`` refuses or does
     not answer (BackendUnavailable, RayAuthError: the CLI exits 1).
     """
     from resilienced.capacity.ec2 import Ec2Capacity
     from resilienced.capacity.planner import CapacityPlanner
-    from resilienced.ray.gcs import RayGcs
-    from resilienced.app.runtime import read_token
+    from resilienced.app.runtime import ReadOnly, open_cluster
 
     mode = settings.mode
     region = settings.aws.effective_region
@@ -363,34 +364,14 @@ async def open_lookup(settings: LookupSettings) -> AsyncIterator[Finder]:
         else:
             capacity = ReadOnlyCapacity(None, missing="EC2 not configured (no --region)")
         planner = CapacityPlanner(source=capacity, policy=settings.capacity)
-        gcs_errors: dict[str, str] = {}
-        cluster: Cluster
-        if mode.mode is Mode.KUBERNETES:
-            from resilienced.kube.api import connect
-            from resilienced.kube.cluster import KubeCluster, KubeOptions
-
-            def gcs(address: str, token: str | None) -> ReadOnlyRay:
-                return ReadOnlyRay(RayGcs(address, token=token), timeout_s=GCS_TIMEOUT_S, errors=gcs_errors)
-
-            api = await connect(kubeconfig=mode.kubeconfig, context=mode.kube_context)
-            stack.push_async_callback(api.close)
-            cluster = KubeCluster(api, ray_control_factory=gcs, replica="replay", options=KubeOptions(
-                ready_timeout_s=KUBE_READY_TIMEOUT_S, gcs_timeout_s=GCS_TIMEOUT_S + 5))
-            await cluster.start()
-            stack.push_async_callback(cluster.stop)
-            await cluster.wait_ready()
-        else:
-            from resilienced.ray.cluster import RayModeCluster
-
-            try:
-                ray = ReadOnlyRay(RayGcs(mode.ray_address or "", token=read_token(mode.ray_token_file)),
-                                  timeout_s=GCS_TIMEOUT_S)
-            except ValueError as e:
-                raise ConfigError("--ray-address", str(e)) from None
-            await ray.ping()
-            cluster = RayModeCluster(ray=ray, checkpoint_uri=mode.checkpoint_uri, ec2=ec2,
-                                     instance_label=mode.instance_label, instance_type=mode.instance_type)
-        yield Finder(cluster=cluster, planner=planner, capacity=capacity, gcs_errors=gcs_errors)
+        read_only = ReadOnly(gcs_timeout_s=GCS_TIMEOUT_S, ready_timeout_s=KUBE_READY_TIMEOUT_S)
+        try:
+            cluster = await open_cluster(mode, stack, replica="replay", ec2=ec2, read_only=read_only)
+        except ValueError as e:  # a malformed --ray-address (or token) of ray mode
+            if mode.mode is not Mode.RAY:
+                raise
+            raise ConfigError("--ray-address", str(e)) from None
+        yield Finder(cluster=cluster, planner=planner, capacity=capacity, gcs_errors=read_only.gcs_errors)
 
 
 # --------------------------------------------------------------------------- output

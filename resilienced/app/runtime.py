@@ -17,6 +17,10 @@ ray         ``RayModeCluster`` on one ``RayGcs``, ``RayModeRequeuer`` when a nod
                                                   the nodes
 ==========  ==================================  ================================================
 
+Each mode's cluster is built in one place (:func:`open_kube_cluster`; :func:`ray_gcs` and
+:func:`ray_mode_cluster`), which ``replay`` reaches read-only through :func:`open_cluster` (its GCS
+clients wrapped in ``doubles.ReadOnlyRay``: no second wiring of the adapters).
+
 The follow-up after a requeue (``--follow-up``, on by default) is a ``Follower`` over the mode's
 follow-up store (kubernetes: ``KubeFollowUps`` Leases; ray: ``RayKvFollowUps`` on the GCS KV)
 and progress probe (``KubeProgress``; ``RayProgress``), started as the long-lived task
@@ -37,7 +41,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -48,7 +52,7 @@ from prometheus_client import Counter
 from resilienced import log
 from resilienced.aws.autoscaling import Lifecycle
 from resilienced.aws.clients import open_client
-from resilienced.doubles import MemoryClaims
+from resilienced.doubles import MemoryClaims, ReadOnlyRay
 from resilienced.errors import ConfigError, ResilienceError
 from resilienced.ops.ledger_metrics import LedgerMetrics
 from resilienced.ops.metrics import Metrics
@@ -72,10 +76,13 @@ from resilienced.followup.follower import Follower, FollowUpMetrics, FollowUpOpt
 from resilienced.recovery.move import Mover
 from resilienced.recovery.plan_only import PlanLogger
 from resilienced.recovery.responder import Recovery, RecoveryMetrics, RecoveryOptions
-from resilienced.settings import ExportMode, Mode, Settings
+from resilienced.settings import ExportMode, Mode, ModeSettings, Settings
 from resilienced.supervisor import Supervisor
 
 if TYPE_CHECKING:  # imported where used: the kubernetes client is loaded in kubernetes mode only
+    from resilienced.kube.cluster import KubeCluster
+    from resilienced.ray.cluster import RayModeCluster
+    from resilienced.ray.gcs import RayGcs
     from resilienced.kube.leases import KubeLeaseClaims
     from resilienced.requeue.router import RequeueMetrics
 
@@ -201,25 +208,90 @@ def _recovery_options(settings: Settings, *, export: ExportTasks | None) -> Reco
     )
 
 
+@dataclass(frozen=True)
+class ReadOnly:
+    """What makes a mode's cluster read-only (``replay``): every GCS client is a
+    :class:`~resilienced.doubles.ReadOnlyRay` (node listings only, each bounded by ``gcs_timeout_s``;
+    in kubernetes mode a GCS that does not answer is recorded in ``gcs_errors`` by address), and
+    :func:`open_cluster` hands the cluster over only once it answers (kubernetes: the caches' first
+    lists within ``ready_timeout_s``; ray: the GCS answers a ping), else it raises
+    (BackendUnavailable, RayAuthError)."""
+
+    gcs_timeout_s: float
+    ready_timeout_s: float
+    gcs_errors: dict[str, str] = field(default_factory=dict)
+
+    def gcs(self, address: str, token: str | None) -> RayControl:
+        from resilienced.ray.gcs import RayGcs
+
+        return ReadOnlyRay(RayGcs(address, token=token), timeout_s=self.gcs_timeout_s, errors=self.gcs_errors)
+
+
+async def open_kube_cluster(mode: ModeSettings, stack: AsyncExitStack, *, replica: str,
+                            supervisor: Supervisor | None = None,
+                            ray_control: Callable[[str, str | None], RayControl] | None = None,
+                            read_only: ReadOnly | None = None) -> tuple[KubeCluster, Any]:
+    """kubernetes mode's cluster and the API client its other adapters share, both closed by ``stack``:
+    the client of ``--kubeconfig``/``--kube-context``, a ``KubeCluster`` on its watch caches (on
+    ``supervisor``), started, with a ``RayGcs`` per RayCluster (``ray_control``: a stand-in's)."""
+    from resilienced.kube.api import connect
+    from resilienced.kube.cluster import KubeCluster, KubeOptions
+    from resilienced.ray.gcs import RayGcs
+
+    api = await connect(kubeconfig=mode.kubeconfig, context=mode.kube_context)
+    stack.push_async_callback(api.close)
+    factory: Callable[[str, str | None], RayControl] = ray_control or (lambda addr, tok: RayGcs(addr, token=tok))
+    options = None
+    if read_only is not None:
+        factory = read_only.gcs
+        options = KubeOptions(ready_timeout_s=read_only.ready_timeout_s, gcs_timeout_s=read_only.gcs_timeout_s + 5)
+    cluster = KubeCluster(api, ray_control_factory=factory, replica=replica, options=options, supervisor=supervisor)
+    await cluster.start()
+    stack.push_async_callback(cluster.stop)
+    if read_only is not None:
+        await cluster.wait_ready()
+    return cluster, api
+
+
+def ray_gcs(mode: ModeSettings) -> RayGcs:
+    """ray mode's one GCS client: ``--ray-address`` with the token of ``--ray-token-file``."""
+    from resilienced.ray.gcs import RayGcs
+
+    return RayGcs(mode.ray_address or "", token=read_token(mode.ray_token_file))
+
+
+def ray_mode_cluster(mode: ModeSettings, *, ray: RayControl, ec2: AioBaseClient | None) -> RayModeCluster:
+    """ray mode's cluster on the GCS ``ray`` (EC2's DescribeInstances where no node has the label)."""
+    from resilienced.ray.cluster import RayModeCluster
+
+    return RayModeCluster(ray=ray, checkpoint_uri=mode.checkpoint_uri, ec2=ec2,
+                          instance_label=mode.instance_label, instance_type=mode.instance_type)
+
+
+async def open_cluster(mode: ModeSettings, stack: AsyncExitStack, *, replica: str, ec2: AioBaseClient | None,
+                       read_only: ReadOnly) -> Cluster:
+    """The read-only ``Cluster`` of ``mode`` (``replay``), built as the daemon builds its own
+    (:func:`open_kube_cluster`; :func:`ray_gcs` and :func:`ray_mode_cluster`), and closed by ``stack``."""
+    if mode.mode is Mode.KUBERNETES:
+        cluster, _ = await open_kube_cluster(mode, stack, replica=replica, read_only=read_only)
+        return cluster
+    ray = ReadOnlyRay(ray_gcs(mode), timeout_s=read_only.gcs_timeout_s)
+    await ray.ping()
+    return ray_mode_cluster(mode, ray=ray, ec2=ec2)
+
+
 async def _kubernetes(settings: Settings, stack: AsyncExitStack, *, replica: str,
                       supervisor: Supervisor,
                       ray_control: Callable[[str, str | None], RayControl] | None = None) -> ModeParts:
     """kubernetes mode's adapters, closed by ``stack``; the caches and the sweeper on ``supervisor``."""
-    from resilienced.kube.api import connect
-    from resilienced.kube.cluster import KubeCluster
     from resilienced.kube.followup_store import KubeFollowUps
     from resilienced.kube.leases import KubeLeaseClaims
-    from resilienced.ray.gcs import RayGcs
     from resilienced.requeue.kueue import KueueRequeuer, discover_workload_version
     from resilienced.kube.progress import KubeProgress
     from resilienced.requeue.router import RequeueRouter
 
-    api = await connect(kubeconfig=settings.mode.kubeconfig, context=settings.mode.kube_context)
-    stack.push_async_callback(api.close)
-    cluster = KubeCluster(api, ray_control_factory=ray_control or (lambda addr, tok: RayGcs(addr, token=tok)),
-                          replica=replica, supervisor=supervisor)
-    await cluster.start()
-    stack.push_async_callback(cluster.stop)
+    cluster, api = await open_kube_cluster(settings.mode, stack, replica=replica, supervisor=supervisor,
+                                           ray_control=ray_control)
     claims = KubeLeaseClaims(api, namespace=settings.mode.claims_namespace)
     sweeping = await stack.enter_async_context(supervisor.scope())  # ends before the client closes
     sweeping.spawn(_sweep_leases(claims, older_than=settings.intake.dedupe_seconds),
@@ -252,16 +324,12 @@ def _ray_mode(settings: Settings, *, ec2: AioBaseClient, provider: NodeProvider 
               capacity: CapacitySource) -> ModeParts:
     """ray mode's adapters (no requeuer without a node provider: the stand-in's, else the EC2 one)."""
     from resilienced.ray.claims import RayKvClaims
-    from resilienced.ray.cluster import RayModeCluster
     from resilienced.ray.followup_store import RayKvFollowUps
-    from resilienced.ray.gcs import RayGcs
     from resilienced.ray.progress import RayProgress
     from resilienced.ray.requeue import RayModeRequeuer
 
-    ray = RayGcs(settings.mode.ray_address or "", token=read_token(settings.mode.ray_token_file))
-    cluster = RayModeCluster(ray=ray, checkpoint_uri=settings.mode.checkpoint_uri, ec2=ec2,
-                             instance_label=settings.mode.instance_label,
-                             instance_type=settings.mode.instance_type)
+    ray = ray_gcs(settings.mode)
+    cluster = ray_mode_cluster(settings.mode, ray=ray, ec2=ec2)
     claims = RayKvClaims(kv=ray, done_ttl_seconds=settings.intake.dedupe_seconds)
     provider = provider if provider is not None else _ec2_nodes(settings, ec2=ec2, capacity=capacity)
     requeuer = RayModeRequeuer(provider) if provider is not None else None
