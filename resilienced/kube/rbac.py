@@ -17,8 +17,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from resilienced.model import JsonValue
-
 AUTH_SECRETS = "<auth Secret of each token-mode RayCluster>"  # placeholder in resource_names
 
 
@@ -32,16 +30,6 @@ class Rule:
     resource_names: tuple[str, ...] = ()
     requested: bool = True
     when: str = "always"
-
-    def policy_rule(self, *, resource_names: tuple[str, ...] | None = None) -> dict[str, JsonValue]:
-        """As a PolicyRule of a Role/ClusterRole manifest (``resource_names`` fills the placeholder)."""
-        rule: dict[str, JsonValue] = {"apiGroups": list(self.api_groups), "resources": list(self.resources),
-                                "verbs": list(self.verbs)}
-        names = resource_names if resource_names is not None else tuple(
-            n for n in self.resource_names if n != AUTH_SECRETS)
-        if names:
-            rule["resourceNames"] = list(names)
-        return rule
 
 
 RBAC_RULES: tuple[Rule, ...] = (
