@@ -62,7 +62,6 @@ from resilienced.ports import (
     CapacitySource,
     ClaimStore,
     Cluster,
-    ExportTasks,
     FollowUpStore,
     NodeProvider,
     ObjectStore,
@@ -193,19 +192,6 @@ def _notifier(settings: Settings, metrics: NotifyMetrics) -> Notifier | None:
         return None
     return Notifier(url=webhook, template=load_template(ns.notify_template),
                     timeout_s=ns.notify_timeout_seconds, retries=ns.notify_retries, metrics=metrics)
-
-
-def _recovery_options(settings: Settings, *, export: ExportTasks | None) -> RecoveryOptions:
-    rs = settings.recovery
-    return RecoveryOptions(
-        durable_grace_seconds=rs.durable_grace_seconds,
-        durable_poll_seconds=rs.durable_poll_seconds,
-        checkpoint_ahead_seconds=rs.checkpoint_ahead_seconds,
-        claim_ttl_seconds=float(settings.queue.visibility_timeout),
-        file_system_id=rs.fsx_file_system_id,
-        export_paths=rs.export_paths if export is not None else None,
-        node_join_seconds=rs.node_join_priors,
-    )
 
 
 @dataclass(frozen=True)
@@ -363,20 +349,10 @@ def _follower(settings: Settings, parts: ModeParts, *, mover: Mover | None,
               store: ObjectStore, metrics: FollowUpMetrics, notifier: Notifier | None, replica: str,
               ledger: Any = None) -> Follower | None:
     """The follow-up of ``settings.follow_up`` (None when off, or when nothing is requeued)."""
-    from resilienced.followup.rules import Bounds
-
-    fs = settings.follow_up
     if not _following(settings) or mover is None:
         return None
-    options = FollowUpOptions(
-        bounds=Bounds(admitted=timedelta(seconds=fs.admitted_bound_seconds),
-                      scheduled=timedelta(seconds=fs.scheduled_bound_seconds),
-                      training=timedelta(seconds=fs.training_bound_seconds)),
-        max_fallbacks=fs.max_fallbacks, cooldown=timedelta(seconds=fs.fallback_cooldown_seconds),
-        interval_s=fs.follow_up_interval_seconds, claim_ttl_s=fs.follow_up_claim_ttl_seconds,
-        keep=timedelta(seconds=settings.intake.dedupe_seconds), mode=settings.mode.mode.value)
     return Follower(store=parts.follow_ups, cluster=parts.cluster, progress=parts.progress,
-                    mover=mover, objects=store, options=options, metrics=metrics,
+                    mover=mover, objects=store, options=FollowUpOptions.from_settings(settings), metrics=metrics,
                     notifier=notifier, replica=replica, ledger=ledger)
 
 
@@ -445,7 +421,7 @@ async def open_runtime(
         notifier = _notifier(settings, groups.notify)
         if notifier is not None:
             stack.push_async_callback(notifier.close)
-        options = _recovery_options(settings, export=export)
+        options = RecoveryOptions.from_settings(settings)
 
         supervisor = supervisor if supervisor is not None else Supervisor()
         if mode is Mode.KUBERNETES:

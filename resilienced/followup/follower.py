@@ -75,6 +75,7 @@ from resilienced.ports import Cluster, FollowUpStore, ObjectStore, Progress
 from resilienced.recovery.ledger import LedgerKeeper, notification_facts
 from resilienced.recovery.move import Mover, read_follow_up
 from resilienced.recovery.steps import StepResults
+from resilienced.settings import FollowUpSettings, IntakeSettings, Mode, Settings
 from trainer import resume
 
 REASON_TRAINING_RESUMED = "TrainingResumed"
@@ -87,18 +88,39 @@ TRAINING_BUCKETS = (5, 10, 20, 30, 45, 60, 90, 120, 180, 300, 600, 900, 1800, 36
 GAUGE_STAGES = (*(s.value for s in Stage), State.STUCK.value)
 
 
+#: The settings' defaults, the options' defaults (docs/requeue.md says why each is what it is).
+_FOLLOW_UP, _INTAKE = FollowUpSettings(), IntakeSettings()
+
+
+def _bounds(fs: FollowUpSettings) -> Bounds:
+    return Bounds(admitted=timedelta(seconds=fs.admitted_bound_seconds),
+                  scheduled=timedelta(seconds=fs.scheduled_bound_seconds),
+                  training=timedelta(seconds=fs.training_bound_seconds))
+
+
 @dataclass(frozen=True)
 class FollowUpOptions:
-    """How the follower behaves (from ``FollowUpSettings``); see docs/requeue.md for the defaults."""
+    """How the follower behaves: ``FollowUpSettings`` in the follower's terms, made by
+    :meth:`from_settings`; the defaults are the settings' (kubernetes mode)."""
 
-    bounds: Bounds = Bounds()
-    max_fallbacks: int = 2
-    cooldown: timedelta = timedelta(minutes=30)
-    interval_s: float = 15.0
-    claim_ttl_s: float = 60.0
-    keep: timedelta = timedelta(hours=24)
-    mode: str = "kubernetes"
+    bounds: Bounds = _bounds(_FOLLOW_UP)
+    max_fallbacks: int = _FOLLOW_UP.max_fallbacks
+    cooldown: timedelta = timedelta(seconds=_FOLLOW_UP.fallback_cooldown_seconds)
+    interval_s: float = _FOLLOW_UP.follow_up_interval_seconds
+    claim_ttl_s: float = _FOLLOW_UP.follow_up_claim_ttl_seconds
+    keep: timedelta = timedelta(seconds=_INTAKE.dedupe_seconds)  # an ended record, as long as an event id
+    mode: Mode = Mode.KUBERNETES
     looks_at_once: int = 10  # open follow-ups looked at together in a pass
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> FollowUpOptions:
+        """The options of ``settings.follow_up`` (the bounds, the moves, the looks), kept records as
+        long as handled event ids (``--dedupe-seconds``), in ``--mode``."""
+        fs = settings.follow_up
+        return cls(bounds=_bounds(fs), max_fallbacks=fs.max_fallbacks,
+                   cooldown=timedelta(seconds=fs.fallback_cooldown_seconds),
+                   interval_s=fs.follow_up_interval_seconds, claim_ttl_s=fs.follow_up_claim_ttl_seconds,
+                   keep=timedelta(seconds=settings.intake.dedupe_seconds), mode=settings.mode.mode)
 
 
 class RecordChanged(TemporaryError):

@@ -81,6 +81,7 @@ from resilienced.ports import (
     RayControl,
 )
 from resilienced.ops.run_record import RunRecord
+from resilienced.settings import ExportMode, QueueSettings, RecoverySettings, Settings
 
 #: Reasons of the Kubernetes Events resilienced records (kubernetes mode; logged in ray mode).
 REASON_NOTICE = "InterruptionNotice"
@@ -94,9 +95,14 @@ NOTIFY_REASONS = {Kind.REBALANCE_RECOMMENDATION: "RebalanceRecommendation"}
 DURATION_BUCKETS = (0.5, 1, 2, 5, 10, 20, 30, 45, 60, 90, 120, 180, 300, 600, 1800)
 
 
+#: The settings' defaults, the options' defaults.
+_RECOVERY, _QUEUE = RecoverySettings(), QueueSettings()
+
+
 @dataclass(frozen=True)
 class RecoveryOptions:
-    """How the steps behave (from ``RecoverySettings``).
+    """How the steps behave: ``RecoverySettings`` in the steps' terms, made by :meth:`from_settings`
+    (the defaults are the settings').
 
     ``durable_grace_seconds``: how long after the deadline S3 is still watched (FSx may still be
     exporting what the run saved just before the node went).  ``checkpoint_ahead_seconds``: the
@@ -110,13 +116,23 @@ class RecoveryOptions:
     ``ray.replacement.ReplacementAnnouncer``).
     """
 
-    durable_grace_seconds: float = 60.0
-    durable_poll_seconds: float = 2.0
-    checkpoint_ahead_seconds: float = 600.0
-    claim_ttl_seconds: float = 60.0
+    durable_grace_seconds: float = _RECOVERY.durable_grace_seconds
+    durable_poll_seconds: float = _RECOVERY.durable_poll_seconds
+    checkpoint_ahead_seconds: float = _RECOVERY.checkpoint_ahead_seconds
+    claim_ttl_seconds: float = float(_QUEUE.visibility_timeout)
     file_system_id: str | None = None
     export_paths: Callable[[str], Sequence[str]] | None = None
     node_join_seconds: Mapping[str, float] = field(default_factory=dict)
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> RecoveryOptions:
+        """The options of ``settings.recovery``; run claims live as long as the queue's visibility timeout."""
+        rs = settings.recovery
+        return cls(durable_grace_seconds=rs.durable_grace_seconds, durable_poll_seconds=rs.durable_poll_seconds,
+                   checkpoint_ahead_seconds=rs.checkpoint_ahead_seconds,
+                   claim_ttl_seconds=float(settings.queue.visibility_timeout), file_system_id=rs.fsx_file_system_id,
+                   export_paths=rs.export_paths if rs.export_mode is ExportMode.TASK else None,
+                   node_join_seconds=rs.node_join_priors)
 
 
 class RecoveryMetrics:
