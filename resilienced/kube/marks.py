@@ -1,8 +1,11 @@
 """What kubernetes mode leaves on the cluster's objects: the Node's taint (cordon) and Events.
 
 ``cordon`` taints the Node ``resilienced.io/interruption=<reason>:NoSchedule`` with the notice's
-deadline in an annotation; ``record`` leaves an Event on the Node and one on the run's object (the
-Volcano Job, else the RayJob, else the RayCluster) through :class:`~resilienced.kube.events.EventRecorder`.
+deadline in an annotation; ``record`` leaves an Event on the run's object (the Volcano Job, else the
+RayJob, else the RayCluster) through :class:`~resilienced.kube.events.EventRecorder`, its message
+naming the run's instances and their Nodes; only a target without a run object gets it on its Node.
+Until issue #45 each Event went on the Node too: one write more per Event, and a gang's Nodes are
+marked by their taint and deadline annotation already.
 """
 
 from __future__ import annotations
@@ -100,13 +103,10 @@ class Marks:
 
     async def record(self, target: Target, *, reason: str, message: str, warning: bool = False,
                      once: str | None = None) -> None:
-        """An Event on the Node and one on the RayJob (else the RayCluster); ``once``: see
-        :meth:`EventRecorder.emit` (one Event per object, reason and key, for every replica)."""
-        refs: list[ObjectRef] = []
-        if target.node:
-            node = self._caches.nodes.get(None, target.node)
-            refs.append(ref_for(node, api_version="v1", kind="Node") if node is not None
-                        else ObjectRef(api_version="v1", kind="Node", name=target.node, uid=""))
+        """One Event on the run's object (the Volcano Job, else the RayJob, else the RayCluster), the
+        message ending with the target's instances and their Nodes (:meth:`where`); on the Node only
+        when the target names no run object.  ``once``: see :meth:`EventRecorder.emit` (one Event
+        per object, reason and key, for every replica)."""
         runs = ((target.facts.volcano_job, VOLCANO_JOB_API_VERSION, "Job", self._caches.cache_of(VOLCANO_JOBS)),
                 (target.ray_job, "ray.io/v1", "RayJob", self._caches.rayjobs),
                 (target.ray_cluster, "ray.io/v1", "RayCluster", self._caches.rayclusters))
@@ -115,8 +115,28 @@ class Marks:
                 continue
             ns, _, name = str(key).partition("/")
             obj = cache.get(ns, name) if cache is not None else None
-            refs.append(ref_for(obj, api_version=api_version, kind=kind) if obj is not None
-                        else ObjectRef(api_version=api_version, kind=kind, name=name, uid="", namespace=ns))
-            break
-        for ref in refs:
+            ref = (ref_for(obj, api_version=api_version, kind=kind) if obj is not None
+                   else ObjectRef(api_version=api_version, kind=kind, name=name, uid="", namespace=ns))
+            await self.events.emit(ref, reason=reason, message=f"{message} {self.where(target)}".rstrip(),
+                                   warning=warning, once=once)
+            return
+        if target.node:
+            node = self._caches.nodes.get(None, target.node)
+            ref = (ref_for(node, api_version="v1", kind="Node") if node is not None
+                   else ObjectRef(api_version="v1", kind="Node", name=target.node, uid=""))
             await self.events.emit(ref, reason=reason, message=message, warning=warning, once=once)
+
+    def where(self, target: Target) -> str:
+        """``[instances: i-1 on Node n1, i-2 on Node n2]``: the target's instances (a gang's, a wave's
+        merged) and their Nodes from the Node cache (``no Node`` when it has none)."""
+        instances = target.facts.instance_ids or ((target.instance_id,) if target.instance_id else ())
+        if not instances:
+            return ""
+        named = []
+        for instance in instances:
+            node = target.node if instance == target.instance_id and target.node else None
+            if node is None:
+                found = self._caches.nodes.by_index("instance", instance)
+                node = str((found[0].get("metadata") or {}).get("name") or "") if found else None
+            named.append(f"{instance} on Node {node}" if node else f"{instance} (no Node)")
+        return f"[instances: {', '.join(named)}]"

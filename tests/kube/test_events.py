@@ -1,6 +1,9 @@
-"""record(): Events on the Node and the run, found by involvedObject, counted instead of repeated."""
+"""record(): an Event on the run naming its instances and their Nodes (on the Node only without a run
+object), found by involvedObject, counted instead of repeated."""
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 from kubernetes_asyncio import client as k8s
 
@@ -25,12 +28,14 @@ async def _world(cluster: KubeCluster, kubeapi: KubeApiServer) -> tuple[dict, di
     return n1, job, rc
 
 
-def _target(ray_job: str | None = "ml/train") -> Target:
-    return Target(instance_id=instance(1), node="n1", ray_cluster="ml/train-rc", ray_job=ray_job,
+def _target(ray_job: str | None = "ml/train", ray_cluster: str | None = "ml/train-rc") -> Target:
+    return Target(instance_id=instance(1), node="n1", ray_cluster=ray_cluster, ray_job=ray_job,
                   ray_node_ids=(), checkpoint_uri=None)
 
 
-async def test_events_on_the_node_and_the_rayjob(cluster: KubeCluster, kubeapi: KubeApiServer, api) -> None:
+async def test_an_event_goes_on_the_rayjob_naming_the_instance_and_its_node(cluster: KubeCluster,
+                                                                           kubeapi: KubeApiServer, api) -> None:
+    """Issue #45: on the run only (one write, not two); the Node keeps its taint, and the Event names it."""
     n1, job, _ = await _world(cluster, kubeapi)
     await cluster.record(_target(), reason="SpotInterruption", message="i-1 interrupted at 12:00", warning=True)
     core = k8s.CoreV1Api(api)
@@ -38,9 +43,10 @@ async def test_events_on_the_node_and_the_rayjob(cluster: KubeCluster, kubeapi: 
         "default", field_selector=f"involvedObject.kind=Node,involvedObject.name=n1,involvedObject.uid={n1['metadata']['uid']}")
     on_job = await core.list_namespaced_event(
         "ml", field_selector=f"involvedObject.kind=RayJob,involvedObject.uid={job['metadata']['uid']}")
-    assert len(on_node.items) == 1 and len(on_job.items) == 1
+    assert len(on_node.items) == 0 and len(on_job.items) == 1
     event = on_job.items[0]
-    assert (event.reason, event.message, event.type, event.count) == ("SpotInterruption", "i-1 interrupted at 12:00", "Warning", 1)
+    assert (event.reason, event.message, event.type, event.count) == (
+        "SpotInterruption", f"i-1 interrupted at 12:00 [instances: {instance(1)} on Node n1]", "Warning", 1)
     assert event.reporting_component == "resilienced.io/resilienced"
     assert event.reporting_instance == "replica-a"
     assert event.involved_object.api_version == "ray.io/v1" and event.involved_object.namespace == "ml"
@@ -51,7 +57,30 @@ async def test_a_cluster_without_job_gets_the_event(cluster: KubeCluster, kubeap
     _, _, rc = await _world(cluster, kubeapi)
     await cluster.record(_target(ray_job=None), reason="Drained", message="m")
     kinds = sorted((e["involvedObject"]["kind"], e["involvedObject"]["uid"]) for e in kubeapi.list("events"))
-    assert ("RayCluster", rc["metadata"]["uid"]) in kinds and len(kinds) == 2
+    assert kinds == [("RayCluster", rc["metadata"]["uid"])]
+
+
+async def test_a_gangs_event_names_every_instance_and_its_node(cluster: KubeCluster, kubeapi: KubeApiServer) -> None:
+    """A wave's merged target (issue #45): the other instances' Nodes from the Node cache."""
+    await _world(cluster, kubeapi)
+    kubeapi.create(node("n2", instance(2)))
+    await cluster.caches.nodes.wait_until(lambda c: c.get(None, "n2") is not None, timeout=LOCAL_BOUND_S)
+    target = _target()
+    gang = replace(target, facts=replace(target.facts, instance_ids=(instance(1), instance(2), instance(3))))
+    await cluster.record(gang, reason="Requeued", message="requeued")
+    (event,) = kubeapi.list("events")
+    assert event["involvedObject"]["kind"] == "RayJob"
+    assert event["message"] == (f"requeued [instances: {instance(1)} on Node n1, {instance(2)} on Node n2, "
+                                f"{instance(3)} (no Node)]")
+
+
+async def test_a_target_without_a_run_object_gets_its_event_on_the_node(cluster: KubeCluster,
+                                                                       kubeapi: KubeApiServer) -> None:
+    n1, _, _ = await _world(cluster, kubeapi)
+    await cluster.record(_target(ray_job=None, ray_cluster=None), reason="Drained", message="m")
+    (event,) = kubeapi.list("events")
+    assert (event["involvedObject"]["kind"], event["involvedObject"]["uid"], event["message"]) == (
+        "Node", n1["metadata"]["uid"], "m")
 
 
 async def test_a_repeat_counts_instead_of_adding(cluster: KubeCluster, kubeapi: KubeApiServer) -> None:
@@ -60,10 +89,10 @@ async def test_a_repeat_counts_instead_of_adding(cluster: KubeCluster, kubeapi: 
         await cluster.record(_target(), reason="SpotInterruption", message="same notice", warning=True)
     await cluster.record(_target(), reason="SpotInterruption", message="another notice", warning=True)
     events = kubeapi.list("events")
+    where = f" [instances: {instance(1)} on Node n1]"
     assert sorted((e["involvedObject"]["kind"], e["message"], e["count"]) for e in events) == [
-        ("Node", "another notice", 1), ("Node", "same notice", 3),
-        ("RayJob", "another notice", 1), ("RayJob", "same notice", 3)]
-    assert kubeapi.counts()[("create", "events")] == 4 and kubeapi.counts()[("patch", "events")] == 4
+        ("RayJob", "another notice" + where, 1), ("RayJob", "same notice" + where, 3)]
+    assert kubeapi.counts()[("create", "events")] == 2 and kubeapi.counts()[("patch", "events")] == 2
     assert kubeapi.counts()[("get", "events")] == 0
 
 

@@ -71,10 +71,11 @@ async def test_every_call_of_kubernetes_mode_is_allowed_and_every_rule_is_used(g
             server.patch("nodes", "n1", body={"metadata": {"labels": {"changed": "yes"}}})
             await kube.cordon(target, reason="spot_interruption", deadline=None)  # patch 409, get, patch
             server.clear_faults()
-            await kube.record(target, reason="SpotInterruption", message="m")  # create
+            await kube.record(target, reason="SpotInterruption", message="m")  # create (on the RayJob)
+            on_node = ObjectRef(api_version="v1", kind="Node", name="n1", uid=server.get("nodes", "n1")["metadata"]["uid"])
+            await EventRecorder(client, replica="replica-a").emit(on_node, reason="SpotInterruption", message="m")  # create
             await EventRecorder(client, replica="replica-a").emit(  # restarted: create 409, get, patch
-                ObjectRef(api_version="v1", kind="Node", name="n1", uid=server.get("nodes", "n1")["metadata"]["uid"]),
-                reason="SpotInterruption", message="m")
+                on_node, reason="SpotInterruption", message="m")
         clock = Clock()
         a, b = KubeLeaseClaims(client, namespace=LEASES_NS, clock=clock), KubeLeaseClaims(client, namespace=LEASES_NS, clock=clock)
         await a.acquire("k", holder="a", ttl_seconds=5)  # create

@@ -201,8 +201,11 @@ async def test_a_run_done_for_an_event_is_skipped_when_the_event_comes_back(worl
     second = await world.recovery.act(plan, holder="replica-b/m7")
     assert first.details["runs"][0]["notify"] == "RebalanceRecommendation"
     assert second.details["runs"][0]["skipped"] == "already done for this event by replica-a/m1"
-    recorded = world.events("RebalanceRecommendation")  # on the Node and on the RayJob, once each
-    assert sorted(e["involvedObject"]["kind"] for e in recorded) == ["Node", "RayJob"]
+    # once, on the RayJob only, naming the instance and its Node (issue #45: the run is what its owner
+    # watches; nothing is done to the Node for a notify-only notice, and Karpenter marks Nodes itself)
+    recorded = world.events("RebalanceRecommendation")
+    assert [e["involvedObject"]["kind"] for e in recorded] == ["RayJob"]
+    assert recorded[0]["message"].endswith(f"[instances: {instance(2)} on Node n2]"), recorded[0]["message"]
     assert all(e.get("count", 1) == 1 for e in recorded) and world.gcs.drains == []
 
 
