@@ -1,7 +1,7 @@
 """The ``ports.FollowUpStore`` contract (its docstring), run against all three stores.
 
-One table of rules, three stores: ``MemoryFollowUps`` (the tests' in-process double,
-tests/support/followups.py), ``KubeFollowUps`` on Leases of the emulated Kubernetes API server
+One table of rules, three stores: ``MemoryFollowUps`` (the in-process double,
+resilienced/doubles.py), ``KubeFollowUps`` on Leases of the emulated Kubernetes API server
 through the real kubernetes_asyncio client (kubernetes mode), and ``RayKvFollowUps`` on the GCS
 internal KV of a real local Ray cluster, head only (ray mode).  Each "replica" of the cross-replica stores has
 its own client; the memory store is one replica's, so its replicas share it.  The Lease store runs
