@@ -23,9 +23,11 @@ A move (1., and a fallback in 3.) is made under the run's move claim ``move/<run
 ``claim_ttl``, renewed while held; never two moves of one run at once, and a replica that dies
 mid-move leaves the claim to expire before another goes on), on the record read again under it
 and unchanged since the look; a look that does not move the run takes no claim (issue #45: a
-waiting run costs no write).  Every write of a record is at the version read, so two replicas'
-looks at one run, or a look and a notice's requeue, never both write: the later one finds the
-record changed (:class:`RecordChanged`) and the run is looked at again next pass.
+waiting run costs no write), and the stages one look reaches are saved in one write with its
+verdict (the end, a move, or the wait's: the stage reached and its evidence), not one per stage.
+Every write of a record is at the version read, so two replicas' looks at one run, or a look and a
+notice's requeue, never both write: the later one finds the record changed (:class:`RecordChanged`)
+and the run is looked at again next pass.
 
 Each end and each fallback is an Event on the run, a webhook notification and metrics.
 """
@@ -311,7 +313,7 @@ class Follower:
             fresh = await self.read(record.run)
             if fresh is None or fresh.version != record.version:
                 return fresh or record
-            return await move(fresh)
+            return await move(record)  # unchanged since the look: the look's record, its stages reached too
 
     async def _step(self, record: FollowUp) -> FollowUp:
         if record.moving is not None:
@@ -321,33 +323,38 @@ class Follower:
         if record.state == State.STUCK.value:  # watched for training, never moved again
             seen = await self._training(record)
             return await self._act(record, seen, Judgement("resumed" if seen.reached else "wait", seen.detail))
-        while True:
+        stored = record.stage
+        while True:  # the stages one look reaches are saved with its verdict: one write, not one per stage
             seen = await self._look(record)
             verdict = judge(record, seen, now=self.clock(), bounds=self.options.bounds,
                             max_fallbacks=self.options.max_fallbacks)
             if verdict.action == "advance":
-                record = await self._advance(record, seen)
+                record = self._advance(record, seen)
                 continue
-            return await self._act(record, seen, verdict)
+            return await self._act(record, seen, verdict, advanced=record.stage != stored)
 
-    async def _act(self, record: FollowUp, seen: StageSeen, verdict: Judgement) -> FollowUp:
+    async def _act(self, record: FollowUp, seen: StageSeen, verdict: Judgement, *, advanced: bool = False) -> FollowUp:
         if verdict.action == "resumed":
             return await self._resumed(record, seen)
         if verdict.action == "fall_back":
             return await self._claimed(record, lambda fresh: self._fall_back(fresh, verdict.reason))
         if verdict.action == "stuck":
             return await self._stuck(record, verdict.reason)
-        if record.evidence != seen.detail:  # wait; keep the evidence for status (no write when unchanged)
+        # wait: the stages reached (the next one's bound counts from now, for this replica and one that
+        # takes the follow-up over) and the evidence for status; no write when neither changed
+        if advanced or record.evidence != seen.detail:
             record = await self._save(replace(record, evidence=seen.detail))
         return record
 
-    async def _advance(self, record: FollowUp, seen: StageSeen) -> FollowUp:
+    def _advance(self, record: FollowUp, seen: StageSeen) -> FollowUp:
+        """``record`` at the stage after its current one, which ``seen`` reached; not saved here (the
+        look's verdict saves it, issue #45: the record was written once per stage)."""
         now = self.clock()
         stages = list(record.stages)
         following = stages[stages.index(record.stage) + 1]
         self._log.info("follow-up stage reached", run=record.run, stage=record.stage, detail=seen.detail)
-        return await self._save(replace(record, stage=following, stage_since=now, evidence=None,
-                                        reached={**record.reached, record.stage: (seen.at or now).isoformat()}))
+        return replace(record, stage=following, stage_since=now, evidence=None,
+                       reached={**record.reached, record.stage: (seen.at or now).isoformat()})
 
     # ------------------------------------------------------------------ looks
     async def _look(self, record: FollowUp) -> StageSeen:
