@@ -33,7 +33,8 @@ from resilienced.kube.locate import (
 from resilienced.log import get as get_logger
 from resilienced.supervisor import Supervisor
 
-log = get_logger(__name__)
+# the logger these lines had before KubeCluster was split (log lines are a contract)
+log = get_logger("resilienced.kube.cluster")
 
 #: Custom resources cached only where the cluster serves them (API discovery at start-up).
 VOLCANO_JOBS = CustomResource("batch.volcano.sh", "v1alpha1", "jobs", namespaced=True)

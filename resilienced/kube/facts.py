@@ -26,7 +26,8 @@ from resilienced.kube.locate import KUEUE_QUEUE_LABEL, capacity_selector, kueue_
 from resilienced.log import get as get_logger
 from resilienced.model import CAPACITY_NAMES, Capacity, NodeShape, RunFacts
 
-log = get_logger(__name__)
+# the logger these lines had before KubeCluster was split (log lines are a contract)
+log = get_logger("resilienced.kube.cluster")
 
 
 def karpenter_facts(caches: ClusterCaches, node: JsonObj, facts: RunFacts) -> RunFacts:

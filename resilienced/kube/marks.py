@@ -23,7 +23,8 @@ from resilienced.kube.locate import VOLCANO_JOB_API_VERSION, taint_value
 from resilienced.log import get as get_logger
 from resilienced.model import JsonValue, Target
 
-log = get_logger(__name__)
+# the logger these lines had before KubeCluster was split (log lines are a contract)
+log = get_logger("resilienced.kube.cluster")
 
 TAINT_KEY = "resilienced.io/interruption"
 DEADLINE_ANNOTATION = "resilienced.io/interruption-deadline"
