@@ -291,7 +291,7 @@ class Recovery:
 
     # ------------------------------------------------------------------ one run
     async def needs_event_claim(self, plan: Plan) -> bool:
-        """Whether ``plan`` needs the consumer's event claim (``consumer.event_claim.SharesClaims``).
+        """Whether ``plan`` needs the consumer's event claim (``ports.SharesClaims``).
 
         Not when every run it hits is handled in this replica now by a wave that does its steps
         (it joins that handling, which holds the run claim); a plan that hits no run (a copy of a
