@@ -49,13 +49,6 @@ class Moved:
     result: RequeueResult
     replacement: dict[str, JsonValue] | None = None
 
-    def as_json(self) -> dict[str, JsonValue]:
-        """The ``requeue`` step of the run's report (the record, the log line, the notification)."""
-        out = self.result.as_json()
-        if self.replacement is not None:
-            out["replacement"] = self.replacement
-        return out
-
 
 @dataclass
 class _Tries:

@@ -19,6 +19,7 @@ from resilienced.local.capacity import StaticCapacity
 from resilienced.model import Capacity, CapacityDecision, Event, Kind, RequeueResult, RunFacts, Target
 from resilienced.ports import CapacityReservation, NoCapacity, Requeuer, Withdraws
 from resilienced.recovery.move import Mover
+from resilienced.recovery.steps import RequeueStep
 
 pytestmark = pytest.mark.unit
 
@@ -76,7 +77,8 @@ async def test_no_capacity_in_the_decided_pool_is_decided_again_in_kubernetes_mo
     assert (moved.result.capacity, moved.result.reservation_id) == (Capacity.CAPACITY_BLOCK, "cr-a")
     assert moved.result.details["tried"] == ["spot gave 0 of 2"]
     assert moved.result.reason.startswith("spot gave 0 of 2; then placed")
-    assert moved.replacement is None and "replacement" not in moved.as_json()
+    assert moved.replacement is None
+    assert "replacement" not in RequeueStep.of(moved.result, replacement=moved.replacement).as_json()
 
 
 async def test_when_every_pool_is_full_the_run_waits_with_each_pool_named() -> None:
