@@ -289,7 +289,7 @@ async def _kubernetes(settings: Settings, stack: AsyncExitStack, *, replica: str
     return ModeParts(cluster=cluster, claims=claims, requeuer=RequeueRouter(api, kueue=kueue),
                      ray_control=cluster.ray_control,
                      follow_ups=KubeFollowUps(api, namespace=settings.mode.claims_namespace),
-                     progress=KubeProgress(api, kueue=kueue))
+                     progress=KubeProgress(api, kueue=kueue, caches=cluster.caches))
 
 
 def _ec2_nodes(settings: Settings, *, ec2: AioBaseClient, capacity: CapacitySource) -> NodeProvider | None:
