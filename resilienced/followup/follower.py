@@ -200,16 +200,17 @@ class Follower:
         tries = 1
         while True:  # the move claim keeps other moves out, not a look's write of the record
             try:
-                return await self._open(target, event=event, result=result, steps=steps)
+                return await self._open(target, event=event, event_id=event.event_id, result=result, steps=steps)
             except RecordChanged:
                 if tries >= OPEN_TRIES:
                     raise
                 tries += 1
 
-    async def _open(self, target: Target, *, event: Event, result: RequeueResult, steps: StepResults) -> FollowUp:
+    async def _open(self, target: Target, *, event: Event, event_id: str, result: RequeueResult,
+                    steps: StepResults) -> FollowUp:
         now = self.clock()
         existing = await self.read(target.run_key)
-        if existing is not None and not opens_new(existing, event_id=event.event_id, event_time=event.time,
+        if existing is not None and not opens_new(existing, event_id=event_id, event_time=event.time,
                                                   changed=result.changed):
             return existing
         if event.kind is Kind.CAPACITY_BLOCK_EXPIRY and event.capacity_reservation_id:
@@ -218,7 +219,7 @@ class Follower:
         elastic = bool(result.details.get("elastic"))
         stages = (Stage.TRAINING,) if elastic else stages_for(mode=self.options.mode, applier=result.kind)
         record = FollowUp(
-            run=target.run_key, event_id=event.event_id, kind=event.kind.value, notice_at=event.time or now,
+            run=target.run_key, event_id=event_id, kind=event.kind.value, notice_at=event.time or now,
             opened_at=now, target=target_json(target), capacity=result.capacity.value,
             reservation_id=result.reservation_id, stages=tuple(s.value for s in stages), stage=stages[0].value,
             stage_since=now, unusable={k: v for k, v in (existing.unusable if existing else {}).items()
