@@ -230,7 +230,8 @@ async def open_kube_cluster(mode: ModeSettings, stack: AsyncExitStack, *, replic
     options = None
     if read_only is not None:
         factory = read_only.gcs
-        options = KubeOptions(ready_timeout_s=read_only.ready_timeout_s, gcs_timeout_s=read_only.gcs_timeout_s + 5)
+        options = KubeOptions(ready_timeout_s=read_only.ready_timeout_s, gcs_timeout_s=read_only.gcs_timeout_s + 5,
+                              follow_up_caches=False)
     cluster = KubeCluster(api, ray_control_factory=factory, replica=replica, options=options, supervisor=supervisor)
     await cluster.start()
     stack.push_async_callback(cluster.stop)

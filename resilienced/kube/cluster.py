@@ -65,6 +65,10 @@ class KubeOptions:
     conflict_retries: int = 5
     """Attempts of a read-modify-patch (cordon) that keeps meeting 409 Conflict."""
 
+    follow_up_caches: bool = True
+    """Cache what only the follow-up's probe reads (Workloads, NodeClaims and their ICE Events);
+    off for a cluster that follows nothing (``replay``)."""
+
 
 class KubeCluster:
     """``ports.Cluster`` on Kubernetes with KubeRay: ``await start()``, then ``locate``/``cordon``/``record``.
@@ -91,7 +95,7 @@ class KubeCluster:
         self.caches = ClusterCaches(
             api_client, cache=options.cache, namespace=options.namespace,
             request_timeout_s=options.request_timeout_s, ready_timeout_s=options.ready_timeout_s,
-            supervisor=supervisor if supervisor is not None else Supervisor(),
+            supervisor=supervisor if supervisor is not None else Supervisor(), follow_up=options.follow_up_caches,
         )
         tokens = RayTokens(
             api_client, service_account_token_path=options.service_account_token_path,

@@ -52,6 +52,8 @@ WORKLOADS = CustomResource("kueue.x-k8s.io", "v1beta2", "workloads", namespaced=
 NODECLAIMS = CustomResource("karpenter.sh", "v1", "nodeclaims", namespaced=False)
 OPTIONAL_RESOURCES = (VOLCANO_JOBS, NODEPOOLS, EC2NODECLASSES, LOCALQUEUES, CLUSTERQUEUES, RESOURCEFLAVORS,
                       WORKLOADS, NODECLAIMS)
+#: Those only the follow-up reads (its probe); a cluster without the follow-up (``replay``) does not cache them.
+FOLLOW_UP_ONLY = (WORKLOADS, NODECLAIMS)
 #: Indices of an optional resource's cache, by its key.
 OPTIONAL_INDEXERS: dict[str, dict[str, Indexer]] = {WORKLOADS.key: {"controller": controller_uids}}
 #: The Event reason Karpenter records on a NodeClaim EC2 had no capacity for.
@@ -74,8 +76,10 @@ class ClusterCaches:
         request_timeout_s: float,
         ready_timeout_s: float,
         supervisor: Supervisor,
+        follow_up: bool = True,
     ) -> None:
         self._supervisor = supervisor
+        self._resources = tuple(r for r in OPTIONAL_RESOURCES if follow_up or r not in FOLLOW_UP_ONLY)
         self._namespace = namespace
         self._cache = cache
         self._request_timeout_s = request_timeout_s
@@ -134,7 +138,7 @@ class ClusterCaches:
         if self.optional is not None:
             return
         found: dict[str, Informer] = {}
-        for resource in OPTIONAL_RESOURCES:
+        for resource in self._resources:
             version = await served_as(self._api_client, resource, timeout_s=self._request_timeout_s)
             if version is not None:
                 found[resource.key] = Informer(self._source(replace(resource, version=version)),
