@@ -541,3 +541,7 @@ class SharesClaims(Protocol):
     docstring: ``Recovery`` for a notice that joins its run's handling in this replica)."""
 
     async def needs_event_claim(self, plan: Plan) -> bool: ...
+
+    def settled(self, plan: Plan) -> None:
+        """This delivery's handling of ``plan`` is over (acted on, or not: its event claim was
+        another's); what :meth:`needs_event_claim` set aside for it is let go."""

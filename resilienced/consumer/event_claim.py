@@ -14,10 +14,12 @@ never deleted, so a slow or dead holder cannot make its event vanish.
 
 No event claim: a responder that says so for a plan (:class:`~resilienced.ports.SharesClaims`,
 ``needs_event_claim`` False: ``Recovery`` for a notice whose runs this replica handles now, which
-joins their handling, or one that hits no run) is asked at once.  Its steps run under the claims
-of the run's handling (or are a cordon, which is idempotent), so a duplicate still acts once; the
-message is still settled only after the responder's outcome (issue #45: a gang's notices handled
-as one write one event claim, not one per notice).
+joins their handling) is asked at once.  Its steps run under the claims of the run's handling (or
+are a cordon, which is idempotent), so a duplicate still acts once; the message is still settled
+only after the responder's outcome (issue #45: a gang's notices handled as one write one event
+claim, not one per notice).  A responder that needs the claim for a plan is told when this
+delivery's handling is over, acted on or not (``settled``: ``Recovery`` lets go of the run's
+handling it reserved for the plan, which the run's other notices joined meanwhile).
 """
 
 from __future__ import annotations
@@ -50,6 +52,14 @@ class EventClaim:
         key = f"event/{event.event_id}" if event.event_id else f"message/{message.message_id}"
         if isinstance(self.responder, SharesClaims) and not await self.responder.needs_event_claim(plan):
             return await self._respond(plan, flight)
+        try:
+            return await self._claimed(plan, flight, key)
+        finally:
+            if isinstance(self.responder, SharesClaims):  # acted on or not: what it set aside is let go
+                self.responder.settled(plan)
+
+    async def _claimed(self, plan: Plan, flight: Flight, key: str) -> Outcome:
+        event, message = plan.event, flight.message
         try:  # a TemporaryError here is the claim store's, on the acquire or the look at who has it
             async with held_claim(self.claims, key, holder=flight.holder, logger=self.log,
                                   ttl_seconds=float(self.settings.visibility_timeout)) as held:

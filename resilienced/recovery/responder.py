@@ -242,6 +242,7 @@ class Recovery:
         async with hook_kept_alive(self.lifecycle, plan) as beats:  # an ASG hook waits for the save
             outcomes = await asyncio.gather(*(self._run(plan, run, holder=holder) for run in runs),
                                             return_exceptions=True)
+        self.settled(plan)  # a wave reserved for a run this act did not find (moved since) is dropped
         cordoned = await self._cordon_runless(plan, found)
         reports: list[JsonValue] = []
         temporary: list[TemporaryError] = []
@@ -296,7 +297,10 @@ class Recovery:
         Not when every run it hits is handled in this replica now by a wave that does its steps
         (it joins that handling, which holds the run claim); a plan that hits no run (a copy of a
         handled event is a duplicate, not ``not_actionable``), a terminate hook (completed once per
-        event) and a plan that cannot be located now are claimed as before.
+        event) and a plan that cannot be located now are claimed as before.  A run it hits with no
+        wave gets one reserved for this plan (``recovery.waves``), which it leads once its claim is
+        held, so the run's other notices asking meanwhile join it instead of claiming too; the
+        consumer calls :meth:`settled` when this delivery's handling is over.
         """
         if Step.COMPLETE_LIFECYCLE in plan.steps:
             return True
@@ -304,7 +308,21 @@ class Recovery:
             found = await find_targets(plan, cluster=self.cluster, capacity=self.capacity)
         except ResilienceError:
             return True  # the act meets it again and says why
-        return not found.runs or not all(self._joins(plan, self.waves.current(r.run_key)) for r in found.runs)
+        joins = bool(found.runs)
+        for run in found.runs:  # no await from here on: one notice of a run reserves its wave
+            wave = self.waves.current(run.run_key)
+            if self._joins(plan, wave):
+                continue
+            joins = False
+            if wave is None and plan.event.event_id:
+                self.waves.reserve(run.run_key, event_id=plan.event.event_id, steps=plan.steps)
+        return not joins
+
+    def settled(self, plan: Plan) -> None:
+        """This delivery of ``plan`` is over, acted on or not (its event claim was another's): the
+        waves reserved for it and not led are dropped, their joiners retried (``ports.SharesClaims``)."""
+        if plan.event.event_id:
+            self.waves.unreserve(plan.event.event_id)
 
     @staticmethod
     def _joins(plan: Plan, wave: Wave[RunReport] | None) -> bool:
@@ -319,7 +337,8 @@ class Recovery:
         if self._joins(plan, wave):
             assert wave is not None
             return await self._join(plan, target, wave)
-        if wave is not None:  # under way for fewer steps (a notify-only notice), or a copy: as before
+        if wave is not None and not self.waves.reserved_for(target.run_key, plan.event.event_id):
+            # under way for fewer steps (a notify-only notice), or a copy: as before
             return await self._lead(plan, target, holder=holder, wave=None)
         async with self.waves.lead(target.run_key, event_id=plan.event.event_id, steps=plan.steps) as wave:
             report = await self._lead(plan, target, holder=holder, wave=wave)

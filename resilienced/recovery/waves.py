@@ -11,6 +11,14 @@ claim and no Event of its own, and the consumer takes no event claim for it
 where the move took the whole gang (kubernetes mode, a run that is not elastic); otherwise it is
 looked at again once the wave ended (its instances were not in the move).
 
+A wave is *reserved* as soon as the consumer asks whether a notice needs an event claim
+(``Recovery.needs_event_claim``, before it takes the claim): a gang's notices come in one receive
+and are dispatched at once, so without the reservation every one of them found no wave yet and took
+an event claim of its own (seen on the real control plane, tests/cluster/test_mass.py: 6 event
+claims for 3 runs' 6 notices).  The reserving notice leads it once its event claim is held; one
+that does not lead it (its event claim was another delivery's, or its act found its run gone)
+drops it (:meth:`Waves.unreserve`), and whoever had joined is sent back to the queue.
+
 The wave is this replica's alone (memory): across replicas the run claims and the move claim decide
 as before.  :class:`Waves` holds the waves in flight; :class:`Wave` is one of them.
 """
@@ -42,6 +50,7 @@ class Wave(Generic[R]):
     events: set[str] = field(default_factory=set)  # the leader's event and those that joined
     joined: list[Target] = field(default_factory=list)  # joiners' targets, before the move began
     moving: bool = False  # the move began: a later joiner's instances are not in it
+    led: bool = False  # its leader's handling began (a reserved wave's has not yet)
     ended: asyncio.Future[R] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
 
     def covers(self, steps: Iterable[Step]) -> bool:
@@ -85,15 +94,41 @@ class Waves(Generic[R]):
     def __len__(self) -> int:
         return len(self._by_run)
 
+    def reserve(self, run: str, *, event_id: str, steps: Iterable[Step]) -> Wave[R] | None:
+        """A wave of ``run`` that the notice of ``event_id`` leads once its event claim is held;
+        notices of the run that come meanwhile join it.  None when the run has a wave already."""
+        if run in self._by_run:
+            return None
+        wave: Wave[R] = Wave(run=run, event_id=event_id, steps=frozenset(steps) - OWN_STEPS, events={event_id})
+        self._by_run[run] = wave
+        return wave
+
+    def reserved_for(self, run: str, event_id: str | None) -> bool:
+        """Whether ``run``'s wave is reserved for the notice of ``event_id`` and not led yet."""
+        wave = self._by_run.get(run)
+        return wave is not None and event_id is not None and wave.event_id == event_id and not wave.led
+
+    def unreserve(self, event_id: str) -> None:
+        """Drop the waves reserved for ``event_id`` that it did not lead; their joiners are retried."""
+        for run, wave in list(self._by_run.items()):
+            if wave.event_id == event_id and not wave.led:
+                del self._by_run[run]
+                wave.fail(TemporaryError(f"the notice of event {event_id} did not lead the handling of run {run} "
+                                         "(its event claim was another delivery's, or the run was gone)", delay=1.0))
+
     @contextlib.asynccontextmanager
     async def lead(self, run: str, *, event_id: str | None, steps: Iterable[Step]) -> AsyncIterator[Wave[R]]:
-        """The wave of ``run`` for the block; ended with the block's error when it raises (the
-        leader calls :meth:`Wave.finish` with its outcome), and forgotten after it."""
-        if run in self._by_run:
+        """The wave of ``run`` for the block (the one reserved for ``event_id``, else a new one);
+        ended with the block's error when it raises (the leader calls :meth:`Wave.finish` with its
+        outcome), and forgotten after it."""
+        wave = self._by_run.get(run)
+        if wave is not None and not self.reserved_for(run, event_id):
             raise RuntimeError(f"run {run} has a wave in flight already")
-        wave: Wave[R] = Wave(run=run, event_id=event_id, steps=frozenset(steps) - OWN_STEPS,
-                             events={event_id} if event_id else set())
-        self._by_run[run] = wave
+        if wave is None:
+            wave = Wave(run=run, event_id=event_id, steps=frozenset(steps) - OWN_STEPS,
+                        events={event_id} if event_id else set())
+            self._by_run[run] = wave
+        wave.led = True
         try:
             yield wave
         except BaseException as e:

@@ -89,6 +89,33 @@ async def test_duplicates_in_one_batch_act_once(queues, make_consumer):
     assert queues.counts() == (0, 0)
 
 
+class Sharing(Recorder):
+    """A responder that shares claims (``ports.SharesClaims``): every plan needs its event claim
+    here; ``over`` lists each delivery the consumer said is over (``settled``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.over: list[str | None] = []
+
+    async def needs_event_claim(self, plan: Plan) -> bool:
+        return True
+
+    def settled(self, plan: Plan) -> None:
+        self.over.append(plan.event.event_id)
+
+
+async def test_a_responder_that_shares_claims_is_told_every_delivery_is_over_acted_on_or_not(queues, make_consumer):
+    """Issue #45: ``Recovery`` reserves a run's handling when asked whether a notice needs its claim;
+    a copy whose event claim is the first delivery's is never acted on, and must let it go."""
+    event = p.spot(id="dup-2")
+    queues.send(event)
+    queues.send(event)
+    responder = Sharing()
+    outcomes = await run_until(make_consumer(responder), 2)
+    assert sorted(o.result.value for o in outcomes) == ["done", "duplicate"]
+    assert len(responder.plans) == 1 and responder.over == ["dup-2", "dup-2"]
+
+
 async def test_a_duplicate_after_the_event_was_handled_acts_no_more(queues, make_consumer):
     recorder = Recorder()
     consumer = make_consumer(recorder)

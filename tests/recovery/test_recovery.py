@@ -461,6 +461,53 @@ async def test_a_gangs_notices_in_one_replica_are_handled_as_one(world: World) -
     assert counts[("patch", "rayjobs.ray.io")] == 1 and counts[("patch", "nodes")] == 2, counts
 
 
+async def test_a_gangs_notices_asked_at_once_reserve_one_handling_and_one_event_claim(world: World) -> None:
+    """Issue #45: a gang's notices come in one receive and are dispatched at once, so each is asked
+    whether it needs an event claim before any acts.  The first answered reserves the run's handling
+    and needs its claim; the other joins it and needs none (before the reservation both found no
+    handling yet and both took an event claim: 6 for 3 runs' 6 notices, tests/cluster/test_mass.py)."""
+    now = datetime.now(timezone.utc)
+    plans = [spot_notice(1, when=now), spot_notice(2, when=now)]
+    needs = await asyncio.gather(*(world.recovery.needs_event_claim(p) for p in plans))
+    assert sorted(needs) == [False, True], needs
+    leader, joiner = (plans[0], plans[1]) if needs[0] else (plans[1], plans[0])
+
+    async def save_after_both_drains() -> None:
+        while len(world.gcs.drains) < 2:
+            await asyncio.sleep(0.02)
+        await save_after_the_drain(world, step=13)
+
+    saver = asyncio.create_task(save_after_both_drains())
+    led, joined = await asyncio.gather(world.recovery.act(leader, holder="replica-a/m1"),
+                                       world.recovery.act(joiner, holder="replica-a/m2"))
+    await saver
+    assert led.result is Result.DONE and joined.result is Result.DONE, (led.reason, joined.reason)
+    assert joined.details["runs"][0]["joined"] == leader.event.event_id
+    assert sorted(led.details["runs"][0]["instances"]) == [instance(1), instance(2)]  # one move, both
+    assert len(world.recovery.waves) == 0
+    assert world.kubeapi.counts()[("patch", "rayjobs.ray.io")] == 1
+
+
+async def test_a_reserved_handling_whose_notice_does_not_lead_it_sends_its_joiners_back(world: World) -> None:
+    """The reserving notice's event claim was another delivery's (the consumer settles it without
+    acting): the run's handling it reserved is dropped and the notice that joined it is retried, to
+    lead it then."""
+    now = datetime.now(timezone.utc)
+    first, second = spot_notice(1, when=now), spot_notice(2, when=now)
+    assert await world.recovery.needs_event_claim(first)
+    assert not await world.recovery.needs_event_claim(second)
+    joining = asyncio.create_task(world.recovery.act(second, holder="replica-a/m2"))
+    while not world.gcs.drains:  # it drained its own Ray node and waits for the leader
+        await asyncio.sleep(0.01)
+    world.recovery.settled(first)
+    with pytest.raises(TemporaryError, match="did not lead the handling") as err:
+        await joining
+    assert err.value.delay == 1.0 and world.recovery.waves.current(f"{NS}/train") is None
+    assert await world.recovery.needs_event_claim(second)  # retried: nothing under way, it leads
+    world.recovery.settled(second)
+    assert world.kubeapi.list("leases", namespace=DAEMON_NS) == []  # no claim was taken
+
+
 async def test_a_notice_that_finds_its_run_gone_still_cordons_its_node(world: World) -> None:
     """Issue #45 (a): a notice handled after its run's requeue finds no Ray pod on its Node (Kueue
     suspended the job, KubeRay deleted the pods); its Spot Node is cordoned all the same (under the

@@ -81,3 +81,30 @@ async def test_one_wave_per_run_at_a_time() -> None:
             async with waves.lead("ns/train", event_id="e2", steps=SPOT):
                 pass
         wave.finish("done")
+
+
+async def test_a_reserved_wave_is_joined_before_its_leader_leads_it_and_dropped_if_it_does_not() -> None:
+    waves: Waves[str] = Waves()
+    reserved = waves.reserve("ns/train", event_id="e1", steps=SPOT)
+    assert reserved is not None and waves.reserve("ns/train", event_id="e2", steps=SPOT) is None
+    assert waves.reserved_for("ns/train", "e1") and not waves.reserved_for("ns/train", "e2")
+    assert reserved.join(target(2))  # a notice asked meanwhile joins it
+    async with waves.lead("ns/train", event_id="e1", steps=SPOT) as wave:
+        assert wave is reserved and not waves.reserved_for("ns/train", "e1")
+        waves.unreserve("e1")  # led: not dropped
+        assert waves.current("ns/train") is wave
+        assert wave.begin_move(target(1)).facts.lost_instance_ids == ("i-1", "i-2")
+        wave.finish("done")
+    assert len(waves) == 0
+
+    dropped = waves.reserve("ns/train", event_id="e3", steps=SPOT)
+    assert dropped is not None
+    joiner = asyncio.ensure_future(asyncio.shield(dropped.ended))
+    waves.unreserve("e3")  # its event claim was another delivery's: it never leads
+    with pytest.raises(TemporaryError, match="did not lead"):
+        await joiner
+    assert waves.current("ns/train") is None
+    with pytest.raises(RuntimeError):  # a wave reserved for another notice is not led by this one
+        waves.reserve("ns/train", event_id="e4", steps=SPOT)
+        async with waves.lead("ns/train", event_id="e5", steps=SPOT):
+            pass
