@@ -360,7 +360,8 @@ class Recovery:
         except TemporaryError as e:
             raise TemporaryError(f"{e} (this notice joined the handling of run {target.run_key} for event "
                                  f"{wave.event_id})", delay=e.delay, backends=backends_of(e)) from e
-        if not in_move and not self._moves_whole_gangs(target):
+        # without a mover nothing is moved: a notice that joined late has nothing to be left out of
+        if not in_move and self.mover is not None and not self._moves_whole_gangs(target):
             raise TemporaryError(f"run {target.run_key} was being moved for event {wave.event_id} when this "
                                  "notice joined: its instances are looked at again", delay=1.0)
         return report
