@@ -24,7 +24,8 @@ Printed per configuration: notice -> drained / requeued / admitted / scheduled /
 follow-up's ends (``resumed`` / ``stuck`` with the reason), runs requeued twice; the daemon's
 API calls per run by verb and resource from the API server's audit log against the floor of
 writes (the Node's cordon per lost instance, three writes per move: deactivate the Workload, steer
-the RayJob, reactivate the Workload with its PodSets steered); reads per run per minute of
+the RayJob, reactivate the Workload with its PodSets steered) as a ratio, within 2x or not, the
+follow-up records' Leases apart from the claims'; reads per run per minute of
 follow-up; the daemon processes' CPU seconds and peak RSS.  ``--json PATH`` writes it all, run by
 run.  Figures go to docs/benchmarks.md (## Mass interruption on the real control plane).
 """
@@ -120,6 +121,11 @@ def main() -> int:
           f"{block_runs} runs, On-Demand {args.runs - block_runs}; follow-up interval {args.interval} s, "
           f"admitted bound {args.admitted_bound} s")
     print(report(results))
+    for r in results:  # the issue's bound: API writes per run within 2x the floor
+        a = r.as_json()["api"]
+        print(f"API writes per run, {r.wave.label}: {a['writes_per_run']} against the floor's {a['floor_writes_per_run']}: "
+              f"x{a['writes_over_floor']}, {'within' if a['within_2x_floor'] else 'NOT within'} 2x "
+              f"(named bookkeeping {a['bookkeeping_per_run']} per run, tests/cluster/mass.py)")
     if len(results) > 1:
         base = next((r for r in results if not r.wave.follow_up), None)
         for r in results:

@@ -53,6 +53,24 @@ DAEMON_USER = f"system:serviceaccount:{DAEMON_NS}:{DAEMON_SA}"
 STAGES = ("drained", "requeued", "admitted", "scheduled", "training")
 READ_VERBS = ("get", "list")
 WRITE_VERBS = ("create", "update", "patch", "delete", "deletecollection")
+#: The follow-up records' Leases (``kube/followup_store``), counted apart from the claims' Leases.
+RECORDS = "leases (follow-up records)"
+#: The writes beyond the floor that keep a run's handling safe and visible, by name (issue #45): what
+#: ``tests/cluster/test_mass.py`` bounds the writes by, ``floor + bookkeeping``.  Per run whose
+#: notices one replica handles as one (a wave): its notices' one event claim and one run claim
+#: (each created and completed), the move claim (created and let go), one Event per step on the
+#: RayJob; with the follow-up, its record (opened; the first look's evidence; the stages a look
+#: reaches and waits after; the end) and the ledger kept in it after the end.
+BOOKKEEPING_PER_RUN = {"event claim": 2, "run claim": 2, "move claim": 2,
+                       "Events (Draining, CheckpointDurable, Requeued)": 3}
+BOOKKEEPING_FOLLOWED = {"Event TrainingResumed": 1,
+                        "follow-up record (opened, first wait, a stage waited after, end)": 4, "ledger": 1}
+#: Per fallback (a move of its own): its move claim, its Events (RecoveryStalled, Requeued), the
+#: record's two writes (the move decided, the move made).
+BOOKKEEPING_PER_FALLBACK = {"move claim": 2, "Events (RecoveryStalled, Requeued)": 2, "follow-up record": 2}
+#: Per move (the requeue, each fallback): the floor counts the Workload's PodSets steered and its
+#: reactivation as one write; ``requeue/kueue`` makes them two when the PodSets need steering.
+BOOKKEEPING_PER_MOVE = {"Workload PodSets steered apart from its reactivation": 1}
 STEP = 7
 
 
@@ -116,6 +134,9 @@ class Result:
     wave: Wave
     runs: list[RunState]
     calls: Counter[tuple[str, str]]
+    #: The daemon's writes answered 409 Conflict (a claim another holds, an object changed since it
+    #: was read: each retried or given up), by verb and resource.
+    conflicts: Counter[str]
     #: The daemon's reads once the notices were all settled (Observer.quiet_at), by verb and resource.
     quiet_reads: Counter[str]
     quiet_at: float | None
@@ -172,6 +193,17 @@ class Result:
     def reads(self) -> Counter[str]:
         return Counter({f"{v} {res}": n for (v, res), n in self.calls.items() if v in READ_VERBS})
 
+    def bookkeeping(self) -> dict[str, int]:
+        """The named writes beyond the floor the wave is allowed (:data:`BOOKKEEPING_PER_RUN`...)."""
+        runs, fallbacks = self.wave.runs, sum(r.fallbacks_seen for r in self.runs)
+        out = {f"{k} x{runs} runs": n * runs for k, n in BOOKKEEPING_PER_RUN.items()}
+        if self.wave.follow_up:
+            out.update({f"{k} x{runs} runs": n * runs for k, n in BOOKKEEPING_FOLLOWED.items()})
+        out.update({f"{k} x{fallbacks} fallbacks": n * fallbacks for k, n in BOOKKEEPING_PER_FALLBACK.items()})
+        moves = sum(r.requeues for r in self.runs) + fallbacks
+        out.update({f"{k} x{moves} moves": n * moves for k, n in BOOKKEEPING_PER_MOVE.items()})
+        return out
+
     def floor(self) -> int:
         """The fewest writes that move the runs as they were moved: per lost instance the Node's cordon
         (1 patch nodes); per move (a requeue or a fallback) deactivate the Workload (patch
@@ -211,6 +243,9 @@ class Result:
             "api": {"writes_per_run": round(writes / n, 2), "reads_per_run": round(reads / n, 2),
                     "floor_writes_per_run": round(self.floor() / n, 2),
                     "writes_over_floor": round(writes / max(1, self.floor()), 2),
+                    "within_2x_floor": writes <= 2 * self.floor(),
+                    "bookkeeping_per_run": round(sum(self.bookkeeping().values()) / n, 2),
+                    "conflicts": dict(self.conflicts.most_common()),
                     "writes": dict(self.writes().most_common()), "reads": dict(self.reads().most_common()),
                     "watches": sum(c for (v, _), c in self.calls.items() if v == "watch"),
                     "followup_run_minutes": round(self.followup_minutes(), 2),
@@ -499,8 +534,9 @@ def peak_rss_mib(pid: int) -> float:
     return 0.0
 
 
-def audit_calls(path: Path, *, since: float, until: float) -> list[tuple[float, str, str]]:
-    """The daemon's requests in [since, until] from the audit log: (time, verb, resource[/sub])."""
+def audit_calls(path: Path, *, since: float, until: float) -> list[tuple[float, str, str, int]]:
+    """The daemon's requests in [since, until] from the audit log: (time, verb, resource[/sub], the
+    response's status code)."""
     seen: set[str] = set()
     out = []
     with open(path) as f:
@@ -516,9 +552,11 @@ def audit_calls(path: Path, *, since: float, until: float) -> list[tuple[float, 
                 continue
             ref = entry.get("objectRef") or {}
             resource = ref.get("resource", entry.get("requestURI", "?"))
+            if resource == "leases" and str(ref.get("name") or "").startswith("resilienced-fu-"):
+                resource = RECORDS
             if ref.get("subresource"):
                 resource += "/" + ref["subresource"]
-            out.append((t, entry["verb"], resource))
+            out.append((t, entry["verb"], resource, int((entry.get("responseStatus") or {}).get("code") or 0)))
     return out
 
 
@@ -601,8 +639,9 @@ def run_wave(plane: ControlPlane, world: World, aws: Aws, wave: Wave, workdir: P
         time.sleep(2.5)  # the audit log is written in batches of at most 1 s
         calls = audit_calls(plane.audit_log, since=t0, until=t_end)
         quiet = observer.quiet_at
-        quiet_reads = Counter(f"{v} {res}" for t, v, res in calls if v in READ_VERBS and quiet is not None and t >= quiet)
-        return Result(wave=wave, runs=runs, calls=Counter((v, res) for _, v, res in calls),
+        quiet_reads = Counter(f"{v} {res}" for t, v, res, _ in calls if v in READ_VERBS and quiet is not None and t >= quiet)
+        return Result(wave=wave, runs=runs, calls=Counter((v, res) for _, v, res, _ in calls),
+                      conflicts=Counter(f"{v} {res}" for _, v, res, code in calls if v in WRITE_VERBS and code == 409),
                       quiet_reads=quiet_reads, quiet_at=quiet,
                       cpu_s=cpu - cpu_start, cpu_start_s=cpu_start, peak_rss_mib=rss, wall_s=t_end - t0,
                       in_flight=in_flight, notices=notices, drains=observer.drain_count, ended=ended,
@@ -676,8 +715,10 @@ def report(results: list[Result]) -> str:
             lines.append(f"  stuck {name}: {why}")
         a = j["api"]
         lines.append(f"  API per run: writes {a['writes_per_run']} (floor {a['floor_writes_per_run']}, "
-                     f"x{a['writes_over_floor']}), reads {a['reads_per_run']}; watches {a['watches']}")
-        lines.append(f"    writes: {a['writes']}")
+                     f"x{a['writes_over_floor']} the floor: {'within' if a['within_2x_floor'] else 'NOT within'} 2x; "
+                     f"named bookkeeping allowed {a['bookkeeping_per_run']}), reads {a['reads_per_run']}; "
+                     f"watches {a['watches']}")
+        lines.append(f"    writes: {a['writes']}; answered 409 Conflict: {a['conflicts'] or 'none'}")
         lines.append(f"    reads:  {a['reads']}")
         lines.append(f"    once the notices were settled ({a['quiet_from_s']} s on): {sum(a['quiet_reads'].values())} reads "
                      f"over {a['followup_run_minutes_quiet']} run-minutes of follow-up = "
