@@ -28,7 +28,7 @@ from pathlib import Path
 
 from resilienced.errors import ConfigError
 from resilienced.model import JsonValue
-from resilienced.ops.ledger import PARTS, Ledger
+from resilienced.ops.ledger import PARTS, Ledger, record_object, record_objects
 
 #: Ledgers a run's follow-up record keeps (its recoveries, newest last).
 KEEP_LEDGERS = 20
@@ -50,13 +50,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def ledgers_of(record: Mapping[str, JsonValue]) -> list[Ledger]:
     """The ledgers in a follow-up record (``ledgers``), a list of ledgers, or a drill report (``ledger.whole``)."""
+    drill = record.get("ledger")
     if "format" in record and str(record.get("format", "")).startswith("resilienced-ledger"):
-        items: Sequence[JsonValue] = [record]  # type: ignore[list-item]
-    elif isinstance(record.get("ledger"), Mapping) and "whole" in record["ledger"]:  # type: ignore[operator]
-        items = [record["ledger"]["whole"]]  # type: ignore[index]
+        items: Sequence[Mapping[str, JsonValue]] = [record]
+    elif isinstance(drill, dict) and "whole" in drill:
+        items = [record_object(drill["whole"], "ledger.whole")]
     else:
-        items = list(record.get("ledgers") or ())  # type: ignore[arg-type]
-    return [Ledger.from_json(item) for item in items if item]  # type: ignore[arg-type]
+        items = record_objects(record.get("ledgers"), "ledgers")
+    return [Ledger.from_json(item) for item in items if item]
 
 
 def _h(gpu_seconds: float | None) -> str:
@@ -81,7 +82,8 @@ def render(ledgers: Sequence[Ledger]) -> str:
     out = ["  ".join(c.ljust(w) for c, w in zip(row[:-1], widths[:-1])) + "  " + row[-1] for row in cells]
     lost = sum(led.lost_gpu_seconds for led in ledgers)
     premiums = [led.premium.value for led in ledgers]
-    total = "-" if any(p is None for p in premiums) else f"${sum(premiums):.2f}"  # type: ignore[arg-type]
+    known = [p for p in premiums if p is not None]
+    total = f"${sum(known):.2f}" if len(known) == len(premiums) else "-"
     last = ledgers[-1].goodput if ledgers else None
     out.append(f"{len(ledgers)} interruption(s): lost {lost / 3600:.3f} GPU-hours, premium over Spot {total}, "
                f"goodput {'-' if last is None or last.value is None else f'{last.value:.3f}'}"

@@ -52,6 +52,9 @@ from resilienced.ops.ledger import (
     Price,
     Recovery,
     compute,
+    record_object,
+    record_objects,
+    record_time,
     summary,
 )
 
@@ -153,16 +156,16 @@ def drill_ledger(*, run: str, event_id: str, workers: int, metrics: Sequence[Map
                     if save is not None and save.get("save_seconds") is not None
                     else Known.unknown("no save at the notice (the trainer's save records)"))
     record = follow_up or {}
-    reached = record.get("reached") or {}
-    placed_at = reached.get("joined") or reached.get("scheduled")  # type: ignore[union-attr]
+    reached = record_object(record.get("reached"), "reached")
+    placed_at = reached.get("joined") or reached.get("scheduled")
     r = Recovery(
         notice_at=_utc(notice), gpus=Gpus(workers, 1.0, "1 per rank: the drill's ranks declare no accelerator"),
         steps_trained_twice=Known(steps_trained_twice, "the trainer's metric lines: steps with two lines"),
         step_seconds=step, save_seconds=save_seconds,
-        training_stopped_at=_utc(interrupted[1]), requeued_at=_time(record.get("opened_at")),
-        placed_at=_time(placed_at), training_again_at=_utc(after[0][0]) if after else None,
+        training_stopped_at=_utc(interrupted[1]), requeued_at=record_time(record.get("opened_at")),
+        placed_at=record_time(placed_at), training_again_at=_utc(after[0][0]) if after else None,
         stopped_source="the interrupted attempt's last metric line",
-        placed_source=f"the follow-up's {'joined' if reached.get('joined') else 'scheduled'} stage",  # type: ignore[union-attr]
+        placed_source=f"the follow-up's {'joined' if reached.get('joined') else 'scheduled'} stage",
         again_source="the first attempt after the notice, a step before its first metric line")
     end = max(s[1] for s in spans)
     start = spans[0][0]
@@ -172,10 +175,11 @@ def drill_ledger(*, run: str, event_id: str, workers: int, metrics: Sequence[Map
             CapacityUse("spot", _utc(start), _utc(max(start, lost_until)), lost_instances, _price(prices, "spot"))]
     moves: list[tuple[str, datetime]] = []
     if r.requeued_at is not None:
-        first = (record.get("fallbacks") or [{}])[0].get("from") if record.get("fallbacks") else record.get("capacity")  # type: ignore[union-attr,index]
+        fallbacks = record_objects(record.get("fallbacks"), "fallbacks")
+        first = fallbacks[0].get("from") if fallbacks else record.get("capacity")
         moves.append((str(first).split()[0], r.requeued_at))
-        for f in record.get("fallbacks") or ():  # type: ignore[union-attr]
-            moves.append((str(f["to"]).split()[0], _time(f["at"]) or r.requeued_at))  # type: ignore[index]
+        for f in fallbacks:
+            moves.append((str(f["to"]).split()[0], record_time(f["at"]) or r.requeued_at))
     for (capacity, since), following in zip(moves, [*moves[1:], (None, _utc(end))]):
         uses.append(CapacityUse(capacity, since, max(since, following[1]), lost_instances, _price(prices, capacity)))
     productive = sum(s[2] * (s[1] - s[0]) for s in spans) - (steps_trained_twice * interrupted[3] * workers)
@@ -194,20 +198,15 @@ def report_ledger(ledger: Ledger | None, *, worker_seconds_idle: float | None,
     if "stopped" in marks and "again" in marks:
         window = (ledger.notice_at.timestamp(), parse_time(marks["again"]).timestamp())
         down = round(sum(ledger.part(p).gpu_seconds or 0.0 for p in ("idle", "capacity_wait")), 3)
-        surplus, unheld = node_balance(node_spans, ranks=workers, window=window) if node_spans else (None, None)
+        balance = node_balance(node_spans, ranks=workers, window=window) if node_spans else None
+        surplus, unheld = balance or (None, None)
         out["idle_vs_worker_seconds_idle"] = {
             "ledger_idle_and_wait": down, "worker_seconds_idle": worker_seconds_idle,
             "surplus_node_seconds": surplus, "unheld_rank_seconds": unheld,
-            "ledger_less_unheld_plus_surplus": None if surplus is None else round(down - unheld + surplus, 1)}
+            "ledger_less_unheld_plus_surplus": None if balance is None else round(down - balance[1] + balance[0], 1)}
     out["whole"] = ledger.as_json()
     return out
 
 
 def _price(prices: Mapping[str, Price], capacity: str) -> Price:
     return prices.get(capacity) or Price.unknown("", f"no {capacity} price read")
-
-
-def _time(value: object) -> datetime | None:
-    if not isinstance(value, str) or not value:
-        return None
-    return parse_time(value)

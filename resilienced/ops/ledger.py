@@ -153,10 +153,11 @@ def lost_parts(r: Recovery) -> tuple[LostPart, ...]:
         out.append(part(Part.SAVE_PAUSE, None, f"unknown: {r.save_seconds.source}"))
     else:
         out.append(part(Part.SAVE_PAUSE, r.save_seconds.value, r.save_seconds.source))
-    down = _span(r.training_stopped_at, r.training_again_at)
+    stopped, again = r.training_stopped_at, r.training_again_at
+    down = _span(stopped, again)
     wait = None
-    if down is not None and r.requeued_at is not None and r.placed_at is not None:
-        wait = _overlap((r.requeued_at, r.placed_at), (r.training_stopped_at, r.training_again_at))  # type: ignore[arg-type]
+    if stopped is not None and again is not None and r.requeued_at is not None and r.placed_at is not None:
+        wait = _overlap((r.requeued_at, r.placed_at), (stopped, again))
     if down is None:
         missing = "the end of training on the lost node" if r.training_stopped_at is None else "training again"
         out.append(part(Part.IDLE, None, f"unknown: {missing} not seen"))
@@ -192,9 +193,9 @@ class Price:
 
     @classmethod
     def from_json(cls, data: Mapping[str, JsonValue]) -> Price:
-        value = data.get("usd_per_hour")
-        return cls(None if value is None else float(value), str(data.get("source") or ""),  # type: ignore[arg-type]
-                   data.get("reason"))  # type: ignore[arg-type]
+        reason = data.get("reason")
+        return cls(_num(data.get("usd_per_hour"), "usd_per_hour"), str(data.get("source") or ""),
+                   None if reason is None else str(reason))
 
 
 def block_price(*, upfront_fee: float, hours: float, instances: int, source: str) -> Price:
@@ -230,8 +231,8 @@ class CapacityUse:
 
     @classmethod
     def from_json(cls, data: Mapping[str, JsonValue]) -> CapacityUse:
-        return cls(str(data["capacity"]), _time(data["start"]), _time(data["end"]), int(data["instances"]),  # type: ignore[arg-type]
-                   Price.from_json(data["price"]))  # type: ignore[arg-type]
+        return cls(str(data["capacity"]), _time(data["start"]), _time(data["end"]),
+                   record_whole(data["instances"], "instances"), Price.from_json(record_object(data["price"], "price", required=True)))
 
 
 @dataclass(frozen=True)
@@ -370,20 +371,25 @@ class Ledger:
         try:
             if data.get("format") != FORMAT:
                 raise ValueError(f"format is {data.get('format')!r}, expected {FORMAT!r}")
-            g = data["gpus"]
-            productive = data.get("productive_gpu_seconds") or {}
+            g = record_object(data["gpus"], "gpus", required=True)
+            productive = record_object(data.get("productive_gpu_seconds"), "productive_gpu_seconds")
             return cls(
                 run=str(data["run"]), event_id=str(data["event_id"]), notice_at=_time(data["notice_at"]),
                 at=_time(data["at"]),
-                gpus=Gpus(int(g["ranks"]), float(g["per_rank"]), str(g.get("source") or "")),  # type: ignore[index,arg-type]
-                lost=tuple(LostPart(str(p["part"]), _num(p.get("seconds")), _num(p.get("gpu_seconds")),  # type: ignore[union-attr]
-                                    str(p.get("source") or "")) for p in data["lost"]),  # type: ignore[union-attr]
-                capacity=tuple(CapacityUse.from_json(u) for u in data.get("capacity") or ()),  # type: ignore[arg-type,union-attr]
-                prices={str(k): Price.from_json(v) for k, v in dict(data.get("prices") or {}).items()},  # type: ignore[arg-type]
-                productive_gpu_seconds=Known(_num(productive.get("value")), str(productive.get("source") or "")),  # type: ignore[union-attr]
-                earlier_lost_gpu_seconds=float(data.get("earlier_lost_gpu_seconds") or 0.0),  # type: ignore[arg-type]
-                notes=tuple(str(n) for n in data.get("notes") or ()),  # type: ignore[union-attr]
-                marks={str(k): str(v) for k, v in dict(data.get("marks") or {}).items()})  # type: ignore[arg-type]
+                gpus=Gpus(record_whole(g["ranks"], "gpus.ranks"), record_number(g["per_rank"], "gpus.per_rank"),
+                          str(g.get("source") or "")),
+                lost=tuple(_lost_part(record_object(p, "lost", required=True))
+                           for p in record_items(data["lost"], "lost", required=True)),
+                capacity=tuple(CapacityUse.from_json(record_object(u, "capacity", required=True))
+                               for u in record_items(data.get("capacity"), "capacity")),
+                prices={str(k): Price.from_json(record_object(v, f"prices.{k}", required=True))
+                        for k, v in record_object(data.get("prices"), "prices").items()},
+                productive_gpu_seconds=Known(_num(productive.get("value"), "productive_gpu_seconds.value"),
+                                             str(productive.get("source") or "")),
+                earlier_lost_gpu_seconds=record_number(data.get("earlier_lost_gpu_seconds") or 0.0,
+                                                       "earlier_lost_gpu_seconds"),
+                notes=tuple(str(n) for n in record_items(data.get("notes"), "notes")),
+                marks={str(k): str(v) for k, v in record_object(data.get("marks"), "marks").items()})
         except (KeyError, TypeError, ValueError, StopIteration) as e:
             raise ValueError(f"ledger of {data.get('run')!r}: {type(e).__name__}: {e}") from None
 
@@ -424,12 +430,17 @@ def summary(ledger: Ledger) -> dict[str, JsonValue]:
         "parts": {p.part: p.gpu_seconds for p in ledger.lost},
         "goodput": ledger.goodput.value,
         "cost": {"currency": "USD", "premium": ledger.premium.value, "premium_reason": ledger.premium.reason,
-                 "savings": ledger.savings.value, "prices": ledger.prices_per_hour()},
+                 "savings": ledger.savings.value, "prices": {k: v for k, v in ledger.prices_per_hour().items()}},
     }
 
 
-def _num(value: object) -> float | None:
-    return None if value is None else float(value)  # type: ignore[arg-type]
+def _lost_part(data: Mapping[str, JsonValue]) -> LostPart:
+    return LostPart(str(data["part"]), _num(data.get("seconds"), "lost.seconds"),
+                    _num(data.get("gpu_seconds"), "lost.gpu_seconds"), str(data.get("source") or ""))
+
+
+def _num(value: JsonValue | None, what: str) -> float | None:
+    return None if value is None else record_number(value, what)
 
 
 def _time(value: object) -> datetime:
@@ -437,3 +448,56 @@ def _time(value: object) -> datetime:
     if moment.tzinfo is None:
         raise ValueError(f"time {value!r} has no time zone")
     return moment
+
+
+# The checked readers of a JSON record (a follow-up record, a ledger): each reads the value at ``what``
+# and raises ValueError naming ``what`` for a value of another type.
+
+def record_object(value: JsonValue | None, what: str, *, required: bool = False) -> dict[str, JsonValue]:
+    """The JSON object of the record at ``what`` ({} when absent or empty, unless ``required``); ValueError
+    for another type."""
+    if not value and not required:
+        return {}
+    if not isinstance(value, dict):
+        raise ValueError(f"{what}: expected an object, got {type(value).__name__}")
+    return value
+
+
+def record_items(value: JsonValue | None, what: str, *, required: bool = False) -> list[JsonValue]:
+    """The JSON list of the record at ``what`` ([] when absent or empty, unless ``required``); ValueError for
+    another type."""
+    if not value and not required:
+        return []
+    if not isinstance(value, list):
+        raise ValueError(f"{what}: expected a list, got {type(value).__name__}")
+    return value
+
+
+def record_objects(value: JsonValue | None, what: str) -> list[dict[str, JsonValue]]:
+    """The list of JSON objects of the record at ``what`` ([] when absent or empty); ValueError otherwise."""
+    return [record_object(item, what) for item in record_items(value, what)]
+
+
+def record_number(value: JsonValue | None, what: str) -> float:
+    """A number of the record (written as a number or its text); ValueError for anything else."""
+    if isinstance(value, (int, float, str)):
+        return float(value)
+    raise ValueError(f"{what}: expected a number, got {type(value).__name__}")
+
+
+def record_whole(value: JsonValue | None, what: str) -> int:
+    """A whole number of the record (written as a number or its text); ValueError for anything else."""
+    if isinstance(value, (int, float, str)):
+        return int(value)
+    raise ValueError(f"{what}: expected a number, got {type(value).__name__}")
+
+
+def record_text(value: JsonValue | None) -> str | None:
+    """A string of the record, None when absent, empty or not a string."""
+    return value if isinstance(value, str) and value else None
+
+
+def record_time(value: JsonValue | None) -> datetime | None:
+    """A time of the record, None when absent, empty or not a string."""
+    text = record_text(value)
+    return None if text is None else parse_time(text)

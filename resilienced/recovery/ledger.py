@@ -54,6 +54,13 @@ from resilienced.ops.ledger import (
     Price,
     Recovery,
     compute,
+    record_items,
+    record_number,
+    record_object,
+    record_objects,
+    record_text,
+    record_time,
+    record_whole,
 )
 from resilienced.ops.ledger_metrics import LedgerMetrics
 from resilienced.ports import FollowUpStore, ObjectStore
@@ -68,54 +75,6 @@ SPOT_NOTICE = timedelta(seconds=120)
 #: Manifests read at most (the newest at or below the resumed step).
 MANIFESTS_READ = 6
 _STEP_KEY = re.compile(r"step-(\d+)/" + re.escape(MANIFEST) + "$")
-
-
-def _time(value: object) -> datetime | None:
-    if not isinstance(value, str) or not value:
-        return None
-    return parse_time(value)
-
-
-def _object(value: JsonValue | None, what: str) -> dict[str, JsonValue]:
-    """The JSON object of the record at ``what`` ({} when absent or empty); ValueError for another type."""
-    if not value:
-        return {}
-    if not isinstance(value, dict):
-        raise ValueError(f"{what}: expected an object, got {type(value).__name__}")
-    return value
-
-
-def _items(value: JsonValue | None, what: str) -> list[JsonValue]:
-    """The JSON list of the record at ``what`` ([] when absent or empty); ValueError for another type."""
-    if not value:
-        return []
-    if not isinstance(value, list):
-        raise ValueError(f"{what}: expected a list, got {type(value).__name__}")
-    return value
-
-
-def _objects(value: JsonValue | None, what: str) -> list[dict[str, JsonValue]]:
-    """The list of JSON objects of the record at ``what`` ([] when absent or empty); ValueError otherwise."""
-    return [_object(item, what) for item in _items(value, what)]
-
-
-def _number(value: JsonValue | None, what: str) -> float:
-    """A number of the record (written as a number or its text); ValueError for anything else."""
-    if isinstance(value, (int, float, str)):
-        return float(value)
-    raise ValueError(f"{what}: expected a number, got {type(value).__name__}")
-
-
-def _whole(value: JsonValue | None, what: str) -> int:
-    """A whole number of the record (written as a number or its text); ValueError for anything else."""
-    if isinstance(value, (int, float, str)):
-        return int(value)
-    raise ValueError(f"{what}: expected a number, got {type(value).__name__}")
-
-
-def _text(value: JsonValue | None) -> str | None:
-    """A string of the record, None when absent, empty or not a string."""
-    return value if isinstance(value, str) and value else None
 
 
 async def manifests(objects: ObjectStore, uri: str, *, at_most_step: int | None) -> list[Manifest]:
@@ -148,15 +107,15 @@ class Held:
 def recovery_of(record: Mapping[str, JsonValue], saved: Sequence[Manifest]) -> tuple[Recovery, Held]:
     """The ledger's inputs from a follow-up record and the run's manifests (newest first); and what
     else the capacity half needs (``instances``, ``run_instances``, ``productive``)."""
-    notice = _time(record["notice_at"])
+    notice = record_time(record["notice_at"])
     assert notice is not None
-    resumed = _object(record.get("resumed"), "resumed")
-    reached = _object(record.get("reached"), "reached")
-    facts = _object(_object(record.get("target"), "target").get("facts"), "target.facts")
-    ranks = _whole(resumed.get("world_size") or record.get("durable_world_size") or 1, "world_size")
-    again = _time(resumed.get("at")) or _time(reached.get("training"))
+    resumed = record_object(record.get("resumed"), "resumed")
+    reached = record_object(record.get("reached"), "reached")
+    facts = record_object(record_object(record.get("target"), "target").get("facts"), "target.facts")
+    ranks = record_whole(resumed.get("world_size") or record.get("durable_world_size") or 1, "world_size")
+    again = record_time(resumed.get("at")) or record_time(reached.get("training"))
     kept_step = resumed.get("resumed_from_step")
-    step_from = None if kept_step is None else _whole(kept_step, "resumed.resumed_from_step")
+    step_from = None if kept_step is None else record_whole(kept_step, "resumed.resumed_from_step")
     before = [m for m in saved if m.time <= notice]
     pair = next(((a, b) for a, b in zip(before, before[1:]) if a.world_size == b.world_size and a.step > b.step), None)
     if pair is not None:
@@ -193,16 +152,16 @@ def recovery_of(record: Mapping[str, JsonValue], saved: Sequence[Manifest]) -> t
     recovery = Recovery(
         notice_at=notice, gpus=gpus_of(facts, ranks),
         steps_trained_twice=twice, step_seconds=step_time, save_seconds=save, training_stopped_at=stopped,
-        requeued_at=_time(record.get("opened_at")), placed_at=_time(placed), training_again_at=again,
+        requeued_at=record_time(record.get("opened_at")), placed_at=record_time(placed), training_again_at=again,
         stopped_source=stopped_source, placed_source=f"the follow-up's {'joined' if reached.get('joined') else 'scheduled'} stage",
         again_source="the trainer's resume record")
-    lost = len(_items(facts.get("lost_instance_ids") or facts.get("instance_ids"), "target.facts.instance_ids"))
+    lost = len(record_items(facts.get("lost_instance_ids") or facts.get("instance_ids"), "target.facts.instance_ids"))
     lost = lost or 1
     productive = (Known(round(step_from * step_time.value * ranks, 3),
                         f"{step_from} steps kept x the step time x {ranks} ranks")
                   if step_from is not None and step_time.value is not None
                   else Known.unknown("the steps kept or the step time unknown"))
-    return recovery, Held(instances=lost, run_instances=_whole(facts.get("instance_count") or lost,
+    return recovery, Held(instances=lost, run_instances=record_whole(facts.get("instance_count") or lost,
                                                                "target.facts.instance_count"),
                           productive=productive)
 
@@ -229,10 +188,10 @@ def capacity_of(record: Mapping[str, JsonValue], recovery: Recovery, *, until: d
     if productive.value and recovery.gpus.total:
         start = recovery.notice_at - timedelta(seconds=productive.value / recovery.gpus.total)
         uses.append(CapacityUse("spot", start, recovery.notice_at, run_instances, price("spot")))
-    fallbacks = _objects(record.get("fallbacks"), "fallbacks")
+    fallbacks = record_objects(record.get("fallbacks"), "fallbacks")
     first = str(fallbacks[0]["from"] if fallbacks else record.get("capacity") or "spot").split()[0]
     moves = [(first, recovery.requeued_at or recovery.notice_at)]
-    moves += [(str(f["to"]).split()[0], _time(f.get("at")) or until) for f in fallbacks]
+    moves += [(str(f["to"]).split()[0], record_time(f.get("at")) or until) for f in fallbacks]
     for (capacity, since), following in zip(moves, [*moves[1:], (None, until)]):
         uses.append(CapacityUse(capacity, since, max(since, following[1]), instances, price(capacity)))
     return uses
@@ -240,13 +199,13 @@ def capacity_of(record: Mapping[str, JsonValue], recovery: Recovery, *, until: d
 
 def bought_offering(record: Mapping[str, JsonValue], block: object) -> CapacityOffering | None:
     """The offering a move of the run bought ``block`` from (the record's ``bought``), None: not bought here."""
-    data = _object(record.get("bought"), "bought").get(str(block)) if block else None
+    data = record_object(record.get("bought"), "bought").get(str(block)) if block else None
     if not isinstance(data, Mapping):
         return None
     try:
         return CapacityOffering(
             offering_id=str(data["offering_id"]), instance_type="", availability_zone=str(data.get("availability_zone") or ""),
-            instance_count=_whole(data["instance_count"], "bought.instance_count"),
+            instance_count=record_whole(data["instance_count"], "bought.instance_count"),
             start=parse_time(str(data["start"])),
             end=parse_time(str(data["end"])), upfront_fee=Decimal(str(data["upfront_fee"])),
             currency=str(data.get("currency") or "USD"))
@@ -279,7 +238,7 @@ class LedgerKeeper:
             return None
 
     async def _compute(self, record: Mapping[str, JsonValue], *, at: datetime) -> Ledger:
-        uri = _object(record.get("target"), "target").get("checkpoint_uri")
+        uri = record_object(record.get("target"), "target").get("checkpoint_uri")
         saved: list[Manifest] = []
         if uri and self.objects is not None:
             saved = await manifests(self.objects, str(uri), at_most_step=None)
@@ -288,27 +247,27 @@ class LedgerKeeper:
         until = recovery.training_again_at or at
         uses = capacity_of(record, recovery, until=until, instances=more.instances,
                            run_instances=more.run_instances, productive=more.productive, prices=prices)
-        earlier = sum(_number(led.get("lost_gpu_seconds") or 0.0, "ledgers.lost_gpu_seconds")
-                      for led in _objects(record.get("ledgers"), "ledgers")
+        earlier = sum(record_number(led.get("lost_gpu_seconds") or 0.0, "ledgers.lost_gpu_seconds")
+                      for led in record_objects(record.get("ledgers"), "ledgers")
                       if led.get("event_id") != record.get("event_id"))
         return compute(recovery, run=str(record["run"]), event_id=str(record["event_id"]), at=at, capacity=uses,
                        prices=prices, productive_gpu_seconds=more.productive, earlier_lost_gpu_seconds=earlier)
 
     async def _prices(self, record: Mapping[str, JsonValue], recovery: Recovery) -> dict[str, Price]:
-        facts = _object(_object(record.get("target"), "target").get("facts"), "target.facts")
+        facts = record_object(record_object(record.get("target"), "target").get("facts"), "target.facts")
         if self.prices is None:
             return {c: Price.unknown("", "no price source configured") for c in CAPACITY_NAMES}
-        itype, zone = _text(facts.get("instance_type")), _text(facts.get("availability_zone"))
+        itype, zone = record_text(facts.get("instance_type")), record_text(facts.get("availability_zone"))
         named = [str(f.get(k) or "").split()
-                 for f in _objects(record.get("fallbacks"), "fallbacks") for k in ("from", "to")]
-        block = _text(record.get("reservation_id")) or next((w[1] for w in named if len(w) > 1), None)
+                 for f in record_objects(record.get("fallbacks"), "fallbacks") for k in ("from", "to")]
+        block = record_text(record.get("reservation_id")) or next((w[1] for w in named if len(w) > 1), None)
         return {"spot": await self.prices.spot(instance_type=itype, zone=zone, at=recovery.notice_at),
                 "capacity-block": self.prices.capacity_block(reservation_id=block, offering=bought_offering(record, block)),
                 "on-demand": await self.prices.on_demand(instance_type=itype)}
 
     def with_ledger(self, record: Mapping[str, JsonValue], ledger: Ledger) -> dict[str, JsonValue]:
         """``record`` with ``ledger`` in its ``ledgers`` (this event's replaced), at most :data:`KEEP`."""
-        kept: list[JsonValue] = [led for led in _objects(record.get("ledgers"), "ledgers")
+        kept: list[JsonValue] = [led for led in record_objects(record.get("ledgers"), "ledgers")
                                  if led.get("event_id") != ledger.event_id]
         return {**record, "ledgers": [*kept, ledger.as_json()][-KEEP:]}
 
@@ -337,7 +296,7 @@ class LedgerKeeper:
             return
         for record in records:
             try:
-                kept = _objects(record.get("ledgers"), "ledgers")
+                kept = record_objects(record.get("ledgers"), "ledgers")
                 if kept:
                     self.metrics.show(Ledger.from_json(kept[-1]))
             except ValueError as e:
