@@ -21,6 +21,7 @@ import json
 import os
 from collections.abc import Awaitable, Mapping
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 from kubernetes_asyncio import client as k8s
@@ -32,7 +33,9 @@ from resilienced.model import JsonValue
 
 BACKEND = "kubernetes"
 
-JsonObj = dict[str, JsonValue]
+#: A Kubernetes object as the API answers it (JSON): a mapping read by its documented fields (``metadata``,
+#: ``spec``, ``status``...), whose nested values are Any: the API server, not this code, holds their schema.
+JsonObj = dict[str, Any]
 
 MERGE_PATCH = "application/merge-patch+json"
 STRATEGIC_MERGE_PATCH = "application/strategic-merge-patch+json"
@@ -104,8 +107,11 @@ def translate(
     return BackendUnavailable(BACKEND, f"{verb} {resource}: unexpected {type(error).__name__}: {error}")
 
 
-async def call(verb: str, resource: str, request: Awaitable[aiohttp.ClientResponse]) -> JsonObj:
-    """Await a kubernetes_asyncio call made with ``_preload_content=False``; return its JSON body."""
+async def call(verb: str, resource: str, request: Awaitable[Any]) -> JsonObj:
+    """Await a kubernetes_asyncio call made with ``_preload_content=False``; return its JSON body.
+
+    ``request`` is Awaitable[Any]: kubernetes_asyncio types each call by the model it deserialises, and a call
+    made with ``_preload_content=False`` answers the aiohttp.ClientResponse instead."""
     try:
         response = await request
         try:

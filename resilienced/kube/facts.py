@@ -50,15 +50,14 @@ def kueue_facts(caches: ClusterCaches, run_objects: Sequence[JsonObj], facts: Ru
     """Where the cluster serves Kueue's queues and Kueue manages the run (not an elastic one):
     the capacities its ClusterQueue cannot admit it on now (``closed_capacity``, see
     ``resilienced.kube.kueue``).  Nothing otherwise: the follow-up after the requeue sees the rest."""
-    cached = [caches.cache_of(r) for r in (LOCALQUEUES, CLUSTERQUEUES, RESOURCEFLAVORS)]
+    localqueues, clusterqueues, flavors = (caches.cache_of(r) for r in (LOCALQUEUES, CLUSTERQUEUES, RESOURCEFLAVORS))
     owner = next((o for o in run_objects if kueue_manages(o)), None)
-    if owner is None or facts.elastic or any(c is None for c in cached):
+    if owner is None or facts.elastic or localqueues is None or clusterqueues is None or flavors is None:
         return facts
-    localqueues, clusterqueues, flavors = cached
     queue = labels(owner)[KUEUE_QUEUE_LABEL]
-    localqueue = localqueues.get(namespace_of(owner), queue)  # type: ignore[union-attr]
+    localqueue = localqueues.get(namespace_of(owner), queue)
     name = ((localqueue or {}).get("spec") or {}).get("clusterQueue")
-    clusterqueue = clusterqueues.get(None, name) if name else None  # type: ignore[union-attr]
+    clusterqueue = clusterqueues.get(None, name) if name else None
     if clusterqueue is None:
         return facts
     spec = owner.get("spec") or {}
@@ -73,7 +72,7 @@ def kueue_facts(caches: ClusterCaches, run_objects: Sequence[JsonObj], facts: Ru
     own = None if spec.get("suspend") or current in (None, Capacity.WAIT) else capacity_selector(
         current.value, reservation_id=facts.reservation_id, shape=facts.node_shape)
     check = QueueCheck(clusterqueue, needs=needs, own_selector=own, flavor_labels=lambda f: (
-        None if (flavor := flavors.get(None, f)) is None  # type: ignore[union-attr]
+        None if (flavor := flavors.get(None, f)) is None
         else (flavor.get("spec") or {}).get("nodeLabels") or {}))
     closed = closed_capacities(check, {c: capacity_selector(c, shape=facts.node_shape) for c in CAPACITY_NAMES})
     return replace(facts, closed_capacity=closed)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, TypeVar
 
 from resilienced.model import JsonValue, NodeShape, RunFacts
 from resilienced.ports import RayNode
@@ -152,7 +153,7 @@ def kueue_manages(obj: Mapping[str, JsonValue]) -> bool:
     return not (obj.get("kind") == "RayJob" and (obj.get("spec") or {}).get("clusterSelector"))
 
 
-def owning_job_ref(raycluster: Mapping[str, JsonValue]) -> Mapping[str, JsonValue] | None:
+def owning_job_ref(raycluster: Mapping[str, JsonValue]) -> Mapping[str, Any] | None:
     """The ownerReference of kind RayJob (KubeRay creates the cluster of a RayJob with one)."""
     for ref in (raycluster.get("metadata") or {}).get("ownerReferences") or []:
         if ref.get("kind") == "RayJob" and str(ref.get("apiVersion", "")).startswith("ray.io/"):
@@ -177,7 +178,10 @@ def volcano_job_of(pod: Mapping[str, JsonValue]) -> tuple[str, str] | None:
     return None
 
 
-def pick_job(candidates: Sequence[Mapping[str, JsonValue]]) -> Mapping[str, JsonValue] | None:
+_Job = TypeVar("_Job", bound=Mapping[str, Any])
+
+
+def pick_job(candidates: Sequence[_Job]) -> _Job | None:
     """Of the RayJobs that name a cluster (clusterSelector mode may have several), the one running."""
     active = [j for j in candidates if ((j.get("status") or {}).get("jobDeploymentStatus") or "") in _ACTIVE_JOB_STATES]
     return active[0] if len(active) == 1 else None

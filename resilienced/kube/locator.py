@@ -136,7 +136,7 @@ class Locator:
         ns, key = namespace_of(raycluster), f"{namespace_of(raycluster)}/{name_of(raycluster)}"
         ref = owning_job_ref(raycluster)
         if ref is not None:
-            job = self._caches.rayjobs.get(ns, ref.get("name", ""))
+            job = self._caches.rayjobs.get(ns, str(ref.get("name", "")))
             if job is not None and ref.get("uid") and uid_of(job) != ref.get("uid"):
                 job = None  # a RayJob of the same name, recreated: not this cluster's owner
             return f"{ns}/{ref.get('name')}", job, ()
@@ -150,6 +150,7 @@ class Locator:
         ns, _, name = key.partition("/")
         raycluster = self._caches.rayclusters.get(ns, name)
         volcano: JsonObj | None = None
+        candidates: tuple[str, ...]
         if raycluster is None:
             found = self._volcano_run(key)
             if isinstance(found, str):
@@ -213,7 +214,7 @@ class Locator:
 
     def _target(self, *, instance: str, node: JsonObj, view: _View, pods: list[JsonObj]) -> Target:
         ids: list[str] = []
-        unmapped: list[str] = []
+        unmapped: list[JsonValue] = []
         head_here = False
         head_node_id = None
         for pod in pods:

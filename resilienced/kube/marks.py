@@ -72,7 +72,7 @@ class Marks:
             target = replace(target, node=str((found[0].get("metadata") or {}).get("name") or ""))
             if not target.node:
                 return
-        taint = {"key": TAINT_KEY, "value": taint_value(reason), "effect": "NoSchedule"}
+        taint: dict[str, JsonValue] = {"key": TAINT_KEY, "value": taint_value(reason), "effect": "NoSchedule"}
         node = self._caches.nodes.get(None, target.node)
         for _ in range(self._conflict_retries):
             if node is None:
@@ -83,13 +83,11 @@ class Marks:
             taints = list((node.get("spec") or {}).get("taints") or [])
             if any(t.get("key") == TAINT_KEY and t.get("effect") == "NoSchedule" for t in taints):
                 return
-            patch: dict[str, JsonValue] = {
-                "metadata": {"resourceVersion": (node.get("metadata") or {}).get("resourceVersion")},
-                "spec": {"taints": [*taints, taint]},
-            }
+            metadata: dict[str, JsonValue] = {"resourceVersion": (node.get("metadata") or {}).get("resourceVersion")}
             if deadline is not None:
-                patch["metadata"]["annotations"] = {
+                metadata["annotations"] = {
                     DEADLINE_ANNOTATION: deadline.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")}
+            patch: dict[str, JsonValue] = {"metadata": metadata, "spec": {"taints": [*taints, taint]}}
             try:
                 await call(verb="patch", resource="nodes", request=self._core.patch_node(
                     target.node, patch, _preload_content=False, _request_timeout=self._request_timeout_s))
