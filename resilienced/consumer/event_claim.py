@@ -14,9 +14,7 @@ never deleted, so a slow or dead holder cannot make its event vanish.
 
 No event claim: a responder that says so for a plan (:class:`~resilienced.ports.SharesClaims`,
 ``needs_event_claim`` False: ``Recovery`` for a notice whose runs this replica handles now, which
-joins their handling, or that hits no run) is asked without one, after a read of the event's claim
-(a claim there, done or held by another delivery, ends it as under the claim: a duplicate, or a
-retry of the holder's own message).  Its steps run under the claims of the run's handling (or
+joins their handling) is asked at once.  Its steps run under the claims of the run's handling (or
 are a cordon, which is idempotent), so a duplicate still acts once; the message is still settled
 only after the responder's outcome (issue #45: a gang's notices handled as one write one event
 claim, not one per notice).  A responder that needs the claim for a plan is told when this
@@ -53,7 +51,7 @@ class EventClaim:
         event, message = plan.event, flight.message
         key = f"event/{event.event_id}" if event.event_id else f"message/{message.message_id}"
         if isinstance(self.responder, SharesClaims) and not await self.responder.needs_event_claim(plan):
-            return await self._unclaimed(plan, flight, key)
+            return await self._respond(plan, flight)
         try:
             return await self._claimed(plan, flight, key)
         finally:
@@ -75,21 +73,6 @@ class EventClaim:
             self._count_backends(e)
             return Outcome(result=Result.RETRY, event=event, plan=plan,
                            reason=f"claim store: {e}", retry_delay=self._retry_delay(e, message))
-
-    async def _unclaimed(self, plan: Plan, flight: Flight, key: str) -> Outcome:
-        """A plan the responder needs no event claim for: acted on without one (no write), unless
-        the event claim says the event was handled, or is being handled by another delivery (read
-        only: a copy of a handled event stays a duplicate, as under the claim)."""
-        try:
-            existing = await self.claims.get(key)
-        except TemporaryError as e:
-            self._count_backends(e)
-            return Outcome(result=Result.RETRY, event=plan.event, plan=plan,
-                           reason=f"claim store: {e}", retry_delay=self._retry_delay(e, flight.message))
-        if existing is not None:
-            return self._not_claimed(event_id=plan.event.event_id, plan=plan, message=flight.message,
-                                     existing=existing)
-        return await self._respond(plan, flight)
 
     async def _respond(self, plan: Plan, flight: Flight) -> Outcome:
         """The responder's outcome; what it raises becomes one (it never raises itself)."""

@@ -295,11 +295,9 @@ class Recovery:
         """Whether ``plan`` needs the consumer's event claim (``ports.SharesClaims``).
 
         Not when every run it hits is handled in this replica now by a wave that does its steps
-        (it joins that handling, which holds the run claim), nor when it hits no run (all it does is
-        cordon its instances' Nodes, which is idempotent: a gang's notices handled after the move
-        deleted the run's pods are most of a wave's notices, issue #45; the consumer still looks
-        whether the event was handled, so a copy of a handled event stays a duplicate); a terminate
-        hook (completed once per event) and a plan that cannot be located now are claimed as before.  A run it hits with no
+        (it joins that handling, which holds the run claim); a plan that hits no run (a copy of a
+        handled event is a duplicate, not ``not_actionable``), a terminate hook (completed once per
+        event) and a plan that cannot be located now are claimed as before.  A run it hits with no
         wave gets one reserved for this plan (``recovery.waves``), which it leads once its claim is
         held, so the run's other notices asking meanwhile join it instead of claiming too; the
         consumer calls :meth:`settled` when this delivery's handling is over.
@@ -310,9 +308,7 @@ class Recovery:
             found = await find_targets(plan, cluster=self.cluster, capacity=self.capacity)
         except ResilienceError:
             return True  # the act meets it again and says why
-        if not found.runs:
-            return False
-        joins = True
+        joins = bool(found.runs)
         for run in found.runs:  # no await from here on: one notice of a run reserves its wave
             wave = self.waves.current(run.run_key)
             if self._joins(plan, wave):

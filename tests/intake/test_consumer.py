@@ -121,36 +121,6 @@ async def test_a_duplicate_after_the_event_was_handled_acts_no_more(queues, make
     assert queues.counts() == (0, 0)
 
 
-class ClaimOnce(Sharing):
-    """Needs the event claim for a plan the first time it is asked only (``Recovery``: a notice that
-    hits no run, or joins its run's handling, needs none)."""
-
-    async def needs_event_claim(self, plan: Plan) -> bool:
-        return not self.plans
-
-
-async def test_a_plan_that_needs_no_event_claim_writes_none_and_a_copy_of_a_handled_event_stays_a_duplicate(
-        queues, make_consumer):
-    """Issue #45: a notice the responder needs no event claim for is acted on without one (no
-    claim written), but the consumer reads the event's claim first: a copy of an event handled
-    under its claim is a duplicate, not acted on again."""
-    claims = MemoryClaims()
-    recorder = ClaimOnce()
-    consumer = make_consumer(recorder, claims=claims)
-    queues.send(p.spot(id="dup-4"))
-    assert [o.result for o in await run_until(consumer, 1)] == [Result.DONE]
-    handled = await claims.get("event/dup-4")
-    assert handled is not None and handled.state == "done"
-    queues.send(p.spot(id="dup-4"))
-    [again] = await run_until(consumer, 1)
-    assert again.result is Result.DUPLICATE and "already handled" in again.reason
-    assert len(recorder.plans) == 1 and await claims.get("event/dup-4") == handled
-    queues.send(p.spot(id="other-1"))  # never claimed: acted on, and still no claim
-    assert [o.result for o in await run_until(consumer, 1)] == [Result.DONE]
-    assert len(recorder.plans) == 2 and await claims.get("event/other-1") is None
-    assert queues.counts() == (0, 0)
-
-
 async def test_a_copy_of_an_event_being_handled_elsewhere_is_dropped_while_the_original_stays(
         queues, make_consumer):
     gate = Gate()

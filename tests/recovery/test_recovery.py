@@ -510,14 +510,13 @@ async def test_a_reserved_handling_whose_notice_does_not_lead_it_sends_its_joine
 
 async def test_a_notice_that_finds_its_run_gone_still_cordons_its_node(world: World) -> None:
     """Issue #45 (a): a notice handled after its run's requeue finds no Ray pod on its Node (Kueue
-    suspended the job, KubeRay deleted the pods); its Spot Node is cordoned all the same, without an
-    event claim (a cordon is idempotent; the consumer still reads the event's claim, so a copy of a
-    handled event stays a duplicate: tests/intake/test_consumer.py)."""
+    suspended the job, KubeRay deleted the pods); its Spot Node is cordoned all the same (under the
+    event claim, as before: a copy of a handled event stays a duplicate)."""
     world.kubeapi.delete("pods", "train-w2", namespace=NS)
     while (await world.cluster.locate(instance_ids=[instance(2)])).targets:  # the watch saw it go
         await asyncio.sleep(0.01)
     plan = spot_notice(2, when=datetime.now(timezone.utc))
-    assert not await world.recovery.needs_event_claim(plan)
+    assert await world.recovery.needs_event_claim(plan)
     outcome = await world.recovery.act(plan, holder="replica-a/m1")
     assert outcome.result is Result.NOT_ACTIONABLE, outcome.reason
     assert outcome.details["cordoned"] == [instance(2)]
