@@ -44,10 +44,12 @@ async def test_a_dead_holders_run_claim_lapses_and_the_other_replica_takes_over(
     world.recovery.options = replace(world.recovery.options, claim_ttl_seconds=TTL)
     plan = spot_plan()
     key = f"run/{plan.event.event_id}/{NS}/train"
-    # a replica took the run and was SIGKILLed: its claim is never renewed
-    assert await world.claims.acquire(key, holder="replica-dead/m1", ttl_seconds=TTL) is not None
     await put_checkpoint(world.s3, step=5, saved=datetime.now(timezone.utc),
                          files={"__0_0.distcp": b"r" * 50, ".metadata": b"m"})
+    # a replica took the run and was SIGKILLed: its claim is never renewed.  Taken last, right
+    # before the other replica looks: a slow checkpoint upload in between (a loaded machine, under
+    # coverage) let the claim lapse before the look, and the look rightly took the run.
+    assert await world.claims.acquire(key, holder="replica-dead/m1", ttl_seconds=TTL) is not None
     try:
         await world.recovery.act(plan, holder="replica-b/m2")
         raise AssertionError("a held run claim was not noticed")
