@@ -198,12 +198,12 @@ class Group:
                 raise ConfigError(flag_of(f), f"{e} (from {origin})") from None
         return cls(**values)
 
-    def check_bounds(self, *names: str) -> None:
-        """Every setting (or the named ones) declared with ``bounds`` is in its range, else ConfigError
+    def check_bounds(self) -> None:
+        """Every setting declared with ``bounds`` is in its range, else ConfigError
         naming its flag; a setting whose value is not one number or duration checks its own."""
         for f in self.options():
             meta: Option = f.metadata["option"]
-            if meta.bounds is not None and (not names or f.name in names):
+            if meta.bounds is not None:
                 value = getattr(self, f.name)
                 if not isinstance(value, tuple):
                     require_within(flag_of(f), value, meta.bounds, meta.unit)

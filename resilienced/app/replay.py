@@ -128,9 +128,9 @@ class LookupSettings:
             return None
         mode = ModeSettings.from_args(args, environ)
         if kubeconfig:
-            mode = dataclasses.replace(mode, mode=Mode.KUBERNETES.value, ray_address=None)
+            mode = dataclasses.replace(mode, mode=Mode.KUBERNETES, ray_address=None)
         else:
-            mode = dataclasses.replace(mode, mode=Mode.RAY.value, kubeconfig=None)
+            mode = dataclasses.replace(mode, mode=Mode.RAY, kubeconfig=None)
         mode.validate()
         aws = QueueSettings.from_args(args, environ)
         aws.validate(require_queue=False)
@@ -365,12 +365,7 @@ async def open_lookup(settings: LookupSettings) -> AsyncIterator[Finder]:
             capacity = ReadOnlyCapacity(None, missing="EC2 not configured (no --region)")
         planner = CapacityPlanner(source=capacity, policy=settings.capacity)
         read_only = ReadOnly(gcs_timeout_s=GCS_TIMEOUT_S, ready_timeout_s=KUBE_READY_TIMEOUT_S)
-        try:
-            cluster = await open_cluster(mode, stack, replica="replay", ec2=ec2, read_only=read_only)
-        except ValueError as e:  # a malformed --ray-address (or token) of ray mode
-            if mode.mode is not Mode.RAY:
-                raise
-            raise ConfigError("--ray-address", str(e)) from None
+        cluster = await open_cluster(mode, stack, replica="replay", ec2=ec2, read_only=read_only)
         yield Finder(cluster=cluster, planner=planner, capacity=capacity, gcs_errors=read_only.gcs_errors)
 
 

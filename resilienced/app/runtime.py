@@ -241,10 +241,15 @@ async def open_kube_cluster(mode: ModeSettings, stack: AsyncExitStack, *, replic
 
 
 def ray_gcs(mode: ModeSettings) -> RayGcs:
-    """ray mode's one GCS client: ``--ray-address`` with the token of ``--ray-token-file``."""
+    """ray mode's one GCS client: ``--ray-address`` with the token of ``--ray-token-file`` (a
+    malformed address is a ConfigError naming the flag)."""
     from resilienced.ray.gcs import RayGcs
 
-    return RayGcs(mode.ray_address or "", token=read_token(mode.ray_token_file))
+    token = read_token(mode.ray_token_file)
+    try:
+        return RayGcs(mode.ray_address or "", token=token)
+    except ValueError as e:
+        raise ConfigError("--ray-address", str(e)) from None
 
 
 def ray_mode_cluster(mode: ModeSettings, *, ray: RayControl, ec2: AioBaseClient | None) -> RayModeCluster:

@@ -80,9 +80,9 @@ def mode_settings(args: argparse.Namespace, environ: Mapping[str, str]) -> ModeS
         raise ConfigError("--ray-address", "give --kubeconfig (kubernetes mode) or --ray-address "
                                            "(ray mode), not both")
     if getattr(args, "kubeconfig", None):
-        mode = dataclasses.replace(mode, mode=Mode.KUBERNETES.value)
+        mode = dataclasses.replace(mode, mode=Mode.KUBERNETES)
     elif getattr(args, "ray_address", None):
-        mode = dataclasses.replace(mode, mode=Mode.RAY.value)
+        mode = dataclasses.replace(mode, mode=Mode.RAY)
     if mode.mode is Mode.PLAN:
         raise ConfigError("--mode", "status reads the claims of kubernetes or ray mode: give --mode "
                                     "kubernetes (or --kubeconfig) or --ray-address")

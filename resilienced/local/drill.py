@@ -60,6 +60,7 @@ from resilienced import log
 from resilienced.clock import utcnow
 from resilienced.errors import ConfigError, ResilienceError
 from resilienced.local.drill_ledger import PRICED_AS
+from resilienced.model import CAPACITY_NAMES
 from resilienced.ray.cluster import CAPACITY_TYPE_LABEL as CAPACITY_LABEL
 from resilienced.ray.cluster import ELASTIC_LABEL
 from resilienced.ray.cluster import INSTANCE_ID_LABEL as INSTANCE_LABEL
@@ -69,6 +70,7 @@ from resilienced.settings import (
     LedgerSettings,
     HttpSettings,
     IntakeSettings,
+    Mode,
     ModeSettings,
     NotifySettings,
     QueueSettings,
@@ -374,7 +376,7 @@ def report_from(
         checks.update(elastic_checks(options, idle=idle, trained_twice=trained_twice, events=events))
     if options.scenario in NOTICE_SCENARIOS and options.daemon:
         checks["no step lost"] = steps_lost == 0
-        checks["requeued on capacity that exists"] = capacity in ("spot", "capacity-block", "on-demand")
+        checks["requeued on capacity that exists"] = capacity in CAPACITY_NAMES
     followed, follow_checks = follow_up_facts(options, follow_up)
     checks.update(follow_checks)
     if ec2 is not None:
@@ -1163,7 +1165,7 @@ class Drill:
                                 wait_seconds=1, visibility_timeout=30, shutdown_timeout=10),
             intake=IntakeSettings(notice_seconds=self.o.notice_seconds),
             http=HttpSettings(http_host="127.0.0.1", http_port=0),
-            mode=ModeSettings(mode="ray", ray_address=cluster.address, ray_token_file=str(token_file),
+            mode=ModeSettings(mode=Mode.RAY, ray_address=cluster.address, ray_token_file=str(token_file),
                               checkpoint_uri=f"s3://{BUCKET}/{PREFIX}", instance_type=INSTANCE_TYPE),
             recovery=RecoverySettings(durable_poll_seconds=0.5, durable_grace_seconds=30, node_join_seconds=(
                 (f"capacity-block={self.o.join_estimate}", f"on-demand={self.o.join_estimate}",

@@ -61,9 +61,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from resilienced.errors import ResilienceError
+from resilienced.model import CAPACITY_NAMES
 from resilienced.ray.cluster import CAPACITY_TYPE_LABEL
 
-CAPACITY_TYPES = ("spot", "capacity-block", "on-demand")
+CAPACITY_TYPES = CAPACITY_NAMES
 
 #: Set in every node's environment (and so inherited by its raylet and Ray workers): how
 #: :meth:`LocalRayCluster.kill_node` and :meth:`LocalRayCluster.stop` find every process of a
