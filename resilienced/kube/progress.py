@@ -22,7 +22,7 @@ Read, never written, for the follow-up (``resilienced.followup.follower``); each
   v1.x).
 
 Where it reads (issue #45: no run's follow-up polls the API in a loop): the daemon's watch caches
-(:class:`Caches`, ``kube.cluster_caches``: RayJobs, RayClusters, Ray pods, Nodes, and where
+(``kube.cluster_caches.ClusterCaches``: RayJobs, RayClusters, Ray pods, Nodes, and where
 discovery says the cluster serves them Workloads, ResourceFlavors, NodeClaims and Karpenter's
 InsufficientCapacityError Events), so that a look at a waiting run sends no request.  The API is
 read only where no cache holds the object: a resource with no cache (not discovered yet; a
@@ -31,7 +31,7 @@ an absence (an object missing from a cache may be younger than the cache's last 
 says whether it is gone).  A cache that has not synced, or whose watch is failing or re-listing
 (``Informer.answers`` false), is no answer: the look raises :class:`NoAnswerYet` (a
 ``TemporaryError``: the follow-up looks again next pass) instead of judging on a stale or empty
-store.  Without caches (``caches=None``) every read goes to the API, as before.
+store.
 
 RBAC (``resilienced.ops.permissions``): ``kueue.x-k8s.io resourceflavors get``, ``karpenter.sh
 nodeclaims list``, ``events list`` besides what the requeuers have; the caches' ``list``/``watch``
@@ -42,7 +42,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from datetime import datetime
-from typing import Protocol
 
 from kubernetes_asyncio import client as k8s
 
@@ -50,7 +49,15 @@ from resilienced.clock import parse_time
 from resilienced.errors import TemporaryError
 from resilienced.kube.api import JsonObj, KubeStatusError, call
 from resilienced.kube.cache import Informer
-from resilienced.kube.cluster_caches import ICE_EVENTS, ICE_REASON, ICE_SELECTOR, NODECLAIMS, RESOURCEFLAVORS, WORKLOADS
+from resilienced.kube.cluster_caches import (
+    ICE_EVENTS,
+    ICE_REASON,
+    ICE_SELECTOR,
+    NODECLAIMS,
+    RESOURCEFLAVORS,
+    WORKLOADS,
+    ClusterCaches,
+)
 from resilienced.kube.discovery import CustomResource
 from resilienced.kube.locate import NODE_TYPE_LABEL, labels
 from resilienced.model import Capacity, CapacityDecision, JsonValue, StageSeen, Target
@@ -115,31 +122,16 @@ class NoAnswerYet(TemporaryError):
     """A cache the look reads has not synced, or lags its server now: no verdict from it."""
 
 
-class Caches(Protocol):
-    """The daemon's watch caches the probe reads (``kube.cluster_caches.ClusterCaches``)."""
-
-    @property
-    def nodes(self) -> Informer: ...
-    @property
-    def pods(self) -> Informer: ...  # Ray pods (NODE_TYPE_LABEL exists), indexed by "cluster"
-    @property
-    def rayclusters(self) -> Informer: ...
-    @property
-    def rayjobs(self) -> Informer: ...
-    @property
-    def optional(self) -> Mapping[str, Informer] | None: ...  # by CustomResource.key; None: not discovered
-
-
 class KubeProgress:
     """``ports.Progress`` on the Kubernetes API (the requeuers' client) and the daemon's caches.
 
     Args:
         api_client: the daemon's client.
         kueue: the Kueue requeuer, whose Workload lookup and served version are used.
-        caches: the daemon's watch caches (None: every read is an API read).
+        caches: the daemon's watch caches.
     """
 
-    def __init__(self, api_client: k8s.ApiClient, *, kueue: KueueRequeuer, caches: Caches | None = None,
+    def __init__(self, api_client: k8s.ApiClient, *, kueue: KueueRequeuer, caches: ClusterCaches,
                  request_timeout_s: float = 10.0) -> None:
         self.objects = Objects(api_client, request_timeout_s=request_timeout_s)
         self.kueue = kueue
@@ -164,15 +156,13 @@ class KubeProgress:
 
     def _optional(self, resource: CustomResource | str) -> Informer | None:
         """An optional resource's cache where discovery found it (None: none, or not discovered)."""
-        found = (self.caches.optional if self.caches is not None else None) or {}
+        found = self.caches.optional or {}
         return found.get(resource if isinstance(resource, str) else resource.key)
 
     def _discovered(self) -> bool:
-        return self.caches is not None and self.caches.optional is not None
+        return self.caches.optional is not None
 
     def _of_kind(self, kind: Kind) -> Informer | None:
-        if self.caches is None:
-            return None
         return {RAYJOB: self.caches.rayjobs, RAYCLUSTER: self.caches.rayclusters}.get(kind)
 
     async def _find(self, kind: Kind, namespace: str, name: str) -> JsonObj | None:
@@ -196,7 +186,7 @@ class KubeProgress:
         return await self.kueue.find_workload(job, kind)
 
     async def _worker_pods(self, namespace: str, cluster_name: str) -> list[JsonObj]:
-        cache = self._cache(self.caches.pods if self.caches is not None else None, namespace)
+        cache = self._cache(self.caches.pods, namespace)
         if cache is not None:
             pods = [p for p in cache.by_index("cluster", f"{namespace}/{cluster_name}")
                     if labels(p).get(NODE_TYPE_LABEL) == "worker"]
@@ -206,9 +196,9 @@ class KubeProgress:
         return [p for p in pods if not (p.get("metadata") or {}).get("deletionTimestamp")]
 
     async def _node_labels(self, name: str) -> dict[str, str] | None:
-        cache = self._cache(self.caches.nodes if self.caches is not None else None)
+        cache = self._cache(self.caches.nodes)
         node = cache.get(None, name) if cache is not None else None
-        if node is None:  # no cache, or not in it: the API says whether it is gone
+        if node is None:  # not in the cache: the API says whether it is gone
             return await self.objects.node_labels(name)
         return dict((node.get("metadata") or {}).get("labels") or {})
 
@@ -318,14 +308,13 @@ class KubeProgress:
     async def _claims_and_ice(self) -> tuple[list[JsonObj], list[JsonObj]]:
         """Karpenter's NodeClaims and its InsufficientCapacityError Events: from their caches where
         discovery found NodeClaims served, none where it found them not served (no Karpenter: neither
-        exists), else from the API (no caches, or discovery has not answered yet)."""
+        exists), else from the API (discovery has not answered yet)."""
         if self._discovered():
             claims, ice = self._cache(self._optional(NODECLAIMS)), self._cache(self._optional(ICE_EVENTS))
             if claims is None:
                 return [], []
-            if ice is not None:
-                return claims.values(), ice.values()
-            return claims.values(), await self._ice_events()
+            assert ice is not None  # cluster_caches starts it with the NodeClaims' cache, for every namespace
+            return claims.values(), ice.values()
         group, version, plural = NODECLAIMS.group, NODECLAIMS.version, NODECLAIMS.plural
         try:
             listed = await call("list", f"{plural}.{group}", self._custom.list_cluster_custom_object(
