@@ -91,6 +91,26 @@ async def test_watch_errors_back_off_and_resume(cluster: KubeCluster, kubeapi: K
     assert kubeapi.counts()[("list", "nodes")] == 1
 
 
+async def test_a_failing_watch_makes_the_cache_no_answer_until_the_server_is_followed_again(
+        cluster: KubeCluster, kubeapi: KubeApiServer) -> None:
+    """Issue #45: the follow-up judges from the caches only while they follow their server; a cache
+    whose watch fails says so (``answers`` false, ``behind`` the error) until an event or a bookmark
+    shows it follows again (kube/progress raises NoAnswerYet meanwhile)."""
+    await _settled(cluster, kubeapi)
+    nodes = cluster.caches.nodes
+    assert nodes.answers and nodes.behind is None
+    kubeapi.fail(verb="watch", resource="nodes", status=503, times=None)
+    kubeapi.drop_watches()
+    await eventually(lambda: nodes.stats.errors >= 1, what="a failed watch of nodes")
+    assert not nodes.answers and "503" in (nodes.behind or "")
+    kubeapi.clear_faults()
+    await eventually(lambda: kubeapi.open_watches == len(cluster.caches.informers), what="the nodes watch again")
+    assert not nodes.answers  # a watch open again is not yet shown to follow
+    kubeapi.send_bookmarks()
+    await eventually(lambda: nodes.answers, what="a bookmark on the nodes watch")
+    assert nodes.behind is None and kubeapi.counts()[("list", "nodes")] == 1
+
+
 async def test_bookmarks_advance_the_resource_version(cluster: KubeCluster, kubeapi: KubeApiServer) -> None:
     await _settled(cluster, kubeapi)
     before = cluster.caches.nodes.resource_version

@@ -18,10 +18,11 @@ from typing import Any
 import pytest
 
 from resilienced.followup.follower import Follower, FollowUpOptions
+from resilienced.followup.rules import target_from
 from resilienced.kube.cluster import KubeCluster
 from resilienced.kube.cluster_caches import WORKLOADS
 from resilienced.kube.followup_store import KubeFollowUps
-from resilienced.kube.progress import KubeProgress
+from resilienced.kube.progress import KubeProgress, NoAnswerYet
 from resilienced.model import Capacity, Event, Kind, RequeueResult, RunFacts, StageSeen, Target
 from tests.requeue.kueue_sim import KueueSim
 from tests.support.kubeapi import KubeApiServer, ResourceType
@@ -115,6 +116,9 @@ async def test_caches_that_have_not_synced_are_no_answer_and_nothing_is_moved_on
         (after,) = await world.pass_once()
         assert after.version == record.version and after.fallbacks == () and selectors(kubeapi) == ["reserved"]
         assert looks_requests(kubeapi) == Counter()  # neither read from the API nor claimed
+        with pytest.raises(NoAnswerYet, match="has no answer yet: not listed yet"):  # the look's reason
+            await world.follower.progress.placed(target_from(record.target), capacity=Capacity(record.capacity),
+                                                 reservation_id=record.reservation_id, since=record.stage_since)
 
         world.follower.progress = KubeProgress(api, kueue=world.kueue, caches=world.cluster.caches)  # synced: it judges
         (after,) = await world.pass_once()
