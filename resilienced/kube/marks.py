@@ -19,7 +19,7 @@ from resilienced.errors import BackendUnavailable
 from resilienced.kube.api import BACKEND, JsonObj, KubeStatusError, call
 from resilienced.kube.cluster_caches import VOLCANO_JOBS, ClusterCaches
 from resilienced.kube.events import EventRecorder, ObjectRef, ref_for
-from resilienced.kube.locate import VOLCANO_JOB_API_VERSION, taint_value
+from resilienced.kube.locate import VOLCANO_JOB_API_VERSION, name_of, taint_value
 from resilienced.log import get as get_logger
 from resilienced.model import JsonValue, Target
 
@@ -57,6 +57,11 @@ class Marks:
                 return None
             raise
 
+    def _node_of(self, instance: str | None) -> str | None:
+        """The name of the Node of ``instance`` in the Node cache (None: none there)."""
+        found = self._caches.nodes.by_index("instance", instance) if instance else []
+        return (name_of(found[0]) or None) if found else None
+
     async def cordon(self, target: Target, *, reason: str, deadline: datetime | None) -> None:
         """Taint the Node ``resilienced.io/interruption=<reason>:NoSchedule`` (once; patch, not replace).
 
@@ -66,12 +71,11 @@ class Marks:
         after its run was moved, issue #45) is the Node of its instance, if the cache has one.
         """
         if not target.node:
-            found = self._caches.nodes.by_index("instance", target.instance_id) if target.instance_id else []
-            if not found:
+            name = self._node_of(target.instance_id)
+            if name is None:
                 return
-            target = replace(target, node=str((found[0].get("metadata") or {}).get("name") or ""))
-            if not target.node:
-                return
+            target = replace(target, node=name)
+        assert target.node is not None
         taint: dict[str, JsonValue] = {"key": TAINT_KEY, "value": taint_value(reason), "effect": "NoSchedule"}
         node = self._caches.nodes.get(None, target.node)
         for _ in range(self._conflict_retries):
@@ -133,9 +137,6 @@ class Marks:
             return ""
         named = []
         for instance in instances:
-            node = target.node if instance == target.instance_id and target.node else None
-            if node is None:
-                found = self._caches.nodes.by_index("instance", instance)
-                node = str((found[0].get("metadata") or {}).get("name") or "") if found else None
+            node = target.node if instance == target.instance_id and target.node else self._node_of(instance)
             named.append(f"{instance} on Node {node}" if node else f"{instance} (no Node)")
         return f"[instances: {', '.join(named)}]"
