@@ -62,8 +62,13 @@ def _apply(plane: ControlPlane, obj: JsonObj) -> JsonObj:
 
 def ensure_namespace(plane: ControlPlane, name: str) -> None:
     """The namespace ``name``, made where it is missing (the real server keeps namespaced objects,
-    Leases too, only in a namespace that exists)."""
-    _apply(plane, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
+    Leases too, only in a namespace that exists).  One that exists is left as it is: replacing it
+    would drop the labels others put on it (``install_daemon_identity``'s pod-security ones)."""
+    try:
+        plane.admin.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
+    except RestError as err:
+        if err.status != 409:
+            raise
 
 
 def install_daemon_identity(plane: ControlPlane) -> None:
