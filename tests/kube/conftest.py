@@ -52,14 +52,17 @@ async def eventually(predicate: Callable[[], bool], *, timeout: float = LOCAL_BO
 
 
 # --------------------------------------------------------------------------- server and client
+#: Karpenter's karpenter.sh/v1 NodeClaim as aws/karpenter-provider-aws v1.6 serves it
+#: (pkg/apis/crds/karpenter.sh_nodeclaims.yaml: scope Cluster, status subresource).
+NODECLAIMS = ResourceType("karpenter.sh", ("v1",), "nodeclaims", "NodeClaim", namespaced=False)
 #: Karpenter's cluster-scoped kinds, served only by the emulators of the tests that register them
 #: (``server.register``): karpenter.sh/v1 NodePool and karpenter.k8s.aws/v1 EC2NodeClass, as
 #: aws/karpenter-provider-aws v1.6 serves them (pkg/apis/crds/karpenter.sh_nodepools.yaml,
-#: karpenter.k8s.aws_ec2nodeclasses.yaml: scope Cluster, status subresource).
+#: karpenter.k8s.aws_ec2nodeclasses.yaml: scope Cluster, status subresource), and NodeClaim.
 KARPENTER_RESOURCES = (
     ResourceType("karpenter.sh", ("v1",), "nodepools", "NodePool", namespaced=False),
     ResourceType("karpenter.k8s.aws", ("v1",), "ec2nodeclasses", "EC2NodeClass", namespaced=False),
-    ResourceType("karpenter.sh", ("v1",), "nodeclaims", "NodeClaim", namespaced=False),
+    NODECLAIMS,
 )
 
 #: Kueue's queue kinds as v0.19.2 serves them (config/components/crd/bases: ClusterQueue and

@@ -50,6 +50,7 @@ from tests.requeue.kuberay_sim import KubeRaySim
 from tests.requeue.kueue_sim import DEFAULT_FLAVOR, FLAVORS, KueueSim, workload_for
 from tests.requeue.scheduler_sim import SchedulerSim
 from tests.support.kubeapi import KubeApiServer, ResourceType
+from tests.kube.conftest import NODECLAIMS
 from trainer import resume
 
 from .conftest import BUCKET, DAEMON_NS, NS, RecordingGcs, instance, node, ray_nodes, seed_world
@@ -234,7 +235,7 @@ async def test_unschedulable_pods_fall_back_to_the_next_capacity_and_the_run_tra
 
 async def test_a_nodeclaim_that_cannot_launch_is_the_evidence_and_the_run_is_stuck_without_moves_left(
         api: Any, kubeapi: KubeApiServer, s3: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    kubeapi.register(ResourceType("karpenter.sh", ("v1",), "nodeclaims", "NodeClaim", namespaced=False))
+    kubeapi.register(NODECLAIMS)
     seed_world(kubeapi, gcs_port=6379)
     world = Follow(api=api, kubeapi=kubeapi, s3=s3, clock=[datetime.now(timezone.utc)], max_fallbacks=0)
     await world.cluster.start()

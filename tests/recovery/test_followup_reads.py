@@ -25,7 +25,8 @@ from resilienced.kube.followup_store import KubeFollowUps
 from resilienced.kube.progress import KubeProgress, NoAnswerYet
 from resilienced.model import Capacity, Event, Kind, RequeueResult, RunFacts, StageSeen, Target
 from tests.requeue.kueue_sim import KueueSim
-from tests.support.kubeapi import KubeApiServer, ResourceType
+from tests.support.kubeapi import KubeApiServer
+from tests.kube.conftest import NODECLAIMS
 
 from .conftest import DAEMON_NS, NS, seed_world
 from .test_followup import BOUND, Follow, eventually, kueue_world, requeued_onto_the_block, selectors, state_change
@@ -52,7 +53,7 @@ def leases_written(kubeapi: KubeApiServer) -> int:
 
 async def test_a_look_at_a_run_waiting_to_be_scheduled_sends_no_request_once_the_caches_synced(
         api: Any, kubeapi: KubeApiServer, s3: Any) -> None:
-    kubeapi.register(ResourceType("karpenter.sh", ("v1",), "nodeclaims", "NodeClaim", namespaced=False))
+    kubeapi.register(NODECLAIMS)
     seed_world(kubeapi, gcs_port=6379)
     world = Follow(api=api, kubeapi=kubeapi, s3=s3, clock=[datetime.now(timezone.utc)])
     await world.cluster.start()
