@@ -407,18 +407,3 @@ class RequeueResult:
     def changed(self) -> bool:
         """Whether this call changed something (never in a dry run)."""
         return bool(self.changes) and not self.dry_run
-
-    def as_json(self) -> dict[str, JsonValue]:
-        out: dict[str, JsonValue] = {
-            "run": self.run_key, "kind": self.kind, "capacity": self.capacity.value,
-            "reason": self.reason, "changes": list(self.changes), "dry_run": self.dry_run,
-        }
-        if self.reservation_id:
-            out["reservation_id"] = self.reservation_id
-        if self.retry_after is not None:
-            out["retry_after_seconds"] = self.retry_after.total_seconds()
-        if self.details:
-            out["details"] = dict(self.details)
-        if self.refused:
-            out["refused"] = True
-        return out

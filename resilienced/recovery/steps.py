@@ -247,7 +247,7 @@ class RequeueStep:
         return cls(capacity=None, reason=reason)
 
     def as_json(self) -> dict[str, JsonValue]:
-        """The keys of ``RequeueResult.as_json`` (``replacement`` after them), those a record lacks left out."""
+        """The run's requeue as the record keeps it (``replacement`` last); the keys a record lacks left out."""
         out: dict[str, JsonValue] = {}
         if self.run is not None:
             out["run"] = self.run

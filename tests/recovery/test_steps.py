@@ -68,23 +68,32 @@ def test_each_step_writes_the_json_it_always_wrote_and_reads_it_back(name: str) 
     assert type(step).from_json(written) == step
 
 
-@pytest.mark.parametrize("result, replacement", [
+@pytest.mark.parametrize("result, replacement, written", [
     (RequeueResult(run_key="ml/job", kind="kueue", capacity=Capacity.CAPACITY_BLOCK, reason="no Spot",
                    reservation_id="cr-1", changes=("steered to cr-1",), retry_after=None,
                    decision=CapacityDecision(capacity=Capacity.CAPACITY_BLOCK, reason="no Spot"),
-                   details={"elastic": False}), None),
+                   details={"elastic": False}), None,
+     {"run": "ml/job", "kind": "kueue", "capacity": "capacity-block", "reason": "no Spot", "changes": ["steered to cr-1"],
+      "dry_run": False, "reservation_id": "cr-1", "details": {"elastic": False}}),
     (RequeueResult(run_key="ml/job", kind="ray", capacity=Capacity.WAIT, reason="nothing free", dry_run=True,
-                   retry_after=timedelta(seconds=90)), None),
+                   retry_after=timedelta(seconds=90)), None,
+     {"run": "ml/job", "kind": "ray", "capacity": "wait", "reason": "nothing free", "changes": [], "dry_run": True,
+      "retry_after_seconds": 90.0}),
     (RequeueResult(run_key="ml/job", kind="kuberay", capacity=Capacity.SPOT, reason="refused", refused=True),
-     None),
+     None, {"run": "ml/job", "kind": "kuberay", "capacity": "spot", "reason": "refused", "changes": [],
+            "dry_run": False, "refused": True}),
     (RequeueResult(run_key="ml/job", kind="ray", capacity=Capacity.SPOT, reason="spot", changes=("+1 node",),
                    details={"elastic": True, "lost": ["i-0aaa"]}),
-     {"expected_at": "2026-08-20T12:05:00+00:00", "capacity": "spot"}),
+     {"expected_at": "2026-08-20T12:05:00+00:00", "capacity": "spot"},
+     {"run": "ml/job", "kind": "ray", "capacity": "spot", "reason": "spot", "changes": ["+1 node"], "dry_run": False,
+      "details": {"elastic": True, "lost": ["i-0aaa"]},
+      "replacement": {"expected_at": "2026-08-20T12:05:00+00:00", "capacity": "spot"}}),
 ], ids=["kueue block", "ray wait dry run", "refused", "elastic with replacement"])
 def test_the_requeue_step_is_the_requeue_result_and_its_replacement(result: RequeueResult,
-                                                                    replacement: dict | None) -> None:
+                                                                    replacement: dict | None, written: dict) -> None:
+    """The requeue step writes the keys the recovery wrote before the steps were typed (then
+    ``RequeueResult.as_json``, which only the step's JSON used and is gone), in their order."""
     step = RequeueStep.of(result, replacement=replacement)
-    written = {**result.as_json(), **({"replacement": replacement} if replacement is not None else {})}
     assert json.dumps(step.as_json()) == json.dumps(written)
     assert RequeueStep.from_json(written) == step
 
