@@ -233,11 +233,15 @@ class Recovery:
         self.clock = clock
         self._log = log.get("resilienced.recovery")
         self.waves: Waves[RunReport] = Waves()  # the runs this replica handles now
+        # what needs_event_claim located for a plan it needs no claim for, by event id: its act
+        # follows at once and takes it (a claimed plan's act comes after the claim, which may take a
+        # while: it locates again, on fresh caches and Ray node ids)
+        self._located: dict[str, tuple[Plan, Targets]] = {}
 
     # ------------------------------------------------------------------ the plan
     async def act(self, plan: Plan, *, holder: str) -> Outcome:
         event = plan.event
-        found = await find_targets(plan, cluster=self.cluster, capacity=self.capacity)
+        found = self._take_located(plan) or await find_targets(plan, cluster=self.cluster, capacity=self.capacity)
         instance_ids, runs = found.instance_ids, found.runs
         async with hook_kept_alive(self.lifecycle, plan) as beats:  # an ASG hook waits for the save
             outcomes = await asyncio.gather(*(self._run(plan, run, holder=holder) for run in runs),
@@ -316,6 +320,8 @@ class Recovery:
             joins = False
             if wave is None and plan.event.event_id:
                 self.waves.reserve(run.run_key, event_id=plan.event.event_id, steps=plan.steps)
+        if joins and plan.event.event_id:
+            self._located[plan.event.event_id] = (plan, found)
         return not joins
 
     def settled(self, plan: Plan) -> None:
@@ -323,6 +329,11 @@ class Recovery:
         waves reserved for it and not led are dropped, their joiners retried (``ports.SharesClaims``)."""
         if plan.event.event_id:
             self.waves.unreserve(plan.event.event_id)
+
+    def _take_located(self, plan: Plan) -> Targets | None:
+        """What :meth:`needs_event_claim` located for this very ``plan`` (once), else None."""
+        kept = self._located.pop(plan.event.event_id, None) if plan.event.event_id else None
+        return kept[1] if kept is not None and kept[0] is plan else None
 
     @staticmethod
     def _joins(plan: Plan, wave: Wave[RunReport] | None) -> bool:

@@ -36,6 +36,7 @@ from resilienced.requeue.router import ReportingRequeuer, RequeueRouter
 from resilienced.recovery.move import Mover
 from resilienced.ray.replacement import ReplacementAnnouncer
 from resilienced.settings import IntakeSettings
+from tests.kube.conftest import eventually
 from tests.support.kubeapi import KubeApiServer
 from tests.support.kubeoptions import FAST
 
@@ -103,10 +104,10 @@ async def world(api: Any, kubeapi: KubeApiServer, s3: Any) -> AsyncIterator[Worl
         await w.cluster.stop()
 
 
-async def save_after_the_drain(world: World, *, step: int) -> None:
-    """Play the trainer and FSx: once the drain is seen, a checkpoint lands in S3."""
-    while not world.gcs.drains:
-        await asyncio.sleep(0.02)
+async def save_after_the_drain(world: World, *, step: int, drains: int = 1) -> None:
+    """Play the trainer and FSx: once the drain is seen (``drains`` of them: every worker told), a
+    checkpoint lands in S3."""
+    await eventually(lambda: len(world.gcs.drains) >= drains, what=f"{drains} drain(s)")
     await put_checkpoint(world.s3, step=step, saved=datetime.now(timezone.utc),
                          files={"__0_0.distcp": b"rank0" * 100, "__1_0.distcp": b"rank1" * 90, ".metadata": b"m"})
 
@@ -432,15 +433,10 @@ async def test_a_gangs_notices_in_one_replica_are_handled_as_one(world: World) -
     now = datetime.now(timezone.utc)
     first, second = spot_notice(1, when=now), spot_notice(2, when=now)
     assert await world.recovery.needs_event_claim(first)  # nothing under way: it leads, claimed
-    async def save_after_both_drains() -> None:  # the trainer saves once both workers were told
-        while len(world.gcs.drains) < 2:
-            await asyncio.sleep(0.02)
-        await save_after_the_drain(world, step=13)
-
-    saver = asyncio.create_task(save_after_both_drains())
+    # the trainer saves once both workers were told
+    saver = asyncio.create_task(save_after_the_drain(world, step=13, drains=2))
     leading = asyncio.create_task(world.recovery.act(first, holder="replica-a/m1"))
-    while world.recovery.waves.current(f"{NS}/train") is None:
-        await asyncio.sleep(0.01)
+    await eventually(lambda: world.recovery.waves.current(f"{NS}/train") is not None, what="the leader's wave")
     assert not await world.recovery.needs_event_claim(second)  # its run is under way here: it joins
     joining = await world.recovery.act(second, holder="replica-a/m2")
     led = await leading
@@ -471,13 +467,7 @@ async def test_a_gangs_notices_asked_at_once_reserve_one_handling_and_one_event_
     needs = await asyncio.gather(*(world.recovery.needs_event_claim(p) for p in plans))
     assert sorted(needs) == [False, True], needs
     leader, joiner = (plans[0], plans[1]) if needs[0] else (plans[1], plans[0])
-
-    async def save_after_both_drains() -> None:
-        while len(world.gcs.drains) < 2:
-            await asyncio.sleep(0.02)
-        await save_after_the_drain(world, step=13)
-
-    saver = asyncio.create_task(save_after_both_drains())
+    saver = asyncio.create_task(save_after_the_drain(world, step=13, drains=2))
     led, joined = await asyncio.gather(world.recovery.act(leader, holder="replica-a/m1"),
                                        world.recovery.act(joiner, holder="replica-a/m2"))
     await saver
@@ -497,8 +487,8 @@ async def test_a_reserved_handling_whose_notice_does_not_lead_it_sends_its_joine
     assert await world.recovery.needs_event_claim(first)
     assert not await world.recovery.needs_event_claim(second)
     joining = asyncio.create_task(world.recovery.act(second, holder="replica-a/m2"))
-    while not world.gcs.drains:  # it drained its own Ray node and waits for the leader
-        await asyncio.sleep(0.01)
+    # it drained its own Ray node and waits for the leader
+    await eventually(lambda: bool(world.gcs.drains), what="the joiner's drain")
     world.recovery.settled(first)
     with pytest.raises(TemporaryError, match="did not lead the handling") as err:
         await joining
@@ -508,13 +498,39 @@ async def test_a_reserved_handling_whose_notice_does_not_lead_it_sends_its_joine
     assert world.kubeapi.list("leases", namespace=DAEMON_NS) == []  # no claim was taken
 
 
+async def test_a_joining_notice_is_located_once_for_the_claim_question_and_its_act(
+        world: World, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``needs_event_claim`` locates the plan's runs (ray mode: a GCS node list, EC2 for unlabelled
+    instances); a notice that joins its run's handling is acted on at once, and its act takes what
+    was found instead of locating again (a claimed one locates again after its claim, which may
+    take a while)."""
+    now = datetime.now(timezone.utc)
+    first, second = spot_notice(1, when=now), spot_notice(2, when=now)
+    assert await world.recovery.needs_event_claim(first)  # it reserves the run's handling
+    located: list[list[str]] = []
+    real = world.cluster.locate
+
+    async def counting(**kwargs: Any) -> Any:  # the real locate, counted
+        located.append(list(kwargs["instance_ids"]))
+        return await real(**kwargs)
+
+    monkeypatch.setattr(world.cluster, "locate", counting)
+    assert not await world.recovery.needs_event_claim(second)
+    joining = asyncio.create_task(world.recovery.act(second, holder="replica-a/m2"))
+    await eventually(lambda: bool(world.gcs.drains), what="the joiner's drain")
+    assert located == [[instance(2)]]
+    world.recovery.settled(first)  # the reserving notice did not lead: the joiner is retried
+    with pytest.raises(TemporaryError, match="did not lead the handling"):
+        await joining
+    assert located == [[instance(2)]]
+
+
 async def test_a_notice_that_finds_its_run_gone_still_cordons_its_node(world: World) -> None:
     """Issue #45 (a): a notice handled after its run's requeue finds no Ray pod on its Node (Kueue
     suspended the job, KubeRay deleted the pods); its Spot Node is cordoned all the same (under the
     event claim, as before: a copy of a handled event stays a duplicate)."""
     world.kubeapi.delete("pods", "train-w2", namespace=NS)
-    while (await world.cluster.locate(instance_ids=[instance(2)])).targets:  # the watch saw it go
-        await asyncio.sleep(0.01)
+    await eventually(lambda: world.cluster.caches.pods.get(NS, "train-w2") is None, what="the pod gone from the cache")
     plan = spot_notice(2, when=datetime.now(timezone.utc))
     assert await world.recovery.needs_event_claim(plan)
     outcome = await world.recovery.act(plan, holder="replica-a/m1")
