@@ -38,7 +38,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from decimal import Decimal
-from typing import Protocol, runtime_checkable
+from typing import Literal, Protocol, runtime_checkable
 
 from resilienced.errors import TemporaryError
 from resilienced.model import (
@@ -119,6 +119,31 @@ class Cluster(Protocol):
         ``once``: a key (the event id) under which the trace is left once for (target, reason),
         whichever replica records it and however often (retries, a run taken over).
         """
+        ...
+
+
+#: What a cordon standing for an event claim came to (:meth:`CordonClaims.cordon_claim`).
+CordonClaimResult = Literal["cordoned", "decided", "taken", "gone"]
+
+
+@runtime_checkable
+class CordonClaims(Protocol):
+    """A cluster whose cordon of an instance's Node can stand for the event claim of a notice that
+    hits no run (kubernetes mode, issue #45: a gang's notices handled after its move found their
+    pods gone, and each wrote an event claim, created and completed, besides its cordon).  The
+    cordon is a write conditional on the Node's resourceVersion that names the event it decides,
+    so of two deliveries of one event exactly one makes it; the other finds it (``decided``)."""
+
+    def cordon_claimable(self, instance_id: str, *, event_id: str) -> bool:
+        """From the cache, no request: the instance's Node is there, and resilienced's cordon is not
+        on it, or is the one that decided ``event_id``."""
+        ...
+
+    async def cordon_claim(self, instance_id: str, *, event_id: str, reason: str,
+                           deadline: datetime | None) -> CordonClaimResult:
+        """Cordon the instance's Node naming ``event_id``: ``cordoned`` (this call did: the event
+        is decided here), ``decided`` (the Node carries the cordon that decided ``event_id``: a
+        copy's), ``taken`` (cordoned otherwise, meanwhile), ``gone`` (no Node)."""
         ...
 
 

@@ -410,7 +410,7 @@ class Follower:
     async def _resumed(self, record: FollowUp, seen: StageSeen) -> FollowUp:
         now = self.clock()
         at = seen.at or now
-        record = await self._save(replace(
+        record, led = await self._end(replace(
             record, state=State.RESUMED.value, ended_at=now, reason=seen.detail, evidence=None,
             reached={**record.reached, Stage.TRAINING.value: at.isoformat()},
             resumed={**seen.facts, "at": at.isoformat()}))
@@ -420,37 +420,35 @@ class Follower:
             self.metrics.training_again.observe(max(0.0, seconds))
         message = f"run {record.run} trains again on {record.where}, {seconds:.0f}s after the notice: {seen.detail}"
         await self._event(record, REASON_TRAINING_RESUMED, message, warning=False, key="resumed")
-        record, led = await self._keep_ledger(record)
         self._notify(record, outcome="resumed", reason=seen.detail, seconds=seconds, ledger=led)
         self._log.info("follow-up ended: training again", run=record.run, seconds_from_notice=seconds,
                        stages=record.stage_seconds(), fallbacks=len(record.fallbacks))
         return record
 
     async def _stuck(self, record: FollowUp, reason: str) -> FollowUp:
-        record = await self._save(replace(record, state=State.STUCK.value, reason=reason, moving=None))
+        record, led = await self._end(replace(record, state=State.STUCK.value, reason=reason, moving=None))
         self._count_end("stuck")
         message = (f"run {record.run} is stuck at stage {record.stage} on {record.where}: {reason}; it is no "
                    "longer moved (still watched for training)")
         await self._event(record, REASON_RECOVERY_STUCK, message, warning=True, key="stuck")
-        record, led = await self._keep_ledger(record)
         self._notify(record, outcome="stuck", reason=reason, ledger=led)
         self._log.warning("follow-up stuck", run=record.run, stage=record.stage, reason=reason)
         return record
 
-    async def _keep_ledger(self, record: FollowUp) -> tuple[FollowUp, Ledger | None]:
-        """The recovery's ledger, once its end is saved: computed and kept in the record, one try (a
-        failure is logged and counted by the keeper and never retried here: the end stands as saved)."""
+    async def _end(self, ended: FollowUp) -> tuple[FollowUp, Ledger | None]:
+        """Save the follow-up's end with the recovery's ledger kept in it: one write (issue #45: the
+        ledger was a second write after the end).  A ledger that cannot be computed (logged and
+        counted by the keeper, never retried) leaves the end saved without it."""
         if self.ledger is None:
-            return record, None
-        data = record.as_json()
+            return await self._save(ended), None
+        data = ended.as_json()
         led = await self.ledger.compute(data, at=self.clock())
-        if led is None:
-            return record, None
-        version = await self.ledger.write(data, led, version=record.version)
-        if version is None:
-            return record, led
-        kept = self.ledger.with_ledger(data, led)["ledgers"]
-        return replace(record, ledgers=tuple(kept), version=version), led  # type: ignore[arg-type]
+        if led is not None:
+            ended = replace(ended, ledgers=tuple(self.ledger.with_ledger(data, led)["ledgers"]))  # type: ignore[arg-type]
+        record = await self._save(ended)
+        if led is not None:
+            self.ledger.kept(led)
+        return record, led
 
     async def _fall_back(self, record: FollowUp, reason: str) -> FollowUp:
         """Mark the stalled capacity unusable for the run, decide again, record the move, make it."""

@@ -28,7 +28,7 @@ from resilienced.kube.locator import Locator
 from resilienced.kube.marks import Marks
 from resilienced.kube.tokens import RayTokens
 from resilienced.model import Target
-from resilienced.ports import Location, RayControl
+from resilienced.ports import CordonClaimResult, Location, RayControl
 from resilienced.supervisor import Supervisor
 
 
@@ -146,3 +146,11 @@ class KubeCluster:
     async def ray_control(self, target: Target) -> RayControl:
         """The GCS client for a target's RayCluster (for the signal step), with its token."""
         return await self.gcs.ray_control(target)
+
+    # ------------------------------------------------------------------ ports.CordonClaims
+    def cordon_claimable(self, instance_id: str, *, event_id: str) -> bool:
+        return self.marks.cordon_claimable(instance_id, event_id=event_id)
+
+    async def cordon_claim(self, instance_id: str, *, event_id: str, reason: str,
+                           deadline: datetime | None) -> CordonClaimResult:
+        return await self.marks.cordon_claim(instance_id, event_id=event_id, reason=reason, deadline=deadline)

@@ -10,7 +10,6 @@ marked by their taint and deadline annotation already.
 
 from __future__ import annotations
 
-from dataclasses import replace
 from datetime import datetime, timezone
 
 from kubernetes_asyncio import client as k8s
@@ -22,12 +21,29 @@ from resilienced.kube.events import EventRecorder, ObjectRef, ref_for
 from resilienced.kube.locate import VOLCANO_JOB_API_VERSION, name_of, taint_value
 from resilienced.log import get as get_logger
 from resilienced.model import JsonValue, Target
+from resilienced.ports import CordonClaimResult
 
 # the logger these lines had before KubeCluster was split (log lines are a contract)
 log = get_logger("resilienced.kube.cluster")
 
 TAINT_KEY = "resilienced.io/interruption"
 DEADLINE_ANNOTATION = "resilienced.io/interruption-deadline"
+#: The event a cordon decided, where it stood for the event claim of a notice that hit no run
+#: (``ports.CordonClaims``); a cordon made otherwise has none.
+EVENT_ANNOTATION = "resilienced.io/interruption-event"
+
+
+def _cordoned(node: JsonObj) -> bool:
+    return any(t.get("key") == TAINT_KEY and t.get("effect") == "NoSchedule"
+               for t in (node.get("spec") or {}).get("taints") or [])
+
+
+def _decided_by(node: JsonObj) -> str | None:
+    return _notes(node).get(EVENT_ANNOTATION)
+
+
+def _notes(node: JsonObj) -> dict[str, str]:
+    return dict((node.get("metadata") or {}).get("annotations") or {})
 
 
 class Marks:
@@ -70,39 +86,62 @@ class Marks:
         without a Node name (an instance whose Node runs no Ray pod any more: a notice that came
         after its run was moved, issue #45) is the Node of its instance, if the cache has one.
         """
-        if not target.node:
-            name = self._node_of(target.instance_id)
-            if name is None:
-                return
-            target = replace(target, node=name)
-        assert target.node is not None
+        name = target.node or self._node_of(target.instance_id)
+        if name is not None:
+            await self._cordon(name, reason=reason, deadline=deadline, event_id=None)
+
+    def cordon_claimable(self, instance_id: str, *, event_id: str) -> bool:
+        """``ports.CordonClaims``: the instance's Node is in the cache, without resilienced's cordon
+        or with the one that decided ``event_id``."""
+        name = self._node_of(instance_id)
+        node = self._caches.nodes.get(None, name) if name else None
+        return node is not None and (not _cordoned(node) or _decided_by(node) == event_id)
+
+    async def cordon_claim(self, instance_id: str, *, event_id: str, reason: str,
+                           deadline: datetime | None) -> CordonClaimResult:
+        """``ports.CordonClaims``: the cordon of :meth:`cordon`, naming ``event_id`` in the Node's
+        ``resilienced.io/interruption-event`` annotation, made only where no cordon of
+        resilienced is (the resourceVersion guard: of two deliveries of the event one makes it)."""
+        name = self._node_of(instance_id)
+        if name is None:
+            return "gone"
+        return await self._cordon(name, reason=reason, deadline=deadline, event_id=event_id)
+
+    async def _cordon(self, name: str, *, reason: str, deadline: datetime | None,
+                      event_id: str | None) -> CordonClaimResult:
+        """Taint Node ``name`` unless resilienced's taint is on it; with ``event_id`` the cordon
+        names the event it decides, without it the annotation goes (it says which cordon is on)."""
         taint: dict[str, JsonValue] = {"key": TAINT_KEY, "value": taint_value(reason), "effect": "NoSchedule"}
-        node = self._caches.nodes.get(None, target.node)
+        node = self._caches.nodes.get(None, name)
         for _ in range(self._conflict_retries):
             if node is None:
-                node = await self._read_node(target.node)
+                node = await self._read_node(name)
                 if node is None:
-                    log.info("cordon: Node gone", node=target.node)
-                    return
+                    log.info("cordon: Node gone", node=name)
+                    return "gone"
+            if _cordoned(node):
+                return "decided" if event_id is not None and _decided_by(node) == event_id else "taken"
             taints = list((node.get("spec") or {}).get("taints") or [])
-            if any(t.get("key") == TAINT_KEY and t.get("effect") == "NoSchedule" for t in taints):
-                return
-            metadata: dict[str, JsonValue] = {"resourceVersion": (node.get("metadata") or {}).get("resourceVersion")}
+            notes: dict[str, JsonValue] = {}
             if deadline is not None:
-                metadata["annotations"] = {
-                    DEADLINE_ANNOTATION: deadline.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")}
+                notes[DEADLINE_ANNOTATION] = deadline.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+            if event_id is not None or EVENT_ANNOTATION in _notes(node):  # None: an old one goes
+                notes[EVENT_ANNOTATION] = event_id
+            metadata: dict[str, JsonValue] = {"resourceVersion": (node.get("metadata") or {}).get("resourceVersion")}
+            if notes:
+                metadata["annotations"] = notes
             patch: dict[str, JsonValue] = {"metadata": metadata, "spec": {"taints": [*taints, taint]}}
             try:
                 await call(verb="patch", resource="nodes", request=self._core.patch_node(
-                    target.node, patch, _preload_content=False, _request_timeout=self._request_timeout_s))
-                return
+                    name, patch, _preload_content=False, _request_timeout=self._request_timeout_s))
+                return "cordoned"
             except KubeStatusError as err:
                 if err.status == 404:
-                    return
+                    return "gone"
                 if err.status != 409:
                     raise
                 node = None
-        raise BackendUnavailable(BACKEND, f"cordon {target.node}: the Node kept changing")
+        raise BackendUnavailable(BACKEND, f"cordon {name}: the Node kept changing")
 
     async def record(self, target: Target, *, reason: str, message: str, warning: bool = False,
                      once: str | None = None) -> None:

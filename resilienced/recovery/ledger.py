@@ -282,12 +282,17 @@ class LedgerKeeper:
         if written is None:
             self._fail("write", record, RuntimeError("the record was changed by another replica"))
             return None
+        self.kept(ledger)
+        return written
+
+    def kept(self, ledger: Ledger) -> None:
+        """``ledger`` is kept in the run's record (written by :meth:`write`, or by the follow-up with
+        its end, :func:`with_ledger`'s record): counted and logged ``ledger written``."""
         if self.metrics is not None:
             self.metrics.count(ledger)
         self._log.info("ledger written", run=ledger.run, event_id=ledger.event_id,
                        lost_gpu_seconds=ledger.lost_gpu_seconds, premium_usd=ledger.premium.value,
                        goodput=ledger.goodput.value)
-        return written
 
     def show(self, records: Sequence[Mapping[str, JsonValue]]) -> None:
         """Every replica, every pass: each run's goodput from its newest ledger; the series of a run

@@ -75,6 +75,7 @@ from resilienced.ports import (
     CapacitySource,
     ClaimStore,
     Cluster,
+    CordonClaims,
     ExportTasks,
     LifecycleHooks,
     ObjectStore,
@@ -233,15 +234,19 @@ class Recovery:
         self.clock = clock
         self._log = log.get("resilienced.recovery")
         self.waves: Waves[RunReport] = Waves()  # the runs this replica handles now
-        # what needs_event_claim located for a plan it needs no claim for, by event id: its act
-        # follows at once and takes it (a claimed plan's act comes after the claim, which may take a
-        # while: it locates again, on fresh caches and Ray node ids)
-        self._located: dict[str, tuple[Plan, Targets]] = {}
+        # what needs_event_claim located for a plan it needs no claim for, by the plan's id (the entry
+        # keeps the plan alive, so no other plan has that id meanwhile), and whether the plan's cordon
+        # decides it: its act follows at once and takes it (a claimed plan's act comes after the
+        # claim, which may take a while: it locates again, on fresh caches and Ray node ids)
+        self._located: dict[int, tuple[Plan, Targets, bool]] = {}
 
     # ------------------------------------------------------------------ the plan
     async def act(self, plan: Plan, *, holder: str) -> Outcome:
         event = plan.event
-        found = self._take_located(plan) or await find_targets(plan, cluster=self.cluster, capacity=self.capacity)
+        located, by_cordon = self._take_located(plan)
+        if located is not None and by_cordon:
+            return await self._decide_by_cordon(plan, located)
+        found = located or await find_targets(plan, cluster=self.cluster, capacity=self.capacity)
         instance_ids, runs = found.instance_ids, found.runs
         async with hook_kept_alive(self.lifecycle, plan) as beats:  # an ASG hook waits for the save
             outcomes = await asyncio.gather(*(self._run(plan, run, holder=holder) for run in runs),
@@ -312,6 +317,9 @@ class Recovery:
             found = await find_targets(plan, cluster=self.cluster, capacity=self.capacity)
         except ResilienceError:
             return True  # the act meets it again and says why
+        if self._cordon_decides(plan, found):
+            self._located[id(plan)] = (plan, found, True)
+            return False
         joins = bool(found.runs)
         for run in found.runs:  # no await from here on: one notice of a run reserves its wave
             wave = self.waves.current(run.run_key)
@@ -320,8 +328,8 @@ class Recovery:
             joins = False
             if wave is None and plan.event.event_id:
                 self.waves.reserve(run.run_key, event_id=plan.event.event_id, steps=plan.steps)
-        if joins and plan.event.event_id:
-            self._located[plan.event.event_id] = (plan, found)
+        if joins:
+            self._located[id(plan)] = (plan, found, False)
         return not joins
 
     def settled(self, plan: Plan) -> None:
@@ -330,10 +338,48 @@ class Recovery:
         if plan.event.event_id:
             self.waves.unreserve(plan.event.event_id)
 
-    def _take_located(self, plan: Plan) -> Targets | None:
-        """What :meth:`needs_event_claim` located for this very ``plan`` (once), else None."""
-        kept = self._located.pop(plan.event.event_id, None) if plan.event.event_id else None
-        return kept[1] if kept is not None and kept[0] is plan else None
+    def _cordon_decides(self, plan: Plan, found: Targets) -> bool:
+        """Whether the notice ``plan``, which hits no run, is decided by its cordon instead of an
+        event claim (``ports.CordonClaims``, issue #45: a gang's notices handled after its move find
+        their pods gone): it names one instance and cordons it, and that instance's Node is in the
+        cluster's cache without resilienced's cordon (or with the one that decided this event)."""
+        event_id = plan.event.event_id
+        return (event_id is not None and not found.runs and len(found.instance_ids) == 1
+                and Step.SIGNAL in plan.steps and isinstance(self.cluster, CordonClaims)
+                and self.cluster.cordon_claimable(found.instance_ids[0], event_id=event_id))
+
+    async def _decide_by_cordon(self, plan: Plan, found: Targets) -> Outcome:
+        """Cordon the one instance of ``plan`` (which hits no run) naming its event: the cordon is the
+        decision (``not_actionable``, as under an event claim); the cordon of a copy of the event
+        makes this one a ``duplicate``; a Node cordoned otherwise (or gone) meanwhile sends the
+        notice back to be decided under its event claim."""
+        event, instance, event_id = plan.event, found.instance_ids[0], plan.event.event_id
+        assert isinstance(self.cluster, CordonClaims) and event_id is not None
+        bare = Target(instance_id=instance, node=None, ray_cluster=None, ray_job=None, ray_node_ids=(),
+                      checkpoint_uri=None)
+        got = await self.cluster.cordon_claim(instance, event_id=event_id, reason=event.kind.value,
+                                              deadline=self._deadline(plan, bare))
+        details: dict[str, JsonValue] = {"runs": [], "unresolved": dict(found.unresolved),
+                                         "instances": [instance], "decided_by": f"cordon: {got}"}
+        if got == "decided":
+            return Outcome(result=Result.DUPLICATE, event=event, plan=plan, details=details,
+                           reason=f"event {event.event_id} already handled: the Node of {instance} carries "
+                                  "the cordon that decided it")
+        if got != "cordoned":
+            return Outcome(result=Result.RETRY, event=event, plan=plan, retry_delay=0, details=details,
+                           reason=f"the Node of {instance} was {'cordoned for another notice' if got == 'taken' else 'gone'}"
+                                  " meanwhile: the notice is decided under its event claim on its next delivery")
+        details["cordoned"] = [instance]
+        self._log.info("recovery", event_id=event.event_id, kind=event.kind.value, **details)
+        why = "; ".join(f"{i}: {r}" for i, r in found.unresolved.items()) or "no instances to act on"
+        return Outcome(result=Result.NOT_ACTIONABLE, event=event, plan=plan, details=details,
+                       reason=f"no Ray run on the affected instances ({why})")
+
+    def _take_located(self, plan: Plan) -> tuple[Targets | None, bool]:
+        """What :meth:`needs_event_claim` located for this very ``plan`` (once), and whether its
+        cordon decides it; (None, False) when it kept nothing for it."""
+        kept = self._located.pop(id(plan), None)
+        return (kept[1], kept[2]) if kept is not None and kept[0] is plan else (None, False)
 
     @staticmethod
     def _joins(plan: Plan, wave: Wave[RunReport] | None) -> bool:

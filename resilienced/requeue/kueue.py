@@ -18,7 +18,8 @@ Spot flavor again.  The mechanism (sources: kubernetes-sigs/kueue at tag v0.19.2
 2. **Steer** once the job is suspended and the Workload holds no quota: patch every worker
    group's node selector to the decided capacity (``karpenter.sh/capacity-type``: ``spot`` |
    ``reserved`` | ``on-demand``, plus ``karpenter.k8s.aws/capacity-reservation-id`` for a
-   block), and the same selector into the Workload's worker PodSets.  resilienced does not wait
+   block); the same selector goes into the Workload's worker PodSets, in the write of step 3
+   that reactivates it (one Workload write, not two: issue #45).  resilienced does not wait
    for Kueue to copy the job into the Workload: Kueue re-reads a suspended job only when it no
    longer "matches" (``EquivalentToWorkload`` -> ``pkg/util/equality/podset.go``
    ``comparePodTemplate``, v0.14 to v0.19: counts, tolerations, init containers and containers,
@@ -348,21 +349,15 @@ class KueueRequeuer:
                              what=f"Kueue to suspend {key} and release its quota")
             changes += await self._steer_job(kind, namespace, name, path, placement, decision=decision, event=event)
 
-        # 3. make the Workload's PodSets ask for the decided capacity, then requeue it
+        # 3. make the Workload's PodSets ask for the decided capacity and requeue it, in one write
         job, wl = await state()
         if wl is not None and not is_active(wl) and annotations_of(wl).get(DEACTIVATED_FOR):
             job, wl = await self._wait(
                 state, lambda s: _suspended(s[0]) and s[1] is not None and not has_quota(s[1]),
                 what=f"Kueue to suspend {key} and release its quota")
             assert wl is not None
-            changes += await self._steer_workload(namespace, wl["metadata"]["name"], _worker_groups(job, path),
-                                                  placement)
-            await self.objects.patch(self.workload, namespace, wl["metadata"]["name"], {
-                "metadata": {"annotations": {DEACTIVATED_FOR: None}},
-                "spec": {"active": True},
-            })
-            changes.append(f"reactivated Workload {namespace}/{wl['metadata']['name']}: Kueue requeues "
-                           f"it and admits it on the flavor matching {placement.describe()}")
+            changes += await self._requeue_workload(namespace, wl["metadata"]["name"], _worker_groups(job, path),
+                                                    placement)
         return changes
 
     async def _steer_job(self, kind: Kind, namespace: str, name: str, path: tuple[str, ...], placement: Placement,
@@ -385,35 +380,44 @@ class KueueRequeuer:
             lambda patch: self.objects.patch(kind, namespace, name, patch), what=f"patch {key}")
         return [f"set every worker group of {key} to {placement.describe()}"] if written else []
 
-    async def _steer_workload(self, namespace: str, name: str, groups: Sequence[Mapping[str, JsonValue]],
-                              placement: Placement) -> list[str]:
-        """Put ``placement`` into the Workload's worker PodSets (only while it holds no quota).
+    async def _requeue_workload(self, namespace: str, name: str, groups: Sequence[Mapping[str, JsonValue]],
+                                placement: Placement) -> list[str]:
+        """Reactivate the Workload resilienced deactivated, its worker PodSets set to ``placement``
+        in the same write (only while it holds no quota); the changes made, in words.
 
-        Kueue re-reads a suspended job into its Workload only when ``EquivalentToWorkload``
-        fails, and that compares counts, tolerations and containers, never nodeSelector or
-        affinity (``pkg/util/equality/podset.go`` ``comparePodTemplate``, v0.14-v0.19).  A move
-        that changes only the node selector (block -> block: only the reservation id; or
-        per-capacity tolerations that are identical) leaves the old selector in the Workload,
-        and the flavor assigner reads the Workload's PodSets: it would admit on the old flavor
-        and ``startJob``'s merge of that flavor's labels would conflict with the job's selector
-        (``FailedToStart``).  So resilienced writes the selector into the PodSets itself; the
-        webhook allows PodSet changes while the Workload has no quota reservation
-        (``pkg/webhooks/workload_webhook.go`` ``ValidateWorkloadUpdate``).
+        Why resilienced writes the PodSets: Kueue re-reads a suspended job into its Workload only
+        when ``EquivalentToWorkload`` fails, and that compares counts, tolerations and containers,
+        never nodeSelector or affinity (``pkg/util/equality/podset.go`` ``comparePodTemplate``,
+        v0.14-v0.19).  A move that changes only the node selector (block -> block: only the
+        reservation id; or per-capacity tolerations that are identical) leaves the old selector in
+        the Workload, and the flavor assigner reads the Workload's PodSets: it would admit on the
+        old flavor and ``startJob``'s merge of that flavor's labels would conflict with the job's
+        selector (``FailedToStart``).  The webhook allows PodSet changes while the Workload has no
+        quota reservation (``pkg/webhooks/workload_webhook.go`` ``ValidateWorkloadUpdate``, which
+        reads the old object's admission): the update that sets ``spec.active`` back is such a
+        change, so the PodSets go with it (issue #45: one Workload write, not two).
         """
         names = {str(g.get("groupName", "")).lower() for g in groups}
         wl_key = f"Workload {namespace}/{name}"
+        steered = False
 
         def change(wl: JsonObj) -> dict[str, JsonValue] | None:
+            nonlocal steered
+            if is_active(wl) or not annotations_of(wl).get(DEACTIVATED_FOR):
+                return None  # requeued already (an earlier attempt's write landed)
             if has_quota(wl):
                 raise TemporaryError(f"requeue: {wl_key} holds quota again; not steering it", delay=self._poll * 10)
-            podsets, changed = [], False
+            podsets, steered = [], False
             for ps in (wl.get("spec") or {}).get("podSets") or []:
                 template = dict(ps.get("template") or {})
                 spec = template.get("spec") or {}
                 if str(ps.get("name", "")).lower() in names and not placement.selector_matches(spec):
-                    template["spec"], changed = placement.applied(spec), True
+                    template["spec"], steered = placement.applied(spec), True
                 podsets.append({**ps, "template": template})
-            return {"spec": {"podSets": podsets}} if changed else None
+            wanted: dict[str, JsonValue] = {"active": True}
+            if steered:
+                wanted["podSets"] = podsets
+            return {"metadata": {"annotations": {DEACTIVATED_FOR: None}}, "spec": wanted}
 
         async def read() -> JsonObj:  # by list: RBAC grants workloads list and patch, not get
             found = [w for w in await self.objects.list(self.workload, namespace) if w["metadata"]["name"] == name]
@@ -424,7 +428,10 @@ class KueueRequeuer:
         _, written = await modify(read, change,
                                   lambda patch: self.objects.patch(self.workload, namespace, name, patch),
                                   what=f"patch {wl_key}")
-        return [f"set the worker PodSets of {wl_key} to {placement.describe()}"] if written else []
+        if not written:
+            return []
+        return ([f"set the worker PodSets of {wl_key} to {placement.describe()}"] if steered else []) + [
+            f"reactivated {wl_key}: Kueue requeues it and admits it on the flavor matching {placement.describe()}"]
 
     def _result(self, target: Target, decision: CapacityDecision, placement: Placement,
                 changes: list[str], dry_run: bool, reason: str) -> RequeueResult:

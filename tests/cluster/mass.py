@@ -60,17 +60,14 @@ RECORDS = "leases (follow-up records)"
 #: notices one replica handles as one (a wave): its notices' one event claim and one run claim
 #: (each created and completed), the move claim (created and let go), one Event per step on the
 #: RayJob; with the follow-up, its record (opened; the first look's evidence; the stages a look
-#: reaches and waits after; the end) and the ledger kept in it after the end.
+#: reaches and waits after; the end, the ledger kept in it in the same write).
 BOOKKEEPING_PER_RUN = {"event claim": 2, "run claim": 2, "move claim": 2,
                        "Events (Draining, CheckpointDurable, Requeued)": 3}
 BOOKKEEPING_FOLLOWED = {"Event TrainingResumed": 1,
-                        "follow-up record (opened, first wait, a stage waited after, end)": 4, "ledger": 1}
+                        "follow-up record (opened, first wait, a stage waited after, end with the ledger)": 4}
 #: Per fallback (a move of its own): its move claim, its Events (RecoveryStalled, Requeued), the
 #: record's two writes (the move decided, the move made).
 BOOKKEEPING_PER_FALLBACK = {"move claim": 2, "Events (RecoveryStalled, Requeued)": 2, "follow-up record": 2}
-#: Per move (the requeue, each fallback): the floor counts the Workload's PodSets steered and its
-#: reactivation as one write; ``requeue/kueue`` makes them two when the PodSets need steering.
-BOOKKEEPING_PER_MOVE = {"Workload PodSets steered apart from its reactivation": 1}
 STEP = 7
 
 
@@ -200,8 +197,6 @@ class Result:
         if self.wave.follow_up:
             out.update({f"{k} x{runs} runs": n * runs for k, n in BOOKKEEPING_FOLLOWED.items()})
         out.update({f"{k} x{fallbacks} fallbacks": n * fallbacks for k, n in BOOKKEEPING_PER_FALLBACK.items()})
-        moves = sum(r.requeues for r in self.runs) + fallbacks
-        out.update({f"{k} x{moves} moves": n * moves for k, n in BOOKKEEPING_PER_MOVE.items()})
         return out
 
     def floor(self) -> int:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime, timezone
 
 from resilienced.kube.cluster import KubeCluster
-from resilienced.kube.marks import DEADLINE_ANNOTATION, TAINT_KEY
+from resilienced.kube.marks import DEADLINE_ANNOTATION, EVENT_ANNOTATION, TAINT_KEY
 from resilienced.model import Target
 from .conftest import LOCAL_BOUND_S, eventually, instance, node
 from tests.support.kubeapi import KubeApiServer
@@ -89,3 +89,36 @@ async def test_taint_value_is_label_safe(cluster: KubeCluster, kubeapi: KubeApiS
     await cluster.cordon(_target(), reason="EC2 Spot Instance Interruption Warning!", deadline=None)
     (taint,) = kubeapi.get("nodes", "n1")["spec"]["taints"]
     assert taint["value"] == "EC2-Spot-Instance-Interruption-Warning"
+
+
+async def test_a_cordon_claim_names_its_event_and_is_made_once(cluster: KubeCluster, kubeapi: KubeApiServer) -> None:
+    """``ports.CordonClaims``: the cordon that stands for a run-less notice's event claim names the
+    event; asked again for that event it is ``decided``, for another ``taken``; no Node, ``gone``."""
+    kubeapi.create(node("n1", instance(1)))
+    await _cached(cluster)
+    assert cluster.cordon_claimable(instance(1), event_id="e-1")
+    assert not cluster.cordon_claimable(instance(2), event_id="e-1")  # no Node for it in the cache
+    assert await cluster.cordon_claim(instance(1), event_id="e-1", reason="spot_interruption", deadline=None) == "cordoned"
+    assert kubeapi.get("nodes", "n1")["metadata"]["annotations"][EVENT_ANNOTATION] == "e-1"
+    assert await cluster.cordon_claim(instance(1), event_id="e-1", reason="spot_interruption", deadline=None) == "decided"
+    assert await cluster.cordon_claim(instance(1), event_id="e-2", reason="spot_interruption", deadline=None) == "taken"
+    assert await cluster.cordon_claim(instance(2), event_id="e-1", reason="spot_interruption", deadline=None) == "gone"
+    await cluster.caches.nodes.wait_until(lambda c: bool((c.get(None, "n1") or {}).get("spec", {}).get("taints")),
+                                          timeout=LOCAL_BOUND_S)
+    assert cluster.cordon_claimable(instance(1), event_id="e-1") and not cluster.cordon_claimable(instance(1), event_id="e-2")
+    assert [t["key"] for t in kubeapi.get("nodes", "n1")["spec"]["taints"]] == [TAINT_KEY]
+
+
+async def test_a_plain_cordon_drops_the_event_a_lifted_cordon_had_decided(cluster: KubeCluster, kubeapi: KubeApiServer) -> None:
+    """The annotation says which cordon is on the Node: a cordon lifted by hand (the taint removed,
+    the annotation left) and made again for a notice with a run does not keep the old event's name."""
+    kubeapi.create(node("n1", instance(1)))
+    await _cached(cluster)
+    assert await cluster.cordon_claim(instance(1), event_id="e-1", reason="spot_interruption", deadline=None) == "cordoned"
+    kubeapi.patch("nodes", "n1", body={"spec": {"taints": []}})  # an operator uncordons it
+    await cluster.caches.nodes.wait_until(lambda c: not (c.get(None, "n1") or {}).get("spec", {}).get("taints"),
+                                          timeout=LOCAL_BOUND_S)
+    await cluster.cordon(_target(), reason="spot_interruption", deadline=None)
+    stored = kubeapi.get("nodes", "n1")
+    assert [t["key"] for t in stored["spec"]["taints"]] == [TAINT_KEY]
+    assert EVENT_ANNOTATION not in (stored["metadata"].get("annotations") or {})

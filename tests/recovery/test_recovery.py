@@ -27,7 +27,8 @@ from resilienced.local.capacity import StaticCapacity
 from resilienced.errors import BackendUnavailable, PermanentError, TemporaryError
 from resilienced.kube.cluster import KubeCluster
 from resilienced.kube.leases import KubeLeaseClaims
-from resilienced.model import Result
+from resilienced.kube.marks import EVENT_ANNOTATION, TAINT_KEY
+from resilienced.model import Result, Target
 from resilienced.ports import CapacityReservation
 from handlers.asg_lifecycle import LifecycleAction
 from resilienced.aws.autoscaling import Lifecycle
@@ -36,7 +37,7 @@ from resilienced.requeue.router import ReportingRequeuer, RequeueRouter
 from resilienced.recovery.move import Mover
 from resilienced.ray.replacement import ReplacementAnnouncer
 from resilienced.settings import IntakeSettings
-from tests.kube.conftest import eventually
+from tests.kube.conftest import LOCAL_BOUND_S, eventually
 from tests.support.kubeapi import KubeApiServer
 from tests.support.kubeoptions import FAST
 
@@ -525,17 +526,92 @@ async def test_a_joining_notice_is_located_once_for_the_claim_question_and_its_a
     assert located == [[instance(2)]]
 
 
-async def test_a_notice_that_finds_its_run_gone_still_cordons_its_node(world: World) -> None:
-    """Issue #45 (a): a notice handled after its run's requeue finds no Ray pod on its Node (Kueue
-    suspended the job, KubeRay deleted the pods); its Spot Node is cordoned all the same (under the
-    event claim, as before: a copy of a handled event stays a duplicate)."""
-    world.kubeapi.delete("pods", "train-w2", namespace=NS)
-    await eventually(lambda: world.cluster.caches.pods.get(NS, "train-w2") is None, what="the pod gone from the cache")
+async def _pod_gone(world: World, name: str = "train-w2") -> None:
+    """The run's pod on the Node deleted (Kueue suspended the job, KubeRay deleted the pods)."""
+    world.kubeapi.delete("pods", name, namespace=NS)
+    await eventually(lambda: world.cluster.caches.pods.get(NS, name) is None, what="the pod gone from the cache")
+
+
+async def test_a_notice_that_finds_its_run_gone_is_decided_by_its_nodes_cordon_without_an_event_claim(
+        world: World) -> None:
+    """Issue #45: a notice handled after its run's requeue finds no Ray pod on its Node; its Spot
+    Node is cordoned all the same, and that cordon (conditional on the Node's resourceVersion,
+    naming the event) is its decision: no event claim is asked for, no Lease written.  The Node's
+    one patch is the only write."""
+    await _pod_gone(world)
     plan = spot_notice(2, when=datetime.now(timezone.utc))
+    world.kubeapi.reset_log()
+    assert not await world.recovery.needs_event_claim(plan)
+    outcome = await world.recovery.act(plan, holder="replica-a/m1")
+    assert outcome.result is Result.NOT_ACTIONABLE, outcome.reason
+    assert outcome.details["cordoned"] == [instance(2)] and outcome.details["decided_by"] == "cordon: cordoned"
+    stored = world.kubeapi.get("nodes", "n2")
+    assert [t["key"] for t in stored["spec"].get("taints") or []] == [TAINT_KEY]
+    assert stored["metadata"]["annotations"][EVENT_ANNOTATION] == plan.event.event_id
+    writes = [(r.verb, r.resource) for r in world.kubeapi.requests if r.verb not in ("get", "list", "watch")]
+    assert writes == [("patch", "nodes")]
+    assert world.gcs.drains == [] and world.kubeapi.list("leases", namespace=DAEMON_NS) == []
+
+
+async def test_two_deliveries_of_a_run_less_notice_are_decided_once_by_the_cordon(world: World) -> None:
+    """EventBridge delivers at least once: two copies of the notice (two messages, one event id) in
+    flight at once both find the Node cordon-free in the cache; the resourceVersion guard lets one
+    cordon it, the other is a duplicate (deleted, not decided again).  A copy that comes later sees
+    the event's cordon in the cache and is a duplicate without a write."""
+    await _pod_gone(world)
+    when = datetime.now(timezone.utc)
+    one, two = spot_notice(2, when=when), spot_notice(2, when=when)
+    assert one is not two and one.event.event_id == two.event.event_id
+    assert not await world.recovery.needs_event_claim(one)
+    assert not await world.recovery.needs_event_claim(two)
+    outcomes = await asyncio.gather(world.recovery.act(one, holder="replica-a/m1"),
+                                    world.recovery.act(two, holder="replica-b/m2"))
+    assert sorted(o.result.value for o in outcomes) == ["duplicate", "not_actionable"], [o.reason for o in outcomes]
+    await world.cluster.caches.nodes.wait_until(
+        lambda c: EVENT_ANNOTATION in ((c.get(None, "n2") or {}).get("metadata", {}).get("annotations") or {}),
+        timeout=LOCAL_BOUND_S)
+    world.kubeapi.reset_log()
+    late = spot_notice(2, when=when)
+    assert not await world.recovery.needs_event_claim(late)
+    outcome = await world.recovery.act(late, holder="replica-a/m3")
+    assert outcome.result is Result.DUPLICATE and "carries the cordon that decided it" in outcome.reason
+    assert [r for r in world.kubeapi.requests if r.verb not in ("list", "watch")] == []
+    assert world.kubeapi.list("leases", namespace=DAEMON_NS) == []
+
+
+async def test_a_run_less_notice_on_a_node_cordoned_for_another_notice_is_claimed_as_before(world: World) -> None:
+    """Where resilienced's cordon is on the Node already (another notice's: a rebalance
+    recommendation, the run's own handling), the cordon decides nothing new: the notice asks for
+    its event claim and is decided under it (``not_actionable``, the Node left as it is)."""
+    await _pod_gone(world)
+    now = datetime.now(timezone.utc)
+    target = Target(instance_id=instance(2), node="n2", ray_cluster=None, ray_job=None, ray_node_ids=(),
+                    checkpoint_uri=None)
+    await world.cluster.cordon(target, reason="rebalance_recommendation", deadline=None)
+    await world.cluster.caches.nodes.wait_until(
+        lambda c: bool((c.get(None, "n2") or {}).get("spec", {}).get("taints")), timeout=LOCAL_BOUND_S)
+    plan = spot_notice(2, when=now)
     assert await world.recovery.needs_event_claim(plan)
     outcome = await world.recovery.act(plan, holder="replica-a/m1")
     assert outcome.result is Result.NOT_ACTIONABLE, outcome.reason
-    assert outcome.details["cordoned"] == [instance(2)]
-    taints = world.kubeapi.get("nodes", "n2")["spec"].get("taints") or []
-    assert [t["key"] for t in taints] == ["resilienced.io/interruption"], taints
-    assert world.gcs.drains == [] and world.kubeapi.list("leases", namespace=DAEMON_NS) == []
+    assert "decided_by" not in outcome.details
+    stored = world.kubeapi.get("nodes", "n2")
+    assert [t["value"] for t in stored["spec"]["taints"]] == ["rebalance_recommendation"]
+    assert EVENT_ANNOTATION not in (stored["metadata"].get("annotations") or {})
+
+
+async def test_a_cordon_claim_that_loses_its_node_meanwhile_sends_the_notice_back_to_be_claimed(
+        world: World) -> None:
+    """Between the question (the cache showed the Node cordon-free) and the cordon, another notice
+    cordoned it: this one is retried at once and, on its next delivery, claimed as before."""
+    await _pod_gone(world)
+    plan = spot_notice(2, when=datetime.now(timezone.utc))
+    assert not await world.recovery.needs_event_claim(plan)
+    world.kubeapi.patch("nodes", "n2", body={"spec": {"taints": [
+        {"key": TAINT_KEY, "value": "rebalance_recommendation", "effect": "NoSchedule"}]}})
+    outcome = await world.recovery.act(plan, holder="replica-a/m1")
+    assert outcome.result is Result.RETRY and outcome.retry_delay == 0, outcome.reason
+    assert "decided under its event claim" in outcome.reason
+    await world.cluster.caches.nodes.wait_until(
+        lambda c: bool((c.get(None, "n2") or {}).get("spec", {}).get("taints")), timeout=LOCAL_BOUND_S)
+    assert await world.recovery.needs_event_claim(spot_notice(2, when=datetime.now(timezone.utc)))
