@@ -67,6 +67,11 @@ class MemoryClaims:
         if current is not None and current.holder == holder and current.state == "held":
             del self._claims[key]
 
+    async def done(self, prefix: str = "") -> list[Claim]:
+        now = self._clock()
+        return [c for c in (self._live(k, now) for k in sorted(self._claims) if k.startswith(prefix))
+                if c is not None and c.state == "done"]
+
     def count(self) -> int:
         """Claims in memory, live or not yet pruned (not ``__len__``: an empty store is not falsy)."""
         return len(self._claims)

@@ -283,6 +283,8 @@ class ClaimStore(Protocol):
       left as they are.
     - **get**: the live held claim or the done one; ``None`` for a free key (an expired held
       claim nobody took over included).
+    - **done** (``prefix``): every done claim still remembered whose key starts with ``prefix``
+      (``run/<event id>/``: whether an event was handled through a run's claim).
 
     Done claims are forgotten after the dedupe window: memory and the GCS KV expire them, the
     daemon sweeps done Leases (``kube.leases.KubeLeaseClaims.sweep``).
@@ -300,6 +302,10 @@ class ClaimStore(Protocol):
 
     async def release(self, key: str, *, holder: str) -> None:
         """Free it, when ``holder`` holds it (never a done claim)."""
+        ...
+
+    async def done(self, prefix: str = "") -> list[Claim]:
+        """The done claims whose keys start with ``prefix`` (within the dedupe window; reads only)."""
         ...
 
 

@@ -41,6 +41,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from functools import partial
+from typing import Literal
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
@@ -162,6 +163,21 @@ class RecoveryMetrics:
             self.durable.labels(outcome=outcome)
 
 
+#: Why :meth:`Recovery.needs_event_claim` said a plan needs no event claim: it joins its run's
+#: handling in this replica (``join``), its Node's cordon decides it (``cordon``, a plan that hits no
+#: run), or its one run's claim stands for the event claim (``run``).
+Located = Literal["join", "cordon", "run"]
+
+
+class RunHeld(TemporaryError):
+    """The run's claim for this event is held by another delivery (``holder``; None: it was let go
+    between the try and the look)."""
+
+    def __init__(self, message: str, *, holder: str | None, delay: float) -> None:
+        super().__init__(message, delay=delay)
+        self.holder = holder
+
+
 @dataclass
 class RunReport:
     """What happened to one run (logged, kept in the claim, returned in the outcome): each step's
@@ -173,6 +189,7 @@ class RunReport:
     skipped: str | None = None
     joined: str | None = None  # the event whose handling of the run this notice joined (recovery.waves)
     record: RunRecord | None = None  # what the done claim keeps
+    done_by: str | None = None  # the holder that had done the run for this event (skipped)
 
     def as_json(self) -> dict[str, JsonValue]:
         out: dict[str, JsonValue] = {"run": self.run, "instances": list(self.instances), **self.steps.as_json()}
@@ -238,13 +255,13 @@ class Recovery:
         # keeps the plan alive, so no other plan has that id meanwhile), and whether the plan's cordon
         # decides it: its act follows at once and takes it (a claimed plan's act comes after the
         # claim, which may take a while: it locates again, on fresh caches and Ray node ids)
-        self._located: dict[int, tuple[Plan, Targets, bool]] = {}
+        self._located: dict[int, tuple[Plan, Targets, Located]] = {}
 
     # ------------------------------------------------------------------ the plan
     async def act(self, plan: Plan, *, holder: str) -> Outcome:
         event = plan.event
-        located, by_cordon = self._take_located(plan)
-        if located is not None and by_cordon:
+        located, how = self._take_located(plan)
+        if located is not None and how == "cordon":
             return await self._decide_by_cordon(plan, located)
         found = located or await find_targets(plan, cluster=self.cluster, capacity=self.capacity)
         instance_ids, runs = found.instance_ids, found.runs
@@ -252,6 +269,10 @@ class Recovery:
             outcomes = await asyncio.gather(*(self._run(plan, run, holder=holder) for run in runs),
                                             return_exceptions=True)
         self.settled(plan)  # a wave reserved for a run this act did not find (moved since) is dropped
+        if how == "run" and len(runs) == 1:
+            copy = self._copy_of(plan, outcomes[0], holder=holder)
+            if copy is not None:
+                return copy
         cordoned = await self._cordon_runless(plan, found)
         reports: list[JsonValue] = []
         temporary: list[TemporaryError] = []
@@ -288,6 +309,12 @@ class Recovery:
             raise TemporaryError("; ".join(str(t) for t in temporary),
                                  delay=min(delays) if delays else None,
                                  backends=tuple(b for t in temporary for b in backends_of(t)))
+        if not runs and how is None and event.event_id:  # under its event claim: a copy handled through a run?
+            handled = await self.claims.done(f"run/{event.event_id}/")
+            if handled:
+                return Outcome(result=Result.DUPLICATE, event=event, plan=plan, details=details,
+                               reason=f"event {event.event_id} already handled by {handled[0].holder} "
+                                      f"(run claim {handled[0].key}); its run has gone since")
         if not runs:
             why = "; ".join(f"{i}: {r}" for i, r in found.unresolved.items()) or \
                 "no instances to act on"
@@ -304,12 +331,16 @@ class Recovery:
         """Whether ``plan`` needs the consumer's event claim (``ports.SharesClaims``).
 
         Not when every run it hits is handled in this replica now by a wave that does its steps
-        (it joins that handling, which holds the run claim); a plan that hits no run (a copy of a
-        handled event is a duplicate, not ``not_actionable``), a terminate hook (completed once per
-        event) and a plan that cannot be located now are claimed as before.  A run it hits with no
-        wave gets one reserved for this plan (``recovery.waves``), which it leads once its claim is
-        held, so the run's other notices asking meanwhile join it instead of claiming too; the
-        consumer calls :meth:`settled` when this delivery's handling is over.
+        (it joins that handling, which holds the run claim); not when it hits one run: that run's
+        claim (``run/<event id>/<run>``, taken before any step, completed with the run's record)
+        stands for the event claim, and a copy of the event finds it (:meth:`_copy_of`: a
+        duplicate, as under the event claim; issue #45: two Lease writes fewer per run); not when
+        it hits no run and its Node's cordon decides it (:meth:`_cordon_decides`).  A plan of
+        several runs, a terminate hook (completed once per event) and a plan that cannot be
+        located now are claimed as before.  A run it hits with no wave gets one reserved for this
+        plan (``recovery.waves``), which it leads (at once, or once its claim is held), so the
+        run's other notices asking meanwhile join it instead of claiming too; the consumer calls
+        :meth:`settled` when a claimed delivery's handling is over.
         """
         if Step.COMPLETE_LIFECYCLE in plan.steps:
             return True
@@ -318,7 +349,7 @@ class Recovery:
         except ResilienceError:
             return True  # the act meets it again and says why
         if self._cordon_decides(plan, found):
-            self._located[id(plan)] = (plan, found, True)
+            self._located[id(plan)] = (plan, found, "cordon")
             return False
         joins = bool(found.runs)
         for run in found.runs:  # no await from here on: one notice of a run reserves its wave
@@ -329,8 +360,12 @@ class Recovery:
             if wave is None and plan.event.event_id:
                 self.waves.reserve(run.run_key, event_id=plan.event.event_id, steps=plan.steps)
         if joins:
-            self._located[id(plan)] = (plan, found, False)
-        return not joins
+            self._located[id(plan)] = (plan, found, "join")
+            return False
+        if len(found.runs) == 1 and plan.event.event_id:  # its run claim stands for the event claim
+            self._located[id(plan)] = (plan, found, "run")
+            return False
+        return True
 
     def settled(self, plan: Plan) -> None:
         """This delivery of ``plan`` is over, acted on or not (its event claim was another's): the
@@ -375,11 +410,30 @@ class Recovery:
         return Outcome(result=Result.NOT_ACTIONABLE, event=event, plan=plan, details=details,
                        reason=f"no Ray run on the affected instances ({why})")
 
-    def _take_located(self, plan: Plan) -> tuple[Targets | None, bool]:
-        """What :meth:`needs_event_claim` located for this very ``plan`` (once), and whether its
-        cordon decides it; (None, False) when it kept nothing for it."""
+    def _take_located(self, plan: Plan) -> tuple[Targets | None, Located | None]:
+        """What :meth:`needs_event_claim` located for this very ``plan`` (once), and why it needs no
+        event claim; (None, None) when it kept nothing for it (the plan is under its event claim)."""
         kept = self._located.pop(id(plan), None)
-        return (kept[1], kept[2]) if kept is not None and kept[0] is plan else (None, False)
+        return (kept[1], kept[2]) if kept is not None and kept[0] is plan else (None, None)
+
+    def _copy_of(self, plan: Plan, got: RunReport | BaseException, *, holder: str) -> Outcome | None:
+        """For a plan of one run whose run claim stood for its event claim: the outcome of a copy of
+        the event, as the event claim would have said it (``consumer.event_claim``): the run done
+        for the event by another delivery, or under way in another delivery, is a ``duplicate``
+        (deleted: the holder's own message stays on the queue until it finishes); an earlier
+        delivery of this very message still holding it is a retry.  None: not a copy."""
+        event = plan.event
+        if isinstance(got, RunReport) and got.done_by is not None:
+            return Outcome(result=Result.DUPLICATE, event=event, plan=plan, details={"runs": [got.as_json()]},
+                           reason=f"event {event.event_id} already handled by {got.done_by}")
+        if not isinstance(got, RunHeld) or got.holder is None:
+            return None
+        if got.holder.split("/", 1)[-1] == holder.split("/", 1)[-1]:
+            return Outcome(result=Result.RETRY, event=event, plan=plan, retry_delay=got.delay,
+                           reason=f"an earlier delivery of this message ({got.holder}) still holds the event's run")
+        return Outcome(result=Result.DUPLICATE, event=event, plan=plan,
+                       reason=f"event {event.event_id} is being handled by {got.holder}; its message stays "
+                              "on the queue until that finishes")
 
     @staticmethod
     def _joins(plan: Plan, wave: Wave[RunReport] | None) -> bool:
@@ -468,12 +522,13 @@ class Recovery:
                 existing = await self.claims.get(key)
                 if existing is not None and existing.state == "done":
                     report.skipped = f"already done for this event by {existing.holder}"
+                    report.done_by = existing.holder
                     return report
                 who = existing.holder if existing is not None else "another delivery"
                 # a live holder renews its claim; a dead one's lapses within ttl: look again then, not
                 # sooner (each look is a receive, and the redrive policy counts them)
-                raise TemporaryError(f"run {target.run_key} for event {event.event_id} is being "
-                                     f"handled by {who}", delay=ttl)
+                raise RunHeld(f"run {target.run_key} for event {event.event_id} is being handled by {who}",
+                              holder=existing.holder if existing is not None else None, delay=ttl)
             for step, act in ((Step.NOTIFY, self._notify), (Step.SIGNAL, self._signal),
                               (Step.DURABLE, self._durable), (Step.REQUEUE, partial(self._requeue, holder=holder, wave=wave))):
                 if step in plan.steps:

@@ -213,7 +213,8 @@ def _check_flood(w: World, plan: flood_mod.Flood, dead: list[dict[str, Any]], ta
     decisions = w.decisions()
     final = Counter(d["event_id"] for d in decisions if d.get("outcome") in flood_mod.FINAL)
     seen = {d["event_id"] for d in decisions}
-    claimed = done_claims(w, "event/")
+    # an event is claimed by its event claim, or (one run hit: issue #45) by its run's claim
+    claimed = done_claims(w, "event/") | {"event/" + k.split("/")[1] for k in done_claims(w, "run/")}
     unlogged, unclaimed = 0, []
     for event_id in plan.valid_ids:
         if final[event_id] > 1:

@@ -57,11 +57,12 @@ WRITE_VERBS = ("create", "update", "patch", "delete", "deletecollection")
 RECORDS = "leases (follow-up records)"
 #: The writes beyond the floor that keep a run's handling safe and visible, by name (issue #45): what
 #: ``tests/cluster/test_mass.py`` bounds the writes by, ``floor + bookkeeping``.  Per run whose
-#: notices one replica handles as one (a wave): its notices' one event claim and one run claim
-#: (each created and completed), the move claim (created and let go), one Event per step on the
+#: notices one replica handles as one (a wave): the leading notice's run claim, which stands for its
+#: event claim (created and completed; the notices that join it and those handled after the move,
+#: decided by their Node's cordon, write no claim), the move claim (created and let go), one Event per step on the
 #: RayJob; with the follow-up, its record (opened; the first look's evidence; the stages a look
 #: reaches and waits after; the end, the ledger kept in it in the same write).
-BOOKKEEPING_PER_RUN = {"event claim": 2, "run claim": 2, "move claim": 2,
+BOOKKEEPING_PER_RUN = {"run claim (standing for the event claim)": 2, "move claim": 2,
                        "Events (Draining, CheckpointDurable, Requeued)": 3}
 BOOKKEEPING_FOLLOWED = {"Event TrainingResumed": 1,
                         "follow-up record (opened, first wait, a stage waited after, end with the ledger)": 4}
@@ -631,7 +632,6 @@ def run_wave(plane: ControlPlane, world: World, aws: Aws, wave: Wave, workdir: P
         for d in daemons:
             d.stop()
         observer.close()
-        time.sleep(2.5)  # the audit log is written in batches of at most 1 s
         calls = audit_calls(plane.audit_log, since=t0, until=t_end)
         quiet = observer.quiet_at
         quiet_reads = Counter(f"{v} {res}" for t, v, res, _ in calls if v in READ_VERBS and quiet is not None and t >= quiet)

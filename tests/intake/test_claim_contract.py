@@ -206,6 +206,25 @@ async def test_a_done_claim_is_refused_to_everyone_and_keeps_its_first_details(s
     assert (done.holder, done.state, dict(done.details)) == ("a/m1", "done", {"step": 42})
 
 
+async def test_done_lists_the_done_claims_of_a_prefix_to_every_replica(stores: Stores) -> None:
+    """``done(prefix)``: whether an event was handled through a run's claim (``run/<event id>/``),
+    whichever replica asks; held and released claims and other prefixes are not in it."""
+    a, b = stores.replica("a"), stores.replica("b")
+    base = key().rsplit("/", 2)[0]  # run/evt-N-T
+    finished, working, dropped = f"{base}/ml/one", f"{base}/ml/two", f"{base}/ml/three"
+    other = key()
+    for k in (finished, working, dropped, other):
+        assert await a.acquire(k, holder="a/m1", ttl_seconds=TTL)
+    await a.complete(finished, holder="a/m1", details={"outcome": "done"})
+    await a.complete(other, holder="a/m1", details={})
+    await a.release(dropped, holder="a/m1")
+    for store in (a, b):
+        found = await store.done(f"{base}/")
+        assert [(c.key, c.holder, c.state, dict(c.details)) for c in found] == [
+            (finished, "a/m1", "done", {"outcome": "done"})]
+    assert await b.done(f"{base}-no-such/") == []
+
+
 async def test_a_done_claim_is_forgotten_after_the_dedupe_window(stores: Stores) -> None:
     a, b = stores.replica("a"), stores.replica("b")
     k = key()

@@ -174,8 +174,10 @@ async def test_the_same_event_again_from_another_replica_changes_nothing(world: 
 
     again = await world.recovery.act(plan, holder="replica-b/m2")
 
-    # the gang already left n1 (its pods were deleted for KubeRay to recreate elsewhere)
-    assert again.result is Result.NOT_ACTIONABLE and "runs no Ray pods" in again.reason
+    # the gang already left n1 (its pods were deleted for KubeRay to recreate elsewhere): no run now,
+    # and the event's done run claim says it was handled (a duplicate, not decided again; issue #45)
+    assert again.result is Result.DUPLICATE and "already handled by replica-a/m1" in again.reason, again.reason
+    assert "runs no Ray pods" in again.details["unresolved"][instance(1)]
     assert len(world.gcs.drains) == 1
     writes_after = {k: v for k, v in world.kubeapi.counts().items() if k[0] in ("patch", "delete", "create")}
     assert writes_after == writes_before  # no taint, Event, patch or pod deletion the second time
@@ -429,11 +431,11 @@ async def test_a_gangs_notices_in_one_replica_are_handled_as_one(world: World) -
     """Issue #45: the two workers' notices of one run, in flight in one replica at once, are one
     handling: the first leads (its run claim, its move claim, one Event per step on the run), the
     second joins (its own Node cordoned, its Ray node drained, its instance in the move) and shares
-    the outcome; it writes no claim and no Event of its own, and the consumer takes no event claim
-    for it."""
+    the outcome; it writes no claim and no Event of its own.  The consumer takes no event claim for
+    either: the leader's run claim stands for its event claim, and the joiner has none."""
     now = datetime.now(timezone.utc)
     first, second = spot_notice(1, when=now), spot_notice(2, when=now)
-    assert await world.recovery.needs_event_claim(first)  # nothing under way: it leads, claimed
+    assert not await world.recovery.needs_event_claim(first)  # nothing under way: it leads, under its run claim
     # the trainer saves once both workers were told
     saver = asyncio.create_task(save_after_the_drain(world, step=13, drains=2))
     leading = asyncio.create_task(world.recovery.act(first, holder="replica-a/m1"))
@@ -462,12 +464,16 @@ async def test_a_gangs_notices_asked_at_once_reserve_one_handling_and_one_event_
     """Issue #45: a gang's notices come in one receive and are dispatched at once, so each is asked
     whether it needs an event claim before any acts.  The first answered reserves the run's handling
     and needs its claim; the other joins it and needs none (before the reservation both found no
-    handling yet and both took an event claim: 6 for 3 runs' 6 notices, tests/cluster/test_mass.py)."""
+    handling yet and both took an event claim: 6 for 3 runs' 6 notices, tests/cluster/test_mass.py).
+    Since the run claim stands for a one-run notice's event claim, neither needs one: the first
+    answered reserves the handling and leads it under its run claim."""
     now = datetime.now(timezone.utc)
     plans = [spot_notice(1, when=now), spot_notice(2, when=now)]
     needs = await asyncio.gather(*(world.recovery.needs_event_claim(p) for p in plans))
-    assert sorted(needs) == [False, True], needs
-    leader, joiner = (plans[0], plans[1]) if needs[0] else (plans[1], plans[0])
+    assert needs == [False, False], needs
+    wave = world.recovery.waves.current(f"{NS}/train")
+    assert wave is not None and not wave.led
+    leader, joiner = (plans[0], plans[1]) if wave.event_id == plans[0].event.event_id else (plans[1], plans[0])
     saver = asyncio.create_task(save_after_the_drain(world, step=13, drains=2))
     led, joined = await asyncio.gather(world.recovery.act(leader, holder="replica-a/m1"),
                                        world.recovery.act(joiner, holder="replica-a/m2"))
@@ -480,12 +486,12 @@ async def test_a_gangs_notices_asked_at_once_reserve_one_handling_and_one_event_
 
 
 async def test_a_reserved_handling_whose_notice_does_not_lead_it_sends_its_joiners_back(world: World) -> None:
-    """The reserving notice's event claim was another delivery's (the consumer settles it without
-    acting): the run's handling it reserved is dropped and the notice that joined it is retried, to
-    lead it then."""
+    """The reserving notice did not lead the run's handling (a claimed one: its event claim was
+    another delivery's; or its act found the run gone): the handling it reserved is dropped when it
+    is settled, and the notice that joined it is retried, to lead it then."""
     now = datetime.now(timezone.utc)
     first, second = spot_notice(1, when=now), spot_notice(2, when=now)
-    assert await world.recovery.needs_event_claim(first)
+    assert not await world.recovery.needs_event_claim(first)
     assert not await world.recovery.needs_event_claim(second)
     joining = asyncio.create_task(world.recovery.act(second, holder="replica-a/m2"))
     # it drained its own Ray node and waits for the leader
@@ -494,7 +500,8 @@ async def test_a_reserved_handling_whose_notice_does_not_lead_it_sends_its_joine
     with pytest.raises(TemporaryError, match="did not lead the handling") as err:
         await joining
     assert err.value.delay == 1.0 and world.recovery.waves.current(f"{NS}/train") is None
-    assert await world.recovery.needs_event_claim(second)  # retried: nothing under way, it leads
+    assert not await world.recovery.needs_event_claim(second)  # retried: nothing under way, it leads
+    assert world.recovery.waves.reserved_for(f"{NS}/train", second.event.event_id)
     world.recovery.settled(second)
     assert world.kubeapi.list("leases", namespace=DAEMON_NS) == []  # no claim was taken
 
@@ -507,7 +514,7 @@ async def test_a_joining_notice_is_located_once_for_the_claim_question_and_its_a
     take a while)."""
     now = datetime.now(timezone.utc)
     first, second = spot_notice(1, when=now), spot_notice(2, when=now)
-    assert await world.recovery.needs_event_claim(first)  # it reserves the run's handling
+    assert not await world.recovery.needs_event_claim(first)  # it reserves the run's handling
     located: list[list[str]] = []
     real = world.cluster.locate
 
@@ -615,3 +622,48 @@ async def test_a_cordon_claim_that_loses_its_node_meanwhile_sends_the_notice_bac
     await world.cluster.caches.nodes.wait_until(
         lambda c: bool((c.get(None, "n2") or {}).get("spec", {}).get("taints")), timeout=LOCAL_BOUND_S)
     assert await world.recovery.needs_event_claim(spot_notice(2, when=datetime.now(timezone.utc)))
+
+
+async def test_a_one_run_notice_needs_no_event_claim_its_run_claim_decides_its_copies(world: World) -> None:
+    """Issue #45: a notice that hits one run takes no event claim; the run claim
+    (``run/<event id>/<run>``, taken before any step) stands for it.  A copy of the event (a second
+    message) in flight at the same time finds the run held by the first delivery and is a
+    duplicate, as under the event claim; a copy after the first finished (its run moved away, its
+    Node cordoned: it is claimed) finds the event's done run claim and is a duplicate too.  The run was drained and moved once; the only claim Leases
+    are the run claim (done, with the run's record) and none for the event."""
+    now = datetime.now(timezone.utc)
+    one, two = spot_notice(1, when=now), spot_notice(1, when=now)
+    assert not await world.recovery.needs_event_claim(one)
+    assert not await world.recovery.needs_event_claim(two)
+    saver = asyncio.create_task(save_after_the_drain(world, step=21))
+    outcomes = await asyncio.gather(world.recovery.act(one, holder="replica-a/m1"),
+                                    world.recovery.act(two, holder="replica-b/m2"))
+    await saver
+    assert sorted(o.result.value for o in outcomes) == ["done", "duplicate"], [o.reason for o in outcomes]
+    (copy,) = [o for o in outcomes if o.result is Result.DUPLICATE]
+    assert "is being handled by replica-" in copy.reason
+    late = spot_notice(1, when=now)
+    # the move suspended the run (its pods gone) and its Node is cordoned: the copy is claimed, and
+    # the done run claim of its event says it was handled
+    assert await world.recovery.needs_event_claim(late)
+    outcome = await world.recovery.act(late, holder="replica-b/m3")
+    assert outcome.result is Result.DUPLICATE and "already handled by replica-" in outcome.reason, outcome.reason
+    assert len(world.gcs.drains) == 1 and world.kubeapi.counts()[("patch", "rayjobs.ray.io")] == 1
+    keys = sorted(l["metadata"]["annotations"]["resilienced.io/claim-key"]
+                  for l in world.kubeapi.list("leases", namespace=DAEMON_NS))
+    assert keys == [f"run/{one.event.event_id}/{NS}/train"], keys
+
+
+async def test_a_one_run_notice_redelivered_while_its_first_delivery_holds_the_run_is_retried(world: World) -> None:
+    """The message's visibility ran out while its first delivery still works (a slow save): the
+    second delivery of the same message finds the run held under that message's own id and is kept
+    (a retry after the claim's TTL), never deleted: if the first delivery dies, the event is not
+    lost."""
+    plan = spot_notice(1, when=datetime.now(timezone.utc))
+    key = f"run/{plan.event.event_id}/{NS}/train"
+    assert await world.claims.acquire(key, holder="replica-a/m1", ttl_seconds=60) is not None
+    assert not await world.recovery.needs_event_claim(plan)
+    outcome = await world.recovery.act(plan, holder="replica-b/m1")
+    assert outcome.result is Result.RETRY and outcome.retry_delay == world.recovery.options.claim_ttl_seconds
+    assert "an earlier delivery of this message (replica-a/m1)" in outcome.reason
+    assert world.gcs.drains == []

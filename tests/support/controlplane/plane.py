@@ -11,7 +11,10 @@ the plane's own, RBAC authorization (``--authorization-mode=Node,RBAC``), a Serv
 and signing key (so TokenRequest mints real tokens), and the ``ServiceAccount`` admission plugin
 off as envtest has it ("this SA is created by controller, but that is not run in integration
 environment"); an admin token of ``system:masters`` for the tests' own set-up; an audit log of
-every request (``audit.log``), which stands in for the emulator's request log.
+every request (``audit.log``), which stands in for the emulator's request log.  It is written in
+``blocking`` mode: a request's entry is in the file when its answer is sent.  (``batch`` mode drops
+entries when its buffer is full, ``k8s.io/apiserver`` ``plugin/pkg/audit/buffered``: "audit buffer
+queue blocked"; under load a mass wave's counts lost half the daemon's requests.)
 """
 
 from __future__ import annotations
@@ -293,7 +296,7 @@ class ControlPlane:
         ]
         if self.audit:
             argv += [f"--audit-policy-file={policy}", f"--audit-log-path={self.audit_log}",
-                     "--audit-log-format=json", "--audit-log-mode=batch", "--audit-log-batch-max-wait=1s"]
+                     "--audit-log-format=json", "--audit-log-mode=blocking"]
         process = self._spawn("kube-apiserver", argv)
         _wait("/readyz", lambda: self.admin.text("/readyz").strip() == "ok", process=process)
 
