@@ -373,7 +373,7 @@ async def _ledger_keeper(settings: Settings, stack: AsyncExitStack, parts: ModeP
     pricing = await stack.enter_async_context(open_client("pricing", region=PRICING_REGION,
                                                           endpoint_url=settings.queue.endpoint_url))
     prices = Prices(ec2=ec2, pricing=pricing, file=file, region=settings.queue.effective_region)
-    return LedgerKeeper(store=parts.follow_ups, objects=store, prices=prices, metrics=metrics)
+    return LedgerKeeper(objects=store, prices=prices, metrics=metrics)
 
 
 @asynccontextmanager

@@ -125,6 +125,10 @@ class FollowUpOptions:
                    keep=timedelta(seconds=settings.intake.dedupe_seconds), mode=settings.mode.mode)
 
 
+#: The end of the follow-up's name in a run's move claim (``<replica>/follow-up``): a notice that
+#: finds the move claim held by a follow-up does not wait for that move (``recovery.responder``).
+FOLLOW_UP_HOLDER = "/follow-up"
+
 class RecordChanged(TemporaryError):
     """The follow-up record changed since it was read (another replica, or a notice's requeue)."""
 
@@ -307,7 +311,7 @@ class Follower:
     async def _claimed(self, record: FollowUp, move: Callable[[FollowUp], Awaitable[FollowUp]]) -> FollowUp:
         """``move(fresh)`` under the run's move claim, on the record read again under it and unchanged
         since the look (``record.version``); else the record as it is (the run is looked at next pass)."""
-        async with self.mover.moving(record.run, holder=f"{self.replica}/follow-up",
+        async with self.mover.moving(record.run, holder=f"{self.replica}{FOLLOW_UP_HOLDER}",
                                      ttl=self.options.claim_ttl_s) as held:
             if not held:
                 return record  # another replica moves it now, or a notice's requeue does

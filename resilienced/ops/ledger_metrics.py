@@ -19,6 +19,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from resilienced.ops.ledger import PARTS, Ledger, premium_by_capacity
 
 PREMIUM_CAPACITIES = ("capacity-block", "on-demand")
+#: ``write`` stays a series (dashboards keep it) but is 0 since issue #45: the ledger is saved in the
+#: follow-up's write of its end, which the follow-up retries as any write of its record.
 FAILURE_STEPS = ("compute", "write")
 
 

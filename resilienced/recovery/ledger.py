@@ -1,13 +1,13 @@
 """The follow-up's ledger: what a recovery cost, computed when it ends and kept with its record.
 
-When the follower ends a follow-up (``resumed``) or gives it up (``stuck``), after the record of
-that end is saved (the move is made and recorded first: nothing here can slow or stop it),
-:meth:`LedgerKeeper.compute` turns the record into the recovery's ledger
-(:mod:`resilienced.ops.ledger`) and :meth:`LedgerKeeper.write` keeps it in the record
-(``ledgers``: the run's recoveries, oldest first, at most :data:`KEEP`), in the follow-up store,
-so every replica, ``resilienced status`` and ``resilienced report`` read the same.  A failure
-to compute or to write it is logged and counted (``resilienced_ledger_failures_total{step}``)
-and never retried in the notice's path: the recovery is unharmed, the figure is missing.
+When the follower ends a follow-up (``resumed``) or gives it up (``stuck``),
+:meth:`LedgerKeeper.compute` turns the record of that end into the recovery's ledger
+(:mod:`resilienced.ops.ledger`, bounded in time), and the follower saves the end with the ledger
+kept in it (:meth:`LedgerKeeper.with_ledger`: ``ledgers``, the run's recoveries, oldest first, at
+most :data:`KEEP`) in one write of the follow-up store (issue #45: the ledger was a second write),
+so every replica, ``resilienced status`` and ``resilienced report`` read the same.  A ledger that
+cannot be computed is logged and counted (``resilienced_ledger_failures_total{step="compute"}``)
+and never retried in the notice's path: the end is saved without it, the figure is missing.
 
 What the daemon reads (each part names it):
 
@@ -63,7 +63,7 @@ from resilienced.ops.ledger import (
     record_whole,
 )
 from resilienced.ops.ledger_metrics import LedgerMetrics
-from resilienced.ports import FollowUpStore, ObjectStore
+from resilienced.ports import ObjectStore
 from trainer.manifest import MANIFEST, Manifest
 
 #: Ledgers kept in a run's follow-up record (its recoveries, newest last).
@@ -217,14 +217,14 @@ class LedgerKeeper:
     """Computes a follow-up's ledger when it ends and keeps it in the record (see the module docstring).
 
     Args:
-        store: the follow-up records.  objects: S3 (the manifests; None: the parts that need them unknown).
+        objects: S3 (the manifests; None: the parts that need them unknown).
         prices: ``resilienced.aws.pricing.Prices`` (None: every price unknown, said so).
         metrics: the ledger's metrics.  clock: the daemon's clock.
     """
 
-    def __init__(self, *, store: FollowUpStore, objects: ObjectStore | None, prices: Prices | None = None,
+    def __init__(self, *, objects: ObjectStore | None, prices: Prices | None = None,
                  metrics: LedgerMetrics | None = None, timeout_s: float = COMPUTE_TIMEOUT_S) -> None:
-        self.store, self.objects, self.prices, self.metrics = store, objects, prices, metrics
+        self.objects, self.prices, self.metrics = objects, prices, metrics
         self.timeout_s = timeout_s
         self._log = log.get("resilienced.ledger")
 
@@ -271,23 +271,9 @@ class LedgerKeeper:
                                  if led.get("event_id") != ledger.event_id]
         return {**record, "ledgers": [*kept, ledger.as_json()][-KEEP:]}
 
-    async def write(self, record: Mapping[str, JsonValue], ledger: Ledger, *, version: str | None) -> str | None:
-        """Keep ``ledger`` in the run's record, once, at ``version``; the new version, or None (logged,
-        counted ``write``; never retried: the next end of a recovery of the run writes its own)."""
-        try:
-            written = await self.store.put(str(record["run"]), self.with_ledger(record, ledger), version=version)
-        except Exception as e:  # noqa: BLE001 - the record of the recovery itself is already saved
-            self._fail("write", record, e)
-            return None
-        if written is None:
-            self._fail("write", record, RuntimeError("the record was changed by another replica"))
-            return None
-        self.kept(ledger)
-        return written
-
     def kept(self, ledger: Ledger) -> None:
-        """``ledger`` is kept in the run's record (written by :meth:`write`, or by the follow-up with
-        its end, :func:`with_ledger`'s record): counted and logged ``ledger written``."""
+        """``ledger`` is kept in the run's record (:meth:`with_ledger`'s, written by the follow-up with
+        its end): counted and logged ``ledger written``."""
         if self.metrics is not None:
             self.metrics.count(ledger)
         self._log.info("ledger written", run=ledger.run, event_id=ledger.event_id,
@@ -311,7 +297,7 @@ class LedgerKeeper:
     def _fail(self, step: str, record: Mapping[str, JsonValue], error: BaseException) -> None:
         if self.metrics is not None:
             self.metrics.failures.labels(step=step).inc()
-        self._log.warning("ledger not " + ("computed" if step == "compute" else "written"), run=record.get("run"),
+        self._log.warning(f"ledger not {step}d", run=record.get("run"),
                           event_id=record.get("event_id"), error=f"{type(error).__name__}: {error}")
 
 

@@ -50,7 +50,7 @@ from resilienced import log
 from resilienced.claims import held_claim
 from resilienced.clock import utcnow
 from resilienced.recovery.durable import DurableResult, newest_durable, wait_durable
-from resilienced.followup.follower import Follower
+from resilienced.followup.follower import FOLLOW_UP_HOLDER, Follower
 from resilienced.recovery.heartbeat import hook_kept_alive
 from resilienced.recovery.move import Mover
 from resilienced.recovery.steps import (
@@ -84,6 +84,11 @@ from resilienced.ports import (
 )
 from resilienced.ops.run_record import RunRecord
 from resilienced.settings import ExportMode, QueueSettings, RecoverySettings, Settings
+
+#: How often, and how long at most, a notice whose run another notice's delivery is moving looks
+#: whether that move is over (a read each time; a move is a few seconds of Kueue's and KubeRay's work).
+MOVE_POLL_S = 1.0
+MOVE_WAIT_S = 60.0
 
 #: Reasons of the Kubernetes Events resilienced records (kubernetes mode; logged in ray mode).
 REASON_NOTICE = "InterruptionNotice"
@@ -491,6 +496,30 @@ class Recovery:
             return None
         return record.event_id
 
+    async def _moved_meanwhile(self, target: Target, event: Event) -> str | None:
+        """The event another delivery moved ``target``'s run for after ``event`` (:meth:`_moved_since`),
+        once the run's move claim, held by that delivery now, is let go: waited for at most one claim
+        TTL, a read a second (issue #45: a gang's notices split between two replicas each led a
+        handling of the run; the one that found the move claim held was retried, and each of its
+        notices, its run gone by then, took an event claim of its own).  Only where a move takes the
+        whole gang (kubernetes mode, not elastic: this notice's instances were in it) and the run is
+        followed (its record says who moved it, and when); None: not known to be moved."""
+        if self.mover is None or self.follower is None or not self._moves_whole_gangs(target):
+            return None
+        store, key = self.mover.claims or self.claims, self.mover.move_key(target.run_key)
+        loop = asyncio.get_running_loop()
+        until = loop.time() + min(MOVE_WAIT_S, self.options.claim_ttl_seconds)
+        while True:
+            try:
+                held = await store.get(key)
+            except ResilienceError:
+                return None
+            if held is None or held.state == "done":
+                return await self._moved_since(target, event)
+            if held.holder.endswith(FOLLOW_UP_HOLDER) or loop.time() >= until:
+                return None  # a fallback of the follow-up: its own move, not this notice's (retried)
+            await asyncio.sleep(min(MOVE_POLL_S, max(0.0, until - loop.time())))
+
     def _moves_whole_gangs(self, target: Target) -> bool:
         """Whether a move of ``target``'s run takes every worker (kubernetes mode, not elastic): a
         notice that joined after the move began is then in it all the same."""
@@ -691,7 +720,12 @@ class Recovery:
                   held_claim(self.claims, self.mover.move_key(target.run_key), holder=holder, logger=self._log,
                              ttl_seconds=self.options.claim_ttl_seconds, what="move claim", release_on_cancel=False))
         async with moving as held:
-            if not held:  # its follow-up (or another delivery) moves the run now: come back shortly
+            if not held:  # its follow-up (or another delivery) moves the run now
+                moved = await self._moved_meanwhile(target, event)
+                if moved is not None:
+                    report.skipped = (f"the run was moved for event {moved} after this notice, with its whole "
+                                      "gang (another notice of it, in another replica)")
+                    return
                 raise TemporaryError(f"run {target.run_key} is being moved by its follow-up or another "
                                      "notice now", delay=5.0)
             await self._requeue_held(event, target, report)

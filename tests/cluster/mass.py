@@ -536,6 +536,10 @@ def audit_calls(path: Path, *, since: float, until: float) -> list[tuple[float, 
     seen: set[str] = set()
     out = []
     with open(path) as f:
+        first = _iso(json.loads(f.readline() or "{}").get("requestReceivedTimestamp"))
+        assert first is not None and first <= since, (
+            f"the audit log {path} begins after the wave's start: rotated, or nothing was logged")
+        f.seek(0)
         for line in f:
             if DAEMON_USER not in line:
                 continue

@@ -36,7 +36,7 @@ from resilienced.errors import TemporaryError
 from resilienced.followup.rules import Bounds
 from resilienced.kube.cluster import KubeCluster
 from resilienced.kube.followup_store import KubeFollowUps
-from resilienced.kube.leases import KubeLeaseClaims
+from resilienced.kube.leases import KubeLeaseClaims, lease_name
 from resilienced.model import Result
 from resilienced.ray.replacement import ReplacementAnnouncer
 from resilienced.followup.follower import Follower, FollowUpMetrics, FollowUpOptions
@@ -419,6 +419,49 @@ async def test_a_replica_killed_mid_follow_up_is_taken_over_and_the_run_is_moved
     finally:
         await a.cluster.stop()
         await b.cluster.stop()
+
+
+async def test_a_notice_whose_run_another_replica_is_moving_waits_for_that_move_and_is_done_with_it(
+        api: Any, kubeapi: KubeApiServer, s3: Any) -> None:
+    """Issue #45: a gang's notices split between two replicas, each leading a handling of the run;
+    the one that finds the run's move claim held by the other's delivery waits (a read a second)
+    until that move is over and, the run's record saying it was moved after this notice with its
+    whole gang, is done with it: no retry (which found the run gone and claimed each notice
+    again), no second move, one ``Requeued``."""
+    seed_world(kubeapi, gcs_port=6379)
+    clock = [datetime.now(timezone.utc)]
+    a = Follow(api=api, kubeapi=kubeapi, s3=s3, clock=clock, replica="a")
+    b = Follow(api=api, kubeapi=kubeapi, s3=s3, clock=clock, replica="b")
+    await a.cluster.start()
+    await b.cluster.start()
+    try:
+        key = a.mover.move_key(f"{NS}/train")
+        assert await a.claims.acquire(key, holder="replica-a/m1", ttl_seconds=30)  # a's delivery moves the run
+        second = state_change(clock[0], 2, event_id="7e9d2f6c-0000-4000-8000-00000000f002")
+        waiting = asyncio.create_task(b.recovery.act(second, holder="replica-b/m2"))
+        await eventually(lambda: any(r.verb == "get" and r.name == lease_name(key) for r in kubeapi.requests))
+        assert not waiting.done()
+        first = await a.recovery.act(state_change(clock[0]), holder="replica-a/m1")
+        assert first.result is Result.DONE and first.details["runs"][0]["requeue"]["capacity"] == "capacity-block"
+        outcome = await asyncio.wait_for(waiting, 30)
+        assert outcome.result is Result.DONE, outcome.reason
+        (run,) = outcome.details["runs"]
+        assert "moved for event 7e9d2f6c-0000-4000-8000-00000000f001 after this notice" in run["skipped"], run
+        assert "requeue" not in run
+        assert len(a.events("Requeued")) == 1 and worker_pods_deleted(kubeapi) == 2  # moved once
+    finally:
+        await a.cluster.stop()
+        await b.cluster.stop()
+
+
+async def test_a_notice_whose_run_its_follow_up_is_moving_does_not_wait(world: Follow) -> None:
+    """A move claim the follow-up holds is a fallback (its own move, for an earlier notice): a new
+    notice of the run does not wait for it and is retried as before."""
+    key = world.mover.move_key(f"{NS}/train")
+    assert await world.claims.acquire(key, holder="replica-b/follow-up", ttl_seconds=30)
+    with pytest.raises(TemporaryError, match="being moved by its follow-up or another notice"):
+        await world.recovery.act(state_change(world.clock[0]), holder="replica-a/m1")
+    assert [r for r in world.kubeapi.requests if r.verb == "get" and r.name == lease_name(key)] != []
 
 
 async def eventually(check: Callable[[], bool], *, timeout: float = 10.0) -> None:

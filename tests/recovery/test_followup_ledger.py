@@ -71,8 +71,7 @@ async def played(api: Any, kubeapi: KubeApiServer, s3: Any, *, keeper: Any) -> t
 
 async def test_the_ledger_of_a_recovery_to_the_second(api: Any, kubeapi: KubeApiServer, s3: Any, tmp_path: Path,
                                                       capsys: pytest.CaptureFixture[str]) -> None:
-    world, notice, record = await played(api, kubeapi, s3, keeper=lambda w: LedgerKeeper(
-        store=w.follower.store, objects=S3Store(client=s3), prices=Prices(file=FILE, region="us-east-1"),
+    world, notice, record = await played(api, kubeapi, s3, keeper=lambda w: LedgerKeeper(objects=S3Store(client=s3), prices=Prices(file=FILE, region="us-east-1"),
         metrics=LedgerMetrics(w.registry)))
     try:
         assert record.state == "resumed"
@@ -117,8 +116,7 @@ async def test_a_ledger_that_cannot_be_computed_is_counted_once_and_the_end_stan
     """The ledger goes into the record with the follow-up's end, one write (issue #45: it was a
     write of its own after the end).  A ledger that cannot be made in its time (here: none at all)
     is logged and counted; the end is saved without it, and nothing retries it."""
-    world, _, record = await played(api, kubeapi, s3, keeper=lambda w: LedgerKeeper(
-        store=w.follower.store, objects=S3Store(client=s3), metrics=LedgerMetrics(w.registry), timeout_s=0.0))
+    world, _, record = await played(api, kubeapi, s3, keeper=lambda w: LedgerKeeper(objects=S3Store(client=s3), metrics=LedgerMetrics(w.registry), timeout_s=0.0))
     try:
         assert record.state == "resumed" and record.ledgers == ()
         stored = await world.record()
