@@ -12,22 +12,22 @@ pending and the daemon says nothing: what the follow-up is for.
 API writes (the daemon's, from the audit log) are bounded by the floor plus the named bookkeeping
 (``tests/cluster/mass.py``: ``BOOKKEEPING_PER_RUN``...).  The floor is counted as docs/benchmarks.md
 counts it: per lost instance the Node's cordon, per move (the requeue, each fallback) 3 writes
-(Workload deactivated, RayJob steered, Workload reactivated with its PodSets steered): here 2 + 3 =
-**5 per run**, 3 more per fallback.  2x that is out of reach at 2 workers: a run's bookkeeping is
-fixed, not per instance (one event claim and one run claim for the gang's notices, each created and
-completed; the move claim, created and let go; one Event per step on the RayJob: ``Draining``,
-``CheckpointDurable``, ``Requeued``, ``TrainingResumed``; the follow-up record, opened, the first
-look's evidence, a stage a look waits after, the end, and the ledger kept in it: 15 writes), so
-the bound held here is ``writes <= floor + bookkeeping`` (15 per run, 6 per fallback: its move
-claim, ``RecoveryStalled`` and ``Requeued``, the record's move decided and made; 9 per run without
-the follow-up; and per move 1, the Workload's PodSets steered in a write of their own where the
-floor has them in the reactivation's: the baseline's wave had 7 Workload patches for 3 moves).
-At 10 workers (``bench/mass.py``: floor 13) the same allowance is 28 writes per run, x2.15; a run
-whose follow-up needs no record write between its opening and its end (every stage in one look)
-has 26, x2.0 (not measured here).  Writes answered 409 Conflict are allowed besides (each is contention: a claim another holds, an
-object changed since it was read, retried).  Two replicas may each lead a wave of one run (a
-gang's notices split between their receives): each such run has a second event claim, run claim
-and move claim try and its own ``Draining`` and ``CheckpointDurable``, up to 8 more per run.
+(Workload deactivated, RayJob steered, Workload reactivated with its PodSets steered, one write
+since issue #45): here 2 + 3 = **5 per run**, 3 more per fallback.  2x that is out of reach at 2
+workers: a run's bookkeeping is fixed, not per instance (the leading notice's run claim, which
+stands for its event claim, created and completed; the move claim, created and let go; one Event
+per step on the RayJob: ``Draining``, ``CheckpointDurable``, ``Requeued``, ``TrainingResumed``;
+the follow-up record, opened, the first look's evidence, a stage a look waits after, the end with
+its ledger: 12 writes), so the bound held here is ``writes <= floor + bookkeeping`` (12 per run, 6
+per fallback: its move claim, ``RecoveryStalled`` and ``Requeued``, the record's move decided and
+made; 7 per run without the follow-up).  A notice that joins its run's handling, or comes after
+its run moved (its Node's cordon decides it), writes nothing beyond its cordon.  At 10 workers
+(``bench/mass.py``: floor 13) the same allowance is 25 writes per run, x1.92 (the full wave
+measured x1.83 with one replica, docs/benchmarks.md).  Writes answered 409 Conflict are allowed
+besides (each is contention: a claim another holds, an object changed since it was read,
+retried).  Two replicas may each lead a handling of one run (a gang's notices split between their
+receives): each such run has a second run claim, a move claim try and its own ``Draining`` and
+``CheckpointDurable``, up to 8 more per run.
 """
 
 from __future__ import annotations

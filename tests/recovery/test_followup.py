@@ -16,6 +16,7 @@ starts; and a replica killed mid-follow-up leaves a run that is moved once.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from collections.abc import AsyncIterator, Callable
@@ -378,8 +379,9 @@ class DiesAfterTheMove:
         await asyncio.Event().wait()  # killed here: nothing after the move is recorded
 
 
-async def test_a_replica_killed_mid_follow_up_is_taken_over_and_the_run_is_moved_once(
-        api: Any, kubeapi: KubeApiServer, s3: Any) -> None:
+@contextlib.asynccontextmanager
+async def two_replicas(api: Any, kubeapi: KubeApiServer, s3: Any) -> AsyncIterator[tuple[Follow, Follow, list[datetime]]]:
+    """Two replicas (``a``, ``b``) of the daemon on one seeded world and one scripted clock."""
     seed_world(kubeapi, gcs_port=6379)
     clock = [datetime.now(timezone.utc)]
     a = Follow(api=api, kubeapi=kubeapi, s3=s3, clock=clock, replica="a")
@@ -387,6 +389,15 @@ async def test_a_replica_killed_mid_follow_up_is_taken_over_and_the_run_is_moved
     await a.cluster.start()
     await b.cluster.start()
     try:
+        yield a, b, clock
+    finally:
+        await a.cluster.stop()
+        await b.cluster.stop()
+
+
+async def test_a_replica_killed_mid_follow_up_is_taken_over_and_the_run_is_moved_once(
+        api: Any, kubeapi: KubeApiServer, s3: Any) -> None:
+    async with two_replicas(api, kubeapi, s3) as (a, b, clock):
         await requeued_onto_the_block(a, when=clock[0])
         deleted = worker_pods_deleted(kubeapi)
         dying = DiesAfterTheMove(a.requeue)
@@ -416,9 +427,6 @@ async def test_a_replica_killed_mid_follow_up_is_taken_over_and_the_run_is_moved
                         {"from": "capacity-block", "to": "spot", "reason": "scheduled"}) == 1
         assert a.metric("resilienced_recovery_fallbacks_total",
                         {"from": "capacity-block", "to": "spot", "reason": "scheduled"}) == 0
-    finally:
-        await a.cluster.stop()
-        await b.cluster.stop()
 
 
 async def test_a_notice_whose_run_another_replica_is_moving_waits_for_that_move_and_is_done_with_it(
@@ -428,13 +436,7 @@ async def test_a_notice_whose_run_another_replica_is_moving_waits_for_that_move_
     until that move is over and, the run's record saying it was moved after this notice with its
     whole gang, is done with it: no retry (which found the run gone and claimed each notice
     again), no second move, one ``Requeued``."""
-    seed_world(kubeapi, gcs_port=6379)
-    clock = [datetime.now(timezone.utc)]
-    a = Follow(api=api, kubeapi=kubeapi, s3=s3, clock=clock, replica="a")
-    b = Follow(api=api, kubeapi=kubeapi, s3=s3, clock=clock, replica="b")
-    await a.cluster.start()
-    await b.cluster.start()
-    try:
+    async with two_replicas(api, kubeapi, s3) as (a, b, clock):
         key = a.mover.move_key(f"{NS}/train")
         assert await a.claims.acquire(key, holder="replica-a/m1", ttl_seconds=30)  # a's delivery moves the run
         second = state_change(clock[0], 2, event_id="7e9d2f6c-0000-4000-8000-00000000f002")
@@ -449,9 +451,6 @@ async def test_a_notice_whose_run_another_replica_is_moving_waits_for_that_move_
         assert "moved for event 7e9d2f6c-0000-4000-8000-00000000f001 after this notice" in run["skipped"], run
         assert "requeue" not in run
         assert len(a.events("Requeued")) == 1 and worker_pods_deleted(kubeapi) == 2  # moved once
-    finally:
-        await a.cluster.stop()
-        await b.cluster.stop()
 
 
 async def test_a_notice_whose_run_its_follow_up_is_moving_does_not_wait(world: Follow) -> None:
