@@ -351,8 +351,11 @@ class Recovery:
             return True
         try:
             found = await find_targets(plan, cluster=self.cluster, capacity=self.capacity)
-        except ResilienceError:
-            return True  # the act meets it again and says why
+        except Exception as e:  # noqa: BLE001 - the act meets it again (under the claim) and says why
+            if not isinstance(e, ResilienceError):  # a bug: said loudly here too
+                self._log.error("locating a plan failed", event_id=plan.event.event_id,
+                                error=f"{type(e).__name__}: {e}", exc_info=e)
+            return True
         if self._cordon_decides(plan, found):
             self._located[id(plan)] = (plan, found, "cordon")
             return False

@@ -667,3 +667,20 @@ async def test_a_one_run_notice_redelivered_while_its_first_delivery_holds_the_r
     assert outcome.result is Result.RETRY and outcome.retry_delay == world.recovery.options.claim_ttl_seconds
     assert "an earlier delivery of this message (replica-a/m1)" in outcome.reason
     assert world.gcs.drains == []
+
+
+async def test_a_bug_while_locating_for_the_claim_question_sends_the_plan_the_claimed_way(
+        world: World, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``needs_event_claim`` never raises: whatever locating raises (a bug too, not only a backend's
+    failure), the plan goes the claimed way, and its act (under the event claim, where the consumer
+    turns any exception into a logged retry) meets the error again."""
+    plan = spot_notice(1, when=datetime.now(timezone.utc))
+
+    async def broken(**kwargs: Any) -> Any:
+        raise KeyError("metadata")  # what a bug in locating looks like
+
+    monkeypatch.setattr(world.cluster, "locate", broken)
+    assert await world.recovery.needs_event_claim(plan)
+    with pytest.raises(KeyError):
+        await world.recovery.act(plan, holder="replica-a/m1")
+    assert world.recovery.waves.current(f"{NS}/train") is None and world.gcs.drains == []
