@@ -37,7 +37,8 @@ nothing), so a retry after a partial failure redoes nothing twice.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from functools import partial
@@ -47,7 +48,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from handlers import asg_lifecycle, capacity_block_expiry
 from resilienced import log
-from resilienced.claims import held_claim
+from resilienced.claims import HeldClaim, held_claim
 from resilienced.clock import utcnow
 from resilienced.recovery.durable import DurableResult, newest_durable, wait_durable
 from resilienced.followup.follower import FOLLOW_UP_HOLDER, Follower
@@ -85,10 +86,11 @@ from resilienced.ports import (
 from resilienced.ops.run_record import RunRecord
 from resilienced.settings import ExportMode, QueueSettings, RecoverySettings, Settings
 
-#: How often, and how long at most, a notice whose run another notice's delivery is moving looks
-#: whether that move is over (a read each time; a move is a few seconds of Kueue's and KubeRay's work).
+#: How often, and how long at most, a notice whose run another notice's delivery is handling looks
+#: whether that handling has moved the run (a read each time; the handling holds the move claim from
+#: its start: the save before the notice's deadline, then a few seconds of Kueue's and KubeRay's work).
 MOVE_POLL_S = 1.0
-MOVE_WAIT_S = 60.0
+MOVE_WAIT_S = 300.0
 
 #: Reasons of the Kubernetes Events resilienced records (kubernetes mode; logged in ray mode).
 REASON_NOTICE = "InterruptionNotice"
@@ -172,6 +174,12 @@ class RecoveryMetrics:
 #: handling in this replica (``join``), its Node's cordon decides it (``cordon``, a plan that hits no
 #: run), or its one run's claim stands for the event claim (``run``).
 Located = Literal["join", "cordon", "run"]
+
+
+@contextlib.asynccontextmanager
+async def _unclaimed() -> AsyncIterator[None]:
+    """No move claim taken (the handling takes it at the requeue, if at all)."""
+    yield None
 
 
 class RunHeld(TemporaryError):
@@ -544,11 +552,21 @@ class Recovery:
         """The run's steps under its run claim (``claims.held_claim``: renewed every third of its
         TTL while the steps go on; a replica that lost it takes no further step and does not
         complete it, docs/reliability.md, the fencing fix; a step under way when it is lost
-        finishes, every step is idempotent)."""
+        finishes, every step is idempotent).
+
+        A run moved with its whole gang and followed (:meth:`_moves_early`) is also held under its
+        move claim from the start (not only for the requeue), so that a notice of the run in
+        another replica, finding the move claim held by this delivery, joins this handling there
+        (:meth:`_join_remotely`: no claim, no Event of its own) instead of leading a second one."""
         event = plan.event
         report = RunReport(run=target.run_key, instances=list(target.facts.instance_ids))
         key = f"run/{event.event_id}/{target.run_key}"
         ttl = self.options.claim_ttl_seconds
+        early = self._moves_early(plan, target)
+        if early:
+            mover = await self._notice_moving(target, holder=holder)
+            if mover is not None and await self.claims.get(key) is None:  # not a copy of that notice
+                return await self._join_remotely(plan, target, report, mover=mover)
         async with held_claim(self.claims, key, holder=holder, ttl_seconds=ttl, logger=self._log) as held:
             if held is None:
                 existing = await self.claims.get(key)
@@ -561,21 +579,75 @@ class Recovery:
                 # sooner (each look is a receive, and the redrive policy counts them)
                 raise RunHeld(f"run {target.run_key} for event {event.event_id} is being handled by {who}",
                               holder=existing.holder if existing is not None else None, delay=ttl)
-            for step, act in ((Step.NOTIFY, self._notify), (Step.SIGNAL, self._signal),
-                              (Step.DURABLE, self._durable), (Step.REQUEUE, partial(self._requeue, holder=holder, wave=wave))):
-                if step in plan.steps:
-                    held.check()  # a replica that lost its claim does not take another step
-                    try:
-                        await act(plan, target, report)
-                    except PermanentError as e:
-                        moved = await self._moved_since(target, event)
-                        if moved is None:
-                            raise
-                        report.skipped = f"{e}; the run was moved for event {moved} after this notice"
-                        break
+            async with (self._moving(target, holder) if early else _unclaimed()) as moving:
+                mover = await self._notice_moving(target, holder=holder) if early and moving is None else None
+                if mover is not None:  # another notice's delivery took it since the look
+                    report = await self._join_remotely(plan, target, report, mover=mover)
+                else:  # held here; or not taken early, or held by the follow-up: the requeue tries it then
+                    await self._steps(plan, target, report, held=held, moving=moving, holder=holder, wave=wave)
             report.record = RunRecord.of(event, run=report.run, instances=tuple(report.instances),
                                          steps=report.steps, outcome="done", at=self.clock())
             await held.complete(report.record.as_json())  # after a renewal in flight; not when lost
+        return report
+
+    async def _steps(self, plan: Plan, target: Target, report: RunReport, *, held: HeldClaim,
+                     moving: HeldClaim | None, holder: str, wave: Wave[RunReport] | None) -> None:
+        event = plan.event
+        requeue = partial(self._requeue, holder=holder, wave=wave, moving=moving)
+        for step, act in ((Step.NOTIFY, self._notify), (Step.SIGNAL, self._signal),
+                          (Step.DURABLE, self._durable), (Step.REQUEUE, requeue)):
+            if step in plan.steps:
+                held.check()  # a replica that lost its claim does not take another step
+                try:
+                    await act(plan, target, report)
+                except PermanentError as e:
+                    moved = await self._moved_since(target, event)
+                    if moved is None:
+                        raise
+                    report.skipped = f"{e}; the run was moved for event {moved} after this notice"
+                    break
+
+    def _moves_early(self, plan: Plan, target: Target) -> bool:
+        """Whether this handling takes the run's move claim when it begins: it moves the run, the move
+        takes the whole gang (kubernetes mode, not elastic), and the run is followed (its record says
+        who moved it, for a notice that joined from another replica)."""
+        return (Step.REQUEUE in plan.steps and self.mover is not None and self.mover.claims is not None
+                and self.follower is not None and self._moves_whole_gangs(target))
+
+    def _moving(self, target: Target, holder: str) -> contextlib.AbstractAsyncContextManager[HeldClaim | None]:
+        assert self.mover is not None
+        return self.mover.moving(target.run_key, holder=holder, ttl=self.options.claim_ttl_seconds)
+
+    async def _notice_moving(self, target: Target, *, holder: str) -> str | None:
+        """Who holds ``target``'s move claim, when it is another notice's delivery (a read; None:
+        free, this delivery's own (an earlier attempt of it: it renews the claim), or the
+        follow-up's: a fallback is not a handling to join)."""
+        assert self.mover is not None and self.mover.claims is not None
+        try:
+            current = await self.mover.claims.get(self.mover.move_key(target.run_key))
+        except ResilienceError:
+            return None
+        if (current is None or current.state == "done" or current.holder == holder
+                or current.holder.endswith(FOLLOW_UP_HOLDER)):
+            return None
+        return current.holder
+
+    async def _join_remotely(self, plan: Plan, target: Target, report: RunReport, *, mover: str) -> RunReport:
+        """Join the handling of the run that another notice's delivery (``mover``, in another replica)
+        leads: cordon and drain this notice's own instances (both idempotent), wait until that
+        handling has moved the run (:meth:`_moved_meanwhile`: its whole gang, this notice's
+        instances with it) and be done with that move; no claim and no Event of its own (issue #45:
+        with two replicas each led a handling of most runs).  Not moved (the other handling failed,
+        or waits for capacity): retried, to lead then."""
+        if Step.SIGNAL in plan.steps:
+            await self._signal(plan, target, report, record=False)
+        moved = await self._moved_meanwhile(target, plan.event)
+        if moved is None:
+            raise TemporaryError(f"run {target.run_key} was being handled by another notice's delivery ({mover}) "
+                                 "and is not known to be moved: this notice is looked at again", delay=5.0)
+        report.joined = mover
+        report.skipped = (f"joined the handling of another notice of the run ({mover}); the run was moved for "
+                          f"event {moved} after this notice, with its whole gang")
         return report
 
     def _tell(self, record: RunRecord) -> None:
@@ -689,7 +761,7 @@ class Recovery:
             steps_lost=result.steps_lost, rejected=tuple(result.rejected)))
 
     async def _requeue(self, plan: Plan, target: Target, report: RunReport, *, holder: str,
-                       wave: Wave[RunReport] | None = None) -> None:
+                       wave: Wave[RunReport] | None = None, moving: HeldClaim | None = None) -> None:
         event = plan.event
         if wave is not None:  # the notices that joined the run's handling are in its move; none after
             target = wave.begin_move(target)
@@ -713,16 +785,19 @@ class Recovery:
             report.steps = replace(report.steps, requeue=RequeueStep.unconfigured(
                 "no capacity planner or requeuer configured"))
             return
+        if moving is not None:  # held since the handling began (_moves_early)
+            moving.check()
+            await self._requeue_held(event, target, report)
+            return
         # Under the run's move claim also without the follow-up: a gang's notices come together (a
         # Spot pool is reclaimed at once), each under its own run claim, and two moves of one run at
         # once both change it (seen on the real control plane, tests/cluster/test_mass.py: two
         # ``Requeued`` per run, the Workload reactivated by one while the other steered it).  Taken in
         # the run claims' store, the same one the follow-up's moves use.
-        moving = (self.mover.moving(target.run_key, holder=holder, ttl=self.options.claim_ttl_seconds)
-                  if self.mover.claims is not None else
-                  held_claim(self.claims, self.mover.move_key(target.run_key), holder=holder, logger=self._log,
-                             ttl_seconds=self.options.claim_ttl_seconds, what="move claim", release_on_cancel=False))
-        async with moving as held:
+        claim = (self._moving(target, holder) if self.mover.claims is not None else
+                 held_claim(self.claims, self.mover.move_key(target.run_key), holder=holder, logger=self._log,
+                            ttl_seconds=self.options.claim_ttl_seconds, what="move claim", release_on_cancel=False))
+        async with claim as held:
             if not held:  # its follow-up (or another delivery) moves the run now
                 moved = await self._moved_meanwhile(target, event)
                 if moved is not None:

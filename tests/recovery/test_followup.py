@@ -431,11 +431,12 @@ async def test_a_replica_killed_mid_follow_up_is_taken_over_and_the_run_is_moved
 
 async def test_a_notice_whose_run_another_replica_is_moving_waits_for_that_move_and_is_done_with_it(
         api: Any, kubeapi: KubeApiServer, s3: Any) -> None:
-    """Issue #45: a gang's notices split between two replicas, each leading a handling of the run;
-    the one that finds the run's move claim held by the other's delivery waits (a read a second)
-    until that move is over and, the run's record saying it was moved after this notice with its
-    whole gang, is done with it: no retry (which found the run gone and claimed each notice
-    again), no second move, one ``Requeued``."""
+    """Issue #45: a gang's notices split between two replicas.  The handling that began first holds
+    the run's move claim from its start; a notice of the run in the other replica finds it held by
+    that delivery and joins that handling there: no run claim and no Event of its own; it waits (a
+    read a second) until the run is moved and, the run's record saying it was moved after this
+    notice with its whole gang, is done with it: no retry (which found the run gone and claimed
+    each notice again), no second move, one ``Requeued``."""
     async with two_replicas(api, kubeapi, s3) as (a, b, clock):
         key = a.mover.move_key(f"{NS}/train")
         assert await a.claims.acquire(key, holder="replica-a/m1", ttl_seconds=30)  # a's delivery moves the run
@@ -449,8 +450,13 @@ async def test_a_notice_whose_run_another_replica_is_moving_waits_for_that_move_
         assert outcome.result is Result.DONE, outcome.reason
         (run,) = outcome.details["runs"]
         assert "moved for event 7e9d2f6c-0000-4000-8000-00000000f001 after this notice" in run["skipped"], run
-        assert "requeue" not in run
+        assert "requeue" not in run and run["joined"] == "replica-a/m1"
         assert len(a.events("Requeued")) == 1 and worker_pods_deleted(kubeapi) == 2  # moved once
+        # it joined that handling: no claim of its own (the move claim let go, a's run claim done)
+        keys = sorted(l["metadata"]["annotations"]["resilienced.io/claim-key"]
+                      for l in kubeapi.list("leases", namespace=DAEMON_NS)
+                      if "resilienced.io/claim-key" in l["metadata"].get("annotations", {}))
+        assert keys == ["run/7e9d2f6c-0000-4000-8000-00000000f001/ml/train"], keys
 
 
 async def test_a_notice_whose_run_its_follow_up_is_moving_does_not_wait(world: Follow) -> None:
