@@ -26,8 +26,9 @@ its run moved (its Node's cordon decides it), writes nothing beyond its cordon. 
 measured x1.83 with one replica, docs/benchmarks.md).  Writes answered 409 Conflict are allowed
 besides (each is contention: a claim another holds, an object changed since it was read,
 retried).  Two replicas may each lead a handling of one run (a gang's notices split between their
-receives): each such run has a second run claim, a move claim try and its own ``Draining`` and
-``CheckpointDurable``, up to 8 more per run.
+receives, both begun before either held the run's move claim; otherwise the later joins the other's
+handling from its replica, writing nothing of its own): each such run has a second run claim, a
+move claim try and its own ``Draining`` and ``CheckpointDurable``, up to 8 more per run.
 """
 
 from __future__ import annotations
