@@ -23,8 +23,8 @@ from collections.abc import AsyncIterator, Mapping
 
 from resilienced.errors import ResilienceError, TemporaryError
 from resilienced.log import Logger
-from resilienced.model import JsonValue
-from resilienced.ports import ClaimStore
+from resilienced.model import JsonValue, Outcome, Plan, Result
+from resilienced.ports import Claim, ClaimStore
 
 
 # --------------------------------------------------------------------------- one claim lifecycle
@@ -170,3 +170,32 @@ async def held_claim(store: ClaimStore, key: str, *, holder: str, ttl_seconds: f
         await held._end(release=True)
         raise
     await held._end(release=True)
+
+
+# --------------------------------------------------------------------------- an event's claim not free
+def not_free(plan: Plan, existing: Claim | None, *, holder: str, what: str, held_delay: float) -> Outcome:
+    """The outcome of a delivery (``holder``, ``<replica>/<message id>``) that found the claim of its
+    event (``what``: "the event", or "the event's run" where the run claim stands for it) not free:
+    one rule for the consumer's event claim and the recovery's run claim (issue #45).
+
+    - freed between the try and the look: retried at once;
+    - done: a ``duplicate``;
+    - held by an earlier delivery of this very message (its visibility ran out while it works):
+      kept, retried after ``held_delay``, never deleted, so a slow or dead holder cannot make its
+      event vanish;
+    - held by another delivery: a ``duplicate`` (deleted: the holder's own message stays on the
+      queue until the holder finishes, and comes back if it fails).
+    """
+    event = plan.event
+    if existing is None:
+        return Outcome(result=Result.RETRY, event=event, plan=plan, retry_delay=0,
+                       reason="claim changed hands while checking it")
+    if existing.state == "done":
+        return Outcome(result=Result.DUPLICATE, event=event, plan=plan,
+                       reason=f"event {event.event_id} already handled by {existing.holder}")
+    if existing.holder.rsplit("/", 1)[-1] == holder.rsplit("/", 1)[-1]:
+        return Outcome(result=Result.RETRY, event=event, plan=plan, retry_delay=held_delay,
+                       reason=f"an earlier delivery of this message ({existing.holder}) still holds {what}")
+    return Outcome(result=Result.DUPLICATE, event=event, plan=plan,
+                   reason=f"event {event.event_id} is being handled by {existing.holder}; its message stays "
+                          "on the queue until that finishes")

@@ -25,13 +25,13 @@ handling it reserved for the plan, which the run's other notices joined meanwhil
 from __future__ import annotations
 
 from resilienced.intake import ack_policy
-from resilienced.claims import HeldClaim, held_claim
+from resilienced.claims import HeldClaim, held_claim, not_free
 from resilienced.consumer.flight import Flight
 from resilienced.errors import PermanentError, TemporaryError, backends_of
 from resilienced.log import Logger
 from resilienced.ops.metrics import Metrics
 from resilienced.model import Outcome, Plan, Result
-from resilienced.ports import Claim, ClaimStore, Message, Responder, SharesClaims
+from resilienced.ports import ClaimStore, Message, Responder, SharesClaims
 from resilienced.settings import QueueSettings
 
 
@@ -65,8 +65,8 @@ class EventClaim:
                                   ttl_seconds=float(self.settings.visibility_timeout)) as held:
                 if held is None:
                     existing = await self.claims.get(key)
-                    return self._not_claimed(event_id=event.event_id, plan=plan, message=message,
-                                             existing=existing)
+                    return not_free(plan, existing, holder=flight.holder, what="the event",
+                                    held_delay=float(self.settings.visibility_timeout))
                 outcome = await self._respond(plan, flight)
                 return await self._settle_claim(held, outcome)
         except TemporaryError as e:
@@ -121,24 +121,6 @@ class EventClaim:
                        reason=f"event claim {key} lost while handling it ({held.lost}); its "
                               f"holder decides (this delivery's outcome was {outcome.result.value}: "
                               f"{outcome.reason})")
-
-    def _not_claimed(self, *, event_id: str | None, plan: Plan, message: Message,
-                     existing: Claim | None) -> Outcome:
-        event = plan.event
-        if existing is None:  # it was freed between acquire and get: try again soon
-            return Outcome(result=Result.RETRY, event=event, plan=plan, retry_delay=0,
-                           reason="claim changed hands while checking it")
-        if existing.state == "done":
-            return Outcome(result=Result.DUPLICATE, event=event, plan=plan,
-                           reason=f"event {event_id} already handled by {existing.holder}")
-        if existing.holder.endswith("/" + message.message_id):
-            return Outcome(result=Result.RETRY, event=event, plan=plan,
-                           retry_delay=float(self.settings.visibility_timeout),
-                           reason=f"an earlier delivery of this message ({existing.holder}) still "
-                                  "holds the event")
-        return Outcome(result=Result.DUPLICATE, event=event, plan=plan,
-                       reason=f"event {event_id} is being handled by {existing.holder}; its "
-                              "message stays on the queue until that finishes")
 
     def _retry_delay(self, error: TemporaryError, message: Message) -> float | None:
         """When to receive a message again after ``error``: a backend's failure backs off with

@@ -129,6 +129,7 @@ class FollowUpOptions:
 #: finds the move claim held by a follow-up does not wait for that move (``recovery.responder``).
 FOLLOW_UP_HOLDER = "/follow-up"
 
+
 class RecordChanged(TemporaryError):
     """The follow-up record changed since it was read (another replica, or a notice's requeue)."""
 

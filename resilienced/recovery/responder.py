@@ -48,7 +48,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from handlers import asg_lifecycle, capacity_block_expiry
 from resilienced import log
-from resilienced.claims import HeldClaim, held_claim
+from resilienced.claims import HeldClaim, held_claim, not_free
 from resilienced.clock import utcnow
 from resilienced.recovery.durable import DurableResult, newest_durable, wait_durable
 from resilienced.followup.follower import FOLLOW_UP_HOLDER, Follower
@@ -75,6 +75,7 @@ from resilienced.model import Capacity, Event, JsonValue, Kind, Outcome, Plan, R
 from resilienced.ops.notify import Notifier
 from resilienced.ports import (
     CapacitySource,
+    Claim,
     ClaimStore,
     Cluster,
     CordonClaims,
@@ -176,6 +177,12 @@ class RecoveryMetrics:
 Located = Literal["join", "cordon", "run"]
 
 
+def _no_run(found: Targets) -> str:
+    """The reason of a plan that hits no run: each instance's why."""
+    why = "; ".join(f"{i}: {r}" for i, r in found.unresolved.items()) or "no instances to act on"
+    return f"no Ray run on the affected instances ({why})"
+
+
 @contextlib.asynccontextmanager
 async def _unclaimed() -> AsyncIterator[None]:
     """No move claim taken (the handling takes it at the requeue, if at all)."""
@@ -183,12 +190,12 @@ async def _unclaimed() -> AsyncIterator[None]:
 
 
 class RunHeld(TemporaryError):
-    """The run's claim for this event is held by another delivery (``holder``; None: it was let go
-    between the try and the look)."""
+    """The run's claim for this event was not free: ``existing`` as the look found it (held by
+    another delivery, or done; None: let go between the try and the look)."""
 
-    def __init__(self, message: str, *, holder: str | None, delay: float) -> None:
+    def __init__(self, message: str, *, existing: Claim | None, delay: float) -> None:
         super().__init__(message, delay=delay)
-        self.holder = holder
+        self.existing = existing
 
 
 @dataclass
@@ -202,7 +209,7 @@ class RunReport:
     skipped: str | None = None
     joined: str | None = None  # the event whose handling of the run this notice joined (recovery.waves)
     record: RunRecord | None = None  # what the done claim keeps
-    done_by: str | None = None  # the holder that had done the run for this event (skipped)
+    done: Claim | None = None  # the run's claim for this event, found done (skipped)
 
     def as_json(self) -> dict[str, JsonValue]:
         out: dict[str, JsonValue] = {"run": self.run, "instances": list(self.instances), **self.steps.as_json()}
@@ -329,10 +336,8 @@ class Recovery:
                                reason=f"event {event.event_id} already handled by {handled[0].holder} "
                                       f"(run claim {handled[0].key}); its run has gone since")
         if not runs:
-            why = "; ".join(f"{i}: {r}" for i, r in found.unresolved.items()) or \
-                "no instances to act on"
             return Outcome(result=Result.NOT_ACTIONABLE, event=event, plan=plan,
-                           reason=f"no Ray run on the affected instances ({why})", details=details)
+                           reason=_no_run(found), details=details)
         if permanent:
             return Outcome(result=Result.FAILED, event=event, plan=plan,
                            reason="; ".join(permanent), details=details)
@@ -422,9 +427,8 @@ class Recovery:
                                   " meanwhile: the notice is decided under its event claim on its next delivery")
         details["cordoned"] = [instance]
         self._log.info("recovery", event_id=event.event_id, kind=event.kind.value, **details)
-        why = "; ".join(f"{i}: {r}" for i, r in found.unresolved.items()) or "no instances to act on"
         return Outcome(result=Result.NOT_ACTIONABLE, event=event, plan=plan, details=details,
-                       reason=f"no Ray run on the affected instances ({why})")
+                       reason=_no_run(found))
 
     def _take_located(self, plan: Plan) -> tuple[Targets | None, Located | None]:
         """What :meth:`needs_event_claim` located for this very ``plan`` (once), and why it needs no
@@ -433,23 +437,19 @@ class Recovery:
         return (kept[1], kept[2]) if kept is not None and kept[0] is plan else (None, None)
 
     def _copy_of(self, plan: Plan, got: RunReport | BaseException, *, holder: str) -> Outcome | None:
-        """For a plan of one run whose run claim stood for its event claim: the outcome of a copy of
-        the event, as the event claim would have said it (``consumer.event_claim``): the run done
-        for the event by another delivery, or under way in another delivery, is a ``duplicate``
-        (deleted: the holder's own message stays on the queue until it finishes); an earlier
-        delivery of this very message still holding it is a retry.  None: not a copy."""
-        event = plan.event
-        if isinstance(got, RunReport) and got.done_by is not None:
-            return Outcome(result=Result.DUPLICATE, event=event, plan=plan, details={"runs": [got.as_json()]},
-                           reason=f"event {event.event_id} already handled by {got.done_by}")
-        if not isinstance(got, RunHeld) or got.holder is None:
+        """For a plan of one run whose run claim stood for its event claim: the outcome the event
+        claim would have given a copy of the event (:func:`claims.not_free`, the consumer's rule):
+        the run found done for the event, or held by another delivery, or held by an earlier
+        delivery of this very message.  None: not a copy (the run was handled here)."""
+        if isinstance(got, RunReport) and got.done is not None:
+            existing: Claim | None = got.done
+        elif isinstance(got, RunHeld):
+            existing = got.existing
+        else:
             return None
-        if got.holder.split("/", 1)[-1] == holder.split("/", 1)[-1]:
-            return Outcome(result=Result.RETRY, event=event, plan=plan, retry_delay=got.delay,
-                           reason=f"an earlier delivery of this message ({got.holder}) still holds the event's run")
-        return Outcome(result=Result.DUPLICATE, event=event, plan=plan,
-                       reason=f"event {event.event_id} is being handled by {got.holder}; its message stays "
-                              "on the queue until that finishes")
+        outcome = not_free(plan, existing, holder=holder, what="the event's run",
+                           held_delay=self.options.claim_ttl_seconds)
+        return replace(outcome, details={"runs": [got.as_json()]}) if isinstance(got, RunReport) else outcome
 
     @staticmethod
     def _joins(plan: Plan, wave: Wave[RunReport] | None) -> bool:
@@ -509,8 +509,9 @@ class Recovery:
 
     async def _moved_meanwhile(self, target: Target, event: Event) -> str | None:
         """The event another delivery moved ``target``'s run for after ``event`` (:meth:`_moved_since`),
-        once the run's move claim, held by that delivery now, is let go: waited for at most one claim
-        TTL, a read a second (issue #45: a gang's notices split between two replicas each led a
+        once the run's move claim, held by that delivery now, is let go: waited for at most
+        :data:`MOVE_WAIT_S` (a live holder renews it through its save and move; a dead one's lapses
+        within its TTL, and the look then finds it free), a read a second (issue #45: a gang's notices split between two replicas each led a
         handling of the run; the one that found the move claim held was retried, and each of its
         notices, its run gone by then, took an event claim of its own).  Only where a move takes the
         whole gang (kubernetes mode, not elastic: this notice's instances were in it) and the run is
@@ -519,7 +520,7 @@ class Recovery:
             return None
         store, key = self.mover.claims or self.claims, self.mover.move_key(target.run_key)
         loop = asyncio.get_running_loop()
-        until = loop.time() + min(MOVE_WAIT_S, self.options.claim_ttl_seconds)
+        until = loop.time() + MOVE_WAIT_S
         while True:
             try:
                 held = await store.get(key)
@@ -572,13 +573,13 @@ class Recovery:
                 existing = await self.claims.get(key)
                 if existing is not None and existing.state == "done":
                     report.skipped = f"already done for this event by {existing.holder}"
-                    report.done_by = existing.holder
+                    report.done = existing
                     return report
                 who = existing.holder if existing is not None else "another delivery"
                 # a live holder renews its claim; a dead one's lapses within ttl: look again then, not
                 # sooner (each look is a receive, and the redrive policy counts them)
                 raise RunHeld(f"run {target.run_key} for event {event.event_id} is being handled by {who}",
-                              holder=existing.holder if existing is not None else None, delay=ttl)
+                              existing=existing, delay=ttl)
             async with (self._moving(target, holder) if early else _unclaimed()) as moving:
                 mover = await self._notice_moving(target, holder=holder) if early and moving is None else None
                 if mover is not None:  # another notice's delivery took it since the look
@@ -637,15 +638,16 @@ class Recovery:
         leads: cordon and drain this notice's own instances (both idempotent), wait until that
         handling has moved the run (:meth:`_moved_meanwhile`: its whole gang, this notice's
         instances with it) and be done with that move; no claim and no Event of its own (issue #45:
-        with two replicas each led a handling of most runs).  Not moved (the other handling failed,
-        or waits for capacity): retried, to lead then."""
+        with two replicas each led a handling of most runs); ``joined`` is the event the run was
+        moved for.  Not moved (the other handling failed, or waits for capacity): retried, to lead
+        then."""
         if Step.SIGNAL in plan.steps:
             await self._signal(plan, target, report, record=False)
         moved = await self._moved_meanwhile(target, plan.event)
         if moved is None:
             raise TemporaryError(f"run {target.run_key} was being handled by another notice's delivery ({mover}) "
                                  "and is not known to be moved: this notice is looked at again", delay=5.0)
-        report.joined = mover
+        report.joined = moved
         report.skipped = (f"joined the handling of another notice of the run ({mover}); the run was moved for "
                           f"event {moved} after this notice, with its whole gang")
         return report

@@ -446,11 +446,12 @@ async def test_a_notice_whose_run_another_replica_is_moving_waits_for_that_move_
         assert not waiting.done()
         first = await a.recovery.act(state_change(clock[0]), holder="replica-a/m1")
         assert first.result is Result.DONE and first.details["runs"][0]["requeue"]["capacity"] == "capacity-block"
-        outcome = await asyncio.wait_for(waiting, 30)
+        outcome = await waiting
         assert outcome.result is Result.DONE, outcome.reason
         (run,) = outcome.details["runs"]
         assert "moved for event 7e9d2f6c-0000-4000-8000-00000000f001 after this notice" in run["skipped"], run
-        assert "requeue" not in run and run["joined"] == "replica-a/m1"
+        assert "requeue" not in run and run["joined"] == "7e9d2f6c-0000-4000-8000-00000000f001"
+        assert "joined the handling of another notice of the run (replica-a/m1)" in run["skipped"]
         assert len(a.events("Requeued")) == 1 and worker_pods_deleted(kubeapi) == 2  # moved once
         # it joined that handling: no claim of its own (the move claim let go, a's run claim done)
         keys = sorted(l["metadata"]["annotations"]["resilienced.io/claim-key"]
