@@ -135,6 +135,9 @@ class Result:
     #: The daemon's writes answered 409 Conflict (a claim another holds, an object changed since it
     #: was read: each retried or given up), by verb and resource.
     conflicts: Counter[str]
+    #: Claim renewals (:func:`claim_renewals`): a held claim renewed every third of its TTL, so a
+    #: handling that lasts longer (a loaded machine) renews more; named in the bound, counted apart.
+    renewals: int
     #: The daemon's reads once the notices were all settled (Observer.quiet_at), by verb and resource.
     quiet_reads: Counter[str]
     quiet_at: float | None
@@ -242,6 +245,7 @@ class Result:
                     "within_2x_floor": writes <= 2 * self.floor(),
                     "bookkeeping_per_run": round(sum(self.bookkeeping().values()) / n, 2),
                     "conflicts": dict(self.conflicts.most_common()),
+                    "claim_renewals": self.renewals,
                     "writes": dict(self.writes().most_common()), "reads": dict(self.reads().most_common()),
                     "watches": sum(c for (v, _), c in self.calls.items() if v == "watch"),
                     "followup_run_minutes": round(self.followup_minutes(), 2),
@@ -530,9 +534,9 @@ def peak_rss_mib(pid: int) -> float:
     return 0.0
 
 
-def audit_calls(path: Path, *, since: float, until: float) -> list[tuple[float, str, str, int]]:
+def audit_calls(path: Path, *, since: float, until: float) -> list[tuple[float, str, str, int, str]]:
     """The daemon's requests in [since, until] from the audit log: (time, verb, resource[/sub], the
-    response's status code)."""
+    response's status code, the object's name)."""
     seen: set[str] = set()
     out = []
     with open(path) as f:
@@ -556,8 +560,19 @@ def audit_calls(path: Path, *, since: float, until: float) -> list[tuple[float, 
                 resource = RECORDS
             if ref.get("subresource"):
                 resource += "/" + ref["subresource"]
-            out.append((t, entry["verb"], resource, int((entry.get("responseStatus") or {}).get("code") or 0)))
+            out.append((t, entry["verb"], resource, int((entry.get("responseStatus") or {}).get("code") or 0),
+                        str(ref.get("name") or "")))
     return out
+
+
+def claim_renewals(calls: list[tuple[float, str, str, int, str]]) -> int:
+    """The claim Leases' renewals among the daemon's updates (answered 200): a claim Lease that was
+    deleted (a move claim let go) was only ever renewed by its updates; one kept (a run claim, or an
+    event claim) had one update that completed it and the rest were renewals."""
+    updates: Counter[str] = Counter(name for _, v, res, code, name in calls
+                                    if res == "leases" and v == "update" and code == 200)
+    deleted = {name for _, v, res, code, name in calls if res == "leases" and v == "delete" and code == 200}
+    return sum(n if name in deleted else n - 1 for name, n in updates.items())
 
 
 # --------------------------------------------------------------------------- one wave
@@ -638,9 +653,11 @@ def run_wave(plane: ControlPlane, world: World, aws: Aws, wave: Wave, workdir: P
         observer.close()
         calls = audit_calls(plane.audit_log, since=t0, until=t_end)
         quiet = observer.quiet_at
-        quiet_reads = Counter(f"{v} {res}" for t, v, res, _ in calls if v in READ_VERBS and quiet is not None and t >= quiet)
-        return Result(wave=wave, runs=runs, calls=Counter((v, res) for _, v, res, _ in calls),
-                      conflicts=Counter(f"{v} {res}" for _, v, res, code in calls if v in WRITE_VERBS and code == 409),
+        quiet_reads = Counter(f"{v} {res}" for t, v, res, _, _ in calls
+                              if v in READ_VERBS and quiet is not None and t >= quiet)
+        return Result(wave=wave, runs=runs, calls=Counter((v, res) for _, v, res, _, _ in calls),
+                      conflicts=Counter(f"{v} {res}" for _, v, res, code, _ in calls if v in WRITE_VERBS and code == 409),
+                      renewals=claim_renewals(calls),
                       quiet_reads=quiet_reads, quiet_at=quiet,
                       cpu_s=cpu - cpu_start, cpu_start_s=cpu_start, peak_rss_mib=rss, wall_s=t_end - t0,
                       in_flight=in_flight, notices=notices, drains=observer.drain_count, ended=ended,
