@@ -23,6 +23,13 @@ One Lease per claim key, in one namespace, named ``resilienced-<first 20 hex of 
               holds it and it is not done (a done claim must outlive its holder)
     get       read it back as a Claim (None for a held Lease past its duration: free)
 
+The writer's copy: the store keeps the Lease each of its own writes returned while the claim is
+held by the writer (bounded, :data:`MINE_MAX`).  A renewal, a completion or a release by that
+holder first writes against that copy's resourceVersion: one request (an update, or a delete with
+uid and resourceVersion preconditions), no create answered 409 and no read.  It succeeds only when
+nobody wrote the Lease since, so the claim is still the holder's; a 409 or 404 drops the copy and
+goes the way above (issue #45: a renewal had cost a create answered 409, a read and an update).
+
 The rules are the ``ports.ClaimStore`` contract (tests/intake/test_claim_contract.py runs it
 against this store on the emulated API server).
 
@@ -41,6 +48,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from datetime import datetime, timedelta, timezone
 
@@ -63,6 +71,7 @@ MANAGED_BY = {"app.kubernetes.io/managed-by": "resilienced"}
 STATE_HELD = "held"
 STATE_DONE = "done"
 _RETRIES = 5  # reads of a Lease that keeps changing under complete() (resilienced.retry)
+MINE_MAX = 4096  # the writer's copies kept (a claim lost or left to lapse is never settled here)
 
 
 def lease_name(key: str) -> str:
@@ -98,8 +107,28 @@ class KubeLeaseClaims:
         self.namespace = namespace
         self._timeout = request_timeout_s
         self._clock = clock
+        #: Lease name -> the Lease as our last write left it, while held by its holder (module doc).
+        self._mine: OrderedDict[str, dict[str, JsonValue]] = OrderedDict()
 
     # ------------------------------------------------------------------ helpers
+    def _keep(self, lease: dict[str, JsonValue] | None) -> dict[str, JsonValue] | None:
+        """Remember ``lease`` (what our write returned) as the writer's copy; returned as given."""
+        if lease is not None:
+            name = lease["metadata"]["name"]
+            self._mine[name] = lease
+            self._mine.move_to_end(name)
+            while len(self._mine) > MINE_MAX:
+                self._mine.popitem(last=False)
+        return lease
+
+    def _copy(self, key: str, holder: str) -> dict[str, JsonValue] | None:
+        """The writer's copy of ``key``'s Lease when ``holder`` holds it as our last write left it
+        (taken out: the caller writes against it and keeps what it gets back)."""
+        lease = self._mine.get(lease_name(key))
+        if lease is None or (lease.get("spec") or {}).get("holderIdentity") != holder:
+            return None
+        return self._mine.pop(lease_name(key))
+
     async def _read(self, name: str) -> dict[str, JsonValue] | None:
         try:
             return await call(verb="get", resource="leases", request=self._api.read_namespaced_lease(
@@ -175,21 +204,24 @@ class KubeLeaseClaims:
     # ------------------------------------------------------------------ ClaimStore
     async def acquire(self, key: str, *, holder: str, ttl_seconds: float) -> Claim | None:
         body = self._body(key, holder=holder, ttl_seconds=ttl_seconds, state=STATE_HELD)
-        created = await self._create(body)
+        mine = self._copy(key, holder)
+        if mine is not None:  # a renewal: one update against our last write (module doc)
+            renewed = self._keep(await self._replace(self._renewed(mine, body)))
+            if renewed is not None:
+                return self._claim(key, renewed)
+        created = self._keep(await self._create(body))
         if created is not None:
             return self._claim(key, created)
         current = await self._read(lease_name(key))
         if current is None:  # deleted between our create and read: one more try
-            created = await self._create(body)
+            created = self._keep(await self._create(body))
             return self._claim(key, created) if created is not None else None
         notes = (current.get("metadata") or {}).get("annotations") or {}
         if notes.get(STATE_ANNOTATION) == STATE_DONE:
             return None
         spec = current.get("spec") or {}
         if spec.get("holderIdentity") == holder:  # the holder renews its own claim
-            renewed = await self._replace({**current, "spec": {
-                **spec, "renewTime": body["spec"]["renewTime"],
-                "leaseDurationSeconds": body["spec"]["leaseDurationSeconds"]}})
+            renewed = self._keep(await self._replace(self._renewed(current, body)))
             return self._claim(key, renewed) if renewed is not None else None
         if not self._expired(current):
             return None
@@ -199,11 +231,18 @@ class KubeLeaseClaims:
                          "annotations": {**notes, KEY_ANNOTATION: key, STATE_ANNOTATION: STATE_HELD}},
             "spec": {**body["spec"], "leaseTransitions": int(spec.get("leaseTransitions") or 0) + 1},
         }
-        replaced = await self._replace(takeover)
+        replaced = self._keep(await self._replace(takeover))
         if replaced is None:
             return None
         log.info("claim taken over (expired)", key=key, previous=spec.get("holderIdentity"), holder=holder)
         return self._claim(key, replaced)
+
+    @staticmethod
+    def _renewed(lease: Mapping[str, JsonValue], body: Mapping[str, JsonValue]) -> dict[str, JsonValue]:
+        """``lease`` (held by the renewing holder) with ``body``'s renewTime and duration."""
+        spec = lease.get("spec") or {}
+        return {**lease, "spec": {**spec, "renewTime": body["spec"]["renewTime"],
+                                  "leaseDurationSeconds": body["spec"]["leaseDurationSeconds"]}}
 
     async def get(self, key: str) -> Claim | None:
         lease = await self._read(lease_name(key))
@@ -215,6 +254,9 @@ class KubeLeaseClaims:
         return claim
 
     async def complete(self, key: str, *, holder: str, details: Mapping[str, JsonValue]) -> None:
+        mine = self._copy(key, holder)
+        if mine is not None and await self._replace(self._done(mine, holder=holder, details=details)) is not None:
+            return  # nobody wrote it since our last write: ours, held (module doc)
         async for _ in retry.attempts(_RETRIES):  # a 409: read the other writer's Lease again
             current = await self._read(lease_name(key))
             if current is None:
@@ -226,26 +268,26 @@ class KubeLeaseClaims:
                 return
             if (current.get("spec") or {}).get("holderIdentity") != holder and not self._expired(current):
                 return  # taken over after our TTL ran out: the new holder decides
-            done = {
-                **current,
-                "metadata": {**current["metadata"], "annotations": {
-                    **notes, STATE_ANNOTATION: STATE_DONE,
-                    DETAILS_ANNOTATION: json.dumps(dict(details), sort_keys=True, default=str)}},
-                "spec": {**(current.get("spec") or {}), "holderIdentity": holder,
-                         "renewTime": _micro_time(self._clock())},
-            }
-            if await self._replace(done) is not None:
+            if await self._replace(self._done(current, holder=holder, details=details)) is not None:
                 return
         raise BackendUnavailable(BACKEND, f"complete claim {key}: the Lease kept changing")
 
-    async def release(self, key: str, *, holder: str) -> None:
-        current = await self._read(lease_name(key))
-        if current is None:
-            return
-        notes = (current.get("metadata") or {}).get("annotations") or {}
-        if notes.get(STATE_ANNOTATION) == STATE_DONE or (current.get("spec") or {}).get("holderIdentity") != holder:
-            return
-        meta = current["metadata"]
+    def _done(self, lease: Mapping[str, JsonValue], *, holder: str,
+              details: Mapping[str, JsonValue]) -> dict[str, JsonValue]:
+        """``lease`` marked done by ``holder`` with ``details``."""
+        notes = (lease.get("metadata") or {}).get("annotations") or {}
+        return {
+            **lease,
+            "metadata": {**lease["metadata"], "annotations": {
+                **notes, STATE_ANNOTATION: STATE_DONE,
+                DETAILS_ANNOTATION: json.dumps(dict(details), sort_keys=True, default=str)}},
+            "spec": {**(lease.get("spec") or {}), "holderIdentity": holder, "renewTime": _micro_time(self._clock())},
+        }
+
+    async def _delete(self, lease: Mapping[str, JsonValue]) -> bool:
+        """Delete ``lease`` on condition that its uid and resourceVersion still match; False: it
+        changed or went since (409, 404)."""
+        meta = lease["metadata"]
         options = {"preconditions": {"uid": meta.get("uid"), "resourceVersion": meta.get("resourceVersion")}}
         try:
             await call(verb="delete", resource="leases", request=self._api.delete_namespaced_lease(
@@ -253,6 +295,20 @@ class KubeLeaseClaims:
         except KubeStatusError as err:
             if err.status not in (404, 409):
                 raise
+            return False
+        return True
+
+    async def release(self, key: str, *, holder: str) -> None:
+        mine = self._copy(key, holder)
+        if mine is not None and await self._delete(mine):
+            return  # nobody wrote it since our last write: ours, held (module doc)
+        current = await self._read(lease_name(key))
+        if current is None:
+            return
+        notes = (current.get("metadata") or {}).get("annotations") or {}
+        if notes.get(STATE_ANNOTATION) == STATE_DONE or (current.get("spec") or {}).get("holderIdentity") != holder:
+            return
+        await self._delete(current)
 
     async def _list(self) -> list[dict[str, JsonValue]]:
         selector = ",".join(f"{k}={v}" for k, v in MANAGED_BY.items())

@@ -92,6 +92,9 @@ from resilienced.settings import ExportMode, QueueSettings, RecoverySettings, Se
 #: its start: the save before the notice's deadline, then a few seconds of Kueue's and KubeRay's work).
 MOVE_POLL_S = 1.0
 MOVE_WAIT_S = 300.0
+#: Between a delivery (``<replica>/<message id>``) and its event id in the holder of a move claim a
+#: handling holds from its start (``Responder._lead_moving``): ``<replica>/<message id>#event=<id>``.
+EVENT_MARK = "#event="
 
 #: Reasons of the Kubernetes Events resilienced records (kubernetes mode; logged in ray mode).
 REASON_NOTICE = "InterruptionNotice"
@@ -181,12 +184,6 @@ def _no_run(found: Targets) -> str:
     """The reason of a plan that hits no run: each instance's why."""
     why = "; ".join(f"{i}: {r}" for i, r in found.unresolved.items()) or "no instances to act on"
     return f"no Ray run on the affected instances ({why})"
-
-
-@contextlib.asynccontextmanager
-async def _unclaimed() -> AsyncIterator[None]:
-    """No move claim taken (the handling takes it at the requeue, if at all)."""
-    yield None
 
 
 class RunHeld(TemporaryError):
@@ -555,40 +552,89 @@ class Recovery:
         complete it, docs/reliability.md, the fencing fix; a step under way when it is lost
         finishes, every step is idempotent).
 
-        A run moved with its whole gang and followed (:meth:`_moves_early`) is also held under its
-        move claim from the start (not only for the requeue), so that a notice of the run in
-        another replica, finding the move claim held by this delivery, joins this handling there
-        (:meth:`_join_remotely`: no claim, no Event of its own) instead of leading a second one."""
+        A run moved with its whole gang and followed (:meth:`_moves_early`) is led under its move
+        claim instead (:meth:`_lead_moving`), unless the follow-up holds that claim now."""
         event = plan.event
         report = RunReport(run=target.run_key, instances=list(target.facts.instance_ids))
         key = f"run/{event.event_id}/{target.run_key}"
+        if self._moves_early(plan, target):
+            led = await self._lead_moving(plan, target, report, key=key, holder=holder, wave=wave)
+            if led is not None:
+                return led
         ttl = self.options.claim_ttl_seconds
-        early = self._moves_early(plan, target)
-        if early:
-            mover = await self._notice_moving(target, holder=holder)
-            if mover is not None and await self.claims.get(key) is None:  # not a copy of that notice
-                return await self._join_remotely(plan, target, report, mover=mover)
         async with held_claim(self.claims, key, holder=holder, ttl_seconds=ttl, logger=self._log) as held:
             if held is None:
                 existing = await self.claims.get(key)
                 if existing is not None and existing.state == "done":
-                    report.skipped = f"already done for this event by {existing.holder}"
-                    report.done = existing
-                    return report
+                    return self._done_already(report, existing)
                 who = existing.holder if existing is not None else "another delivery"
                 # a live holder renews its claim; a dead one's lapses within ttl: look again then, not
                 # sooner (each look is a receive, and the redrive policy counts them)
                 raise RunHeld(f"run {target.run_key} for event {event.event_id} is being handled by {who}",
                               existing=existing, delay=ttl)
-            async with (self._moving(target, holder) if early else _unclaimed()) as moving:
-                mover = await self._notice_moving(target, holder=holder) if early and moving is None else None
-                if mover is not None:  # another notice's delivery took it since the look
-                    report = await self._join_remotely(plan, target, report, mover=mover)
-                else:  # held here; or not taken early, or held by the follow-up: the requeue tries it then
-                    await self._steps(plan, target, report, held=held, moving=moving, holder=holder, wave=wave)
+            await self._steps(plan, target, report, held=held, moving=None, holder=holder, wave=wave)
             report.record = RunRecord.of(event, run=report.run, instances=tuple(report.instances),
                                          steps=report.steps, outcome="done", at=self.clock())
             await held.complete(report.record.as_json())  # after a renewal in flight; not when lost
+        return report
+
+    @staticmethod
+    def _done_already(report: RunReport, existing: Claim) -> RunReport:
+        report.skipped = f"already done for this event by {existing.holder}"
+        report.done = existing
+        return report
+
+    async def _lead_moving(self, plan: Plan, target: Target, report: RunReport, *, key: str, holder: str,
+                           wave: Wave[RunReport] | None) -> RunReport | None:
+        """Lead the handling of a run moved with its whole gang and followed under the run's move claim
+        alone, held from the start: it stands for the run claim while the steps go on, and the run
+        claim (``key``) is written once, done with the run's record, before the move claim is let go
+        (issue #45: two claims renewed through a long save were two Lease writes per renewal; now the
+        run claim is one write instead of a create, its renewals and its completion).
+
+        The move claim's holder is this delivery marked with its event (:data:`EVENT_MARK`), so a
+        delivery that finds the claim held tells a copy of its own event (as under the run claim,
+        ``claims.not_free``: a duplicate, or a retry when it is an earlier delivery of this very
+        message) from another notice of the run, in another replica, which joins this handling
+        there (:meth:`_join_remotely`: no claim, no Event of its own).  Holding the claim, it reads
+        the run claim: found done (the handling of a copy finished, and let the move claim go,
+        since this delivery looked) it is a duplicate, not a second move.  None: the follow-up holds
+        the move claim now (a fallback): the run is led under its run claim, and the requeue takes
+        the move claim when it gets there.  Holding the claim, it also reads the run's follow-up
+        record (:meth:`_moved_since`): a notice that located its run before another notice's handling
+        moved it, and took the move claim once that handling let it go, is done with that move, not
+        a second one."""
+        event = plan.event
+        async with self._moving(target, f"{holder}{EVENT_MARK}{event.event_id}") as moving:
+            if moving is None:
+                assert self.mover is not None and self.mover.claims is not None
+                current = await self.mover.claims.get(self.mover.move_key(target.run_key))
+                if current is None or current.state == "done":
+                    raise TemporaryError(f"the move claim of run {target.run_key} was let go while looking at "
+                                         "it: this notice is looked at again", delay=0)
+                if current.holder.endswith(FOLLOW_UP_HOLDER):
+                    return None
+                delivery, mark, of_event = current.holder.rpartition(EVENT_MARK)
+                if mark and of_event == event.event_id:  # a copy of this event leads the run's handling
+                    raise RunHeld(f"run {target.run_key} for event {event.event_id} is being handled by {delivery}",
+                                  existing=replace(current, holder=delivery), delay=self.options.claim_ttl_seconds)
+                return await self._join_remotely(plan, target, report, mover=delivery if mark else current.holder)
+            existing = await self.claims.get(key)
+            if existing is not None:  # a copy of this event handled the run (done), or leads it the other way
+                if existing.state == "done":
+                    return self._done_already(report, existing)
+                raise RunHeld(f"run {target.run_key} for event {event.event_id} is being handled by "
+                              f"{existing.holder}", existing=existing, delay=self.options.claim_ttl_seconds)
+            moved = await self._moved_since(target, event)
+            if moved is not None:  # located before another notice's handling moved the run, let go since
+                report.joined = moved
+                report.skipped = f"the run was moved for event {moved} after this notice, with its whole gang"
+                return report
+            await self._steps(plan, target, report, held=moving, moving=moving, holder=holder, wave=wave)
+            report.record = RunRecord.of(event, run=report.run, instances=tuple(report.instances),
+                                         steps=report.steps, outcome="done", at=self.clock())
+            moving.check()
+            await self.claims.complete(key, holder=holder, details=report.record.as_json())
         return report
 
     async def _steps(self, plan: Plan, target: Target, report: RunReport, *, held: HeldClaim,
@@ -609,29 +655,16 @@ class Recovery:
                     break
 
     def _moves_early(self, plan: Plan, target: Target) -> bool:
-        """Whether this handling takes the run's move claim when it begins: it moves the run, the move
-        takes the whole gang (kubernetes mode, not elastic), and the run is followed (its record says
-        who moved it, for a notice that joined from another replica)."""
+        """Whether this handling is led under the run's move claim, taken when it begins
+        (:meth:`_lead_moving`): it moves the run, the move takes the whole gang (kubernetes mode, not
+        elastic), and the run is followed (its record says who moved it, for a notice that joined
+        from another replica)."""
         return (Step.REQUEUE in plan.steps and self.mover is not None and self.mover.claims is not None
                 and self.follower is not None and self._moves_whole_gangs(target))
 
     def _moving(self, target: Target, holder: str) -> contextlib.AbstractAsyncContextManager[HeldClaim | None]:
         assert self.mover is not None
         return self.mover.moving(target.run_key, holder=holder, ttl=self.options.claim_ttl_seconds)
-
-    async def _notice_moving(self, target: Target, *, holder: str) -> str | None:
-        """Who holds ``target``'s move claim, when it is another notice's delivery (a read; None:
-        free, this delivery's own (an earlier attempt of it: it renews the claim), or the
-        follow-up's: a fallback is not a handling to join)."""
-        assert self.mover is not None and self.mover.claims is not None
-        try:
-            current = await self.mover.claims.get(self.mover.move_key(target.run_key))
-        except ResilienceError:
-            return None
-        if (current is None or current.state == "done" or current.holder == holder
-                or current.holder.endswith(FOLLOW_UP_HOLDER)):
-            return None
-        return current.holder
 
     async def _join_remotely(self, plan: Plan, target: Target, report: RunReport, *, mover: str) -> RunReport:
         """Join the handling of the run that another notice's delivery (``mover``, in another replica)

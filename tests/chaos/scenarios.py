@@ -259,11 +259,15 @@ PHASES = ("claimed", "drained", "durability-wait", "requeued")
 
 
 def _holder(w: World, n: int) -> Any:
-    """The replica holding run ``trial-n``'s claim (by the HOSTNAME prefix of its holder identity)."""
+    """The replica holding run ``trial-n``'s claim (by the HOSTNAME prefix of its holder identity):
+    its run claim, or its move claim, which a followed run's handling holds from its start, standing
+    for the run claim (docs/reliability.md, "Fewer claims per run")."""
     leases = w.kube.call(w.kube.server.list, "leases", namespace="resilienced")
     for lease in leases:
-        key = lease["metadata"].get("annotations", {}).get(KEY_ANNOTATION, "")
-        if key.startswith("run/") and key.endswith(f"/trial-{n}/train"):
+        notes = lease["metadata"].get("annotations", {})
+        key = notes.get(KEY_ANNOTATION, "")
+        if notes.get(STATE_ANNOTATION) != "done" and (
+                key == f"move/trial-{n}/train" or key.startswith("run/") and key.endswith(f"/trial-{n}/train")):
             holder = lease["spec"].get("holderIdentity", "")
             for daemon in w.replicas:
                 if holder.startswith(daemon.hostname + ":"):
@@ -277,8 +281,10 @@ def _arm(w: World, phase: str, *, run_key: str) -> Any:
         return w.kube.call(server.delay, 3600, verb="patch", resource="nodes")
     if phase == "drained":  # drained (tainted); the Draining Event is held
         return w.kube.call(server.delay, 3600, verb="create", resource="events")
-    if phase == "requeued":  # every update of the run's claim is held: its completion comes after the requeue
-        return w.kube.call(server.delay, 3600, verb="update", resource="leases", name=lease_name(run_key))
+    if phase == "requeued":  # the run claim's write is held: it is written done after the requeue (a create,
+        # under the move claim; an update completing it for a run led under its run claim)
+        w.kube.call(server.delay, 3600, verb="update", resource="leases", name=lease_name(run_key))
+        return w.kube.call(server.delay, 3600, verb="create", resource="leases", name=lease_name(run_key))
     return None  # durability-wait: nothing held; no checkpoint yet
 
 

@@ -14,23 +14,27 @@ API writes (the daemon's, from the audit log) are bounded by the floor plus the 
 counts it: per lost instance the Node's cordon, per move (the requeue, each fallback) 3 writes
 (Workload deactivated, RayJob steered, Workload reactivated with its PodSets steered, one write
 since issue #45): here 2 + 3 = **5 per run**, 3 more per fallback.  2x that is out of reach at 2
-workers: a run's bookkeeping is fixed, not per instance (the leading notice's run claim, which
-stands for its event claim, created and completed; the move claim, created and let go; one Event
-per step on the RayJob: ``Draining``, ``CheckpointDurable``, ``Requeued``, ``TrainingResumed``;
-the follow-up record, opened, the first look's evidence, a stage a look waits after, the end with
-its ledger: 12 writes), so the bound held here is ``writes <= floor + bookkeeping`` (12 per run, 6
-per fallback: its move claim, ``RecoveryStalled`` and ``Requeued``, the record's move decided and
-made; 7 per run without the follow-up).  A notice that joins its run's handling, or comes after
-its run moved (its Node's cordon decides it), writes nothing beyond its cordon.  At 10 workers
-(``bench/mass.py``: floor 13) the same allowance is 25 writes per run, x1.92 (the full wave
-measured x1.83 with one replica, docs/benchmarks.md).  Writes answered 409 Conflict are allowed
+workers: a run's bookkeeping is fixed, not per instance (the move claim, held from the handling's
+start, created and let go; the leading notice's run claim, which stands for its event claim,
+written once, done, the move claim standing for it meanwhile; one Event per step on the RayJob:
+``Draining``, ``CheckpointDurable``, ``Requeued``, ``TrainingResumed``; the follow-up record,
+opened, the first look's evidence, a stage a look waits after, the end with its ledger: 11
+writes), so the bound held here is ``writes <= floor + bookkeeping`` (11 per run, 6 per fallback:
+its move claim, ``RecoveryStalled`` and ``Requeued``, the record's move decided and made; 7 per
+run without the follow-up, whose run claim is created and completed).  A notice that joins its
+run's handling, or comes after its run moved (its Node's cordon decides it), writes nothing
+beyond its cordon.  At 10 workers (``bench/mass.py``: floor 13) the same allowance is 24 writes
+per run, x1.85 (docs/benchmarks.md).  Writes answered 409 Conflict are allowed
 besides (each is contention: a claim another holds, an object changed since it was read,
 retried), and so are claim renewals (``mass.claim_renewals``, from the audit log by Lease: a held
 claim is renewed every third of its TTL, so a loaded machine's longer handlings renew more; run 92
-in docs/development.md failed for want of them).  Two replicas may each lead a handling of one run (a gang's notices split between their
-receives, both begun before either held the run's move claim; otherwise the later joins the other's
-handling from its replica, writing nothing of its own): each such run has a second run claim, a
-move claim try and its own ``Draining`` and ``CheckpointDurable``, up to 8 more per run.
+in docs/development.md failed for want of them).  With two replicas a gang's notices split between
+their receives: a handling takes the run's move claim first, so the other replica's notice finds it
+held and joins that handling from its replica (a create answered 409, then nothing of its own), or
+takes it once that handling let it go and, the run moved after its notice, is done with that move.
+The bound still allows what a second handling of a run would write (a second run claim, a move
+claim, its own ``Draining`` and ``CheckpointDurable``: 8 per run), from before the move claim was
+taken first.
 """
 
 from __future__ import annotations

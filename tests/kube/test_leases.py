@@ -105,6 +105,74 @@ async def test_an_expired_claim_is_taken_over(
     assert await a.acquire(KEY, holder="replica-a", ttl_seconds=30) is None
 
 
+def _calls(kubeapi: KubeApiServer) -> list[tuple[str, int]]:
+    return [(r.verb, r.status) for r in kubeapi.requests]
+
+
+async def test_the_holder_renews_completes_and_releases_with_one_request_each(
+    replicas: tuple[KubeLeaseClaims, KubeLeaseClaims], clock: Clock, kubeapi: KubeApiServer
+) -> None:
+    """The writer's copy (kube.leases, issue #45): a renewal had cost a create answered 409, a read
+    and an update; a completion and a release a read besides their write."""
+    a, b = replicas
+    await a.acquire(KEY, holder="replica-a/m1", ttl_seconds=30)
+    kubeapi.reset_log()
+    clock.now += timedelta(seconds=10)
+    renewed = await a.acquire(KEY, holder="replica-a/m1", ttl_seconds=30)
+    assert renewed is not None and renewed.holder == "replica-a/m1"
+    assert _calls(kubeapi) == [("update", 200)]
+    clock.now += timedelta(seconds=25)  # 35 s after the acquire, 25 after the renewal: still live
+    assert await b.acquire(KEY, holder="replica-b/m2", ttl_seconds=30) is None
+    kubeapi.reset_log()
+    await a.complete(KEY, holder="replica-a/m1", details={"n": 1})
+    assert _calls(kubeapi) == [("update", 200)]
+    done = await b.get(KEY)
+    assert (done.state, done.holder, dict(done.details)) == ("done", "replica-a/m1", {"n": 1})
+
+    other = "move/ml/train"
+    await a.acquire(other, holder="replica-a/m1", ttl_seconds=30)
+    kubeapi.reset_log()
+    await a.release(other, holder="replica-a/m1")
+    assert _calls(kubeapi) == [("delete", 200)]
+    assert await b.acquire(other, holder="replica-b/m2", ttl_seconds=30) is not None
+
+
+async def test_a_lease_written_by_someone_else_since_is_read_again_before_the_holder_writes(
+    replicas: tuple[KubeLeaseClaims, KubeLeaseClaims], clock: Clock, kubeapi: KubeApiServer
+) -> None:
+    """The writer's copy is only a first try: another writer's change (here an annotation added by
+    hand) answers it 409, and the holder goes the reading way, keeping its claim."""
+    a, b = replicas
+    await a.acquire(KEY, holder="replica-a/m1", ttl_seconds=30)
+    kubeapi.patch("leases", lease_name(KEY), {"metadata": {"annotations": {"team": "ml"}}}, namespace=NS)
+    kubeapi.reset_log()
+    clock.now += timedelta(seconds=10)
+    assert (await a.acquire(KEY, holder="replica-a/m1", ttl_seconds=30)).holder == "replica-a/m1"
+    assert _calls(kubeapi) == [("update", 409), ("create", 409), ("get", 200), ("update", 200)]
+    kubeapi.patch("leases", lease_name(KEY), {"metadata": {"annotations": {"team": "infra"}}}, namespace=NS)
+    await a.release(KEY, holder="replica-a/m1")
+    assert await b.acquire(KEY, holder="replica-b/m2", ttl_seconds=30) is not None  # released all the same
+    kubeapi.patch("leases", lease_name(KEY), {"metadata": {"annotations": {"team": "ml"}}}, namespace=NS)
+    await b.complete(KEY, holder="replica-b/m2", details={})
+    assert (await a.get(KEY)).state == "done"
+    kubeapi.delete("leases", lease_name(KEY), namespace=NS)  # swept, say: a renewal then creates it
+    assert await a.acquire(KEY, holder="replica-a/m1", ttl_seconds=30) is not None
+
+
+async def test_a_holder_that_lost_its_claim_does_not_renew_it_from_its_copy(
+    replicas: tuple[KubeLeaseClaims, KubeLeaseClaims], clock: Clock, kubeapi: KubeApiServer
+) -> None:
+    a, b = replicas
+    await a.acquire(KEY, holder="replica-a/m1", ttl_seconds=30)
+    clock.now += timedelta(seconds=31)
+    assert (await b.acquire(KEY, holder="replica-b/m2", ttl_seconds=30)).holder == "replica-b/m2"
+    assert await a.acquire(KEY, holder="replica-a/m1", ttl_seconds=30) is None
+    await a.release(KEY, holder="replica-a/m1")
+    claim = await a.get(KEY)
+    assert (claim.holder, claim.state) == ("replica-b/m2", "held")
+    assert [s for v, s in _calls(kubeapi) if v == "delete"] == []  # the stale copy was dropped: read, then left
+
+
 async def test_only_one_of_two_racing_takeovers_wins(kubeapi: KubeApiServer, clock: Clock) -> None:
     clients = [kubeapi.api_client() for _ in range(3)]
     try:
@@ -152,11 +220,12 @@ async def test_complete_after_losing_the_lease_leaves_the_new_holders_lease_alon
     await a.acquire(KEY, holder="replica-a", ttl_seconds=5)
     clock.now += timedelta(seconds=6)
     await b.acquire(KEY, holder="replica-b", ttl_seconds=5)
-    updates = sum(1 for r in kubeapi.requests if r.verb == "update")
+    written = sum(1 for r in kubeapi.requests if r.verb == "update" and r.status == 200)
     await a.complete(KEY, holder="replica-a", details={"ok": True})
     claim = await b.get(KEY)
     assert (claim.holder, claim.state) == ("replica-b", "held")
-    assert sum(1 for r in kubeapi.requests if r.verb == "update") == updates  # not written at all
+    # not written: a's update against its own last write is answered 409 (kube.leases, the writer's copy)
+    assert sum(1 for r in kubeapi.requests if r.verb == "update" and r.status == 200) == written
     notes = kubeapi.get("leases", lease_name(KEY), namespace=NS)["metadata"]["annotations"]
     assert "resilienced.io/details" not in notes
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+from collections import Counter
 import time
 from collections.abc import AsyncIterator, Callable
 from datetime import datetime, timedelta, timezone
@@ -42,7 +43,7 @@ from resilienced.model import Result
 from resilienced.ray.replacement import ReplacementAnnouncer
 from resilienced.followup.follower import Follower, FollowUpMetrics, FollowUpOptions
 from resilienced.recovery.move import Mover
-from resilienced.recovery.responder import Recovery, RecoveryOptions
+from resilienced.recovery.responder import EVENT_MARK, Recovery, RecoveryOptions
 from resilienced.requeue.kueue import KueueRequeuer
 from resilienced.kube.progress import KubeProgress
 from resilienced.requeue.router import ReportingRequeuer, RequeueRouter
@@ -60,6 +61,9 @@ from .test_recovery import BLOCK, FAST, block
 pytestmark = pytest.mark.integration
 
 BOUND = timedelta(seconds=60)
+EVENT = "7e9d2f6c-0000-4000-8000-00000000f001"
+#: The holder of the move claim of replica a's delivery m1 of EVENT leading the run's handling.
+LEADING = f"replica-a/m1{EVENT_MARK}{EVENT}"
 LONG_AGO = timedelta(hours=1)
 
 
@@ -439,7 +443,7 @@ async def test_a_notice_whose_run_another_replica_is_moving_waits_for_that_move_
     each notice again), no second move, one ``Requeued``."""
     async with two_replicas(api, kubeapi, s3) as (a, b, clock):
         key = a.mover.move_key(f"{NS}/train")
-        assert await a.claims.acquire(key, holder="replica-a/m1", ttl_seconds=30)  # a's delivery moves the run
+        assert await a.claims.acquire(key, holder=LEADING, ttl_seconds=30)  # a's delivery moves the run
         second = state_change(clock[0], 2, event_id="7e9d2f6c-0000-4000-8000-00000000f002")
         waiting = asyncio.create_task(b.recovery.act(second, holder="replica-b/m2"))
         await eventually(lambda: any(r.verb == "get" and r.name == lease_name(key) for r in kubeapi.requests))
@@ -458,6 +462,78 @@ async def test_a_notice_whose_run_another_replica_is_moving_waits_for_that_move_
                       for l in kubeapi.list("leases", namespace=DAEMON_NS)
                       if "resilienced.io/claim-key" in l["metadata"].get("annotations", {}))
         assert keys == ["run/7e9d2f6c-0000-4000-8000-00000000f001/ml/train"], keys
+
+
+async def test_a_copy_of_the_leading_notice_in_another_replica_is_a_duplicate_not_a_joiner(
+        api: Any, kubeapi: KubeApiServer, s3: Any) -> None:
+    """The move claim held from a handling's start names its delivery and its event (``EVENT_MARK``):
+    a copy of that event, delivered to the other replica as another message, is a duplicate (as
+    under the run claim it stands for: ``claims.not_free``), not a notice joining the handling;
+    the same message delivered again (its visibility ran out) is retried, never deleted."""
+    async with two_replicas(api, kubeapi, s3) as (a, b, clock):
+        assert await a.claims.acquire(a.mover.move_key(f"{NS}/train"), holder=LEADING, ttl_seconds=30)
+        copy = state_change(clock[0])
+        assert not await b.recovery.needs_event_claim(copy)  # its run claim stands for the event claim
+        outcome = await b.recovery.act(copy, holder="replica-b/m9")
+        assert outcome.result is Result.DUPLICATE, outcome.reason
+        assert "is being handled by replica-a/m1" in outcome.reason
+        again = state_change(clock[0])
+        assert not await b.recovery.needs_event_claim(again)
+        outcome = await b.recovery.act(again, holder="replica-b/m1")
+        assert outcome.result is Result.RETRY and "an earlier delivery of this message (replica-a/m1)" in outcome.reason
+        assert b.events("Draining") == [] and b.gcs.drains == []
+        assert [l["metadata"]["annotations"]["resilienced.io/claim-key"] for l in kubeapi.list("leases", namespace=DAEMON_NS)
+                if "resilienced.io/claim-key" in l["metadata"].get("annotations", {})] == [f"move/{NS}/train"]
+
+
+async def test_a_handling_under_the_move_claim_writes_the_run_claim_once_done(world: Follow) -> None:
+    """Issue #45: the move claim, held from the start, stands for the run claim: the run claim is one
+    write, a create of the done claim with the run's record, not a create, renewals and a completion."""
+    outcome = await world.recovery.act(state_change(world.clock[0]), holder="replica-a/m1")
+    assert outcome.result is Result.DONE, outcome.reason
+    writes = Counter(r.verb for r in world.kubeapi.requests if r.plural == "leases" and r.verb not in ("get", "list", "watch"))
+    # the move claim (created, deleted), the run claim (created done), the follow-up record (created, patched)
+    assert (writes["create"], writes["update"], writes["delete"]) == (3, 0, 1), writes
+    done = await world.claims.get(f"run/{EVENT}/{NS}/train")
+    assert done is not None and (done.state, done.holder) == ("done", "replica-a/m1")
+    assert done.details["requeue"]["capacity"] == "capacity-block"
+    assert await world.claims.get(world.mover.move_key(f"{NS}/train")) is None  # let go after the move
+
+
+async def test_a_delivery_that_takes_the_move_claim_after_a_copy_was_handled_is_a_duplicate(world: Follow) -> None:
+    """A copy of the event in another replica handled the run and let its move claim go after this
+    delivery located the run: holding the move claim, this delivery finds the run claim done and
+    moves nothing (the run claim is written before the move claim is let go)."""
+    await world.claims.complete(f"run/{EVENT}/{NS}/train", holder="replica-b/m9", details={"outcome": "done"})
+    plan = state_change(world.clock[0])
+    assert not await world.recovery.needs_event_claim(plan)
+    outcome = await world.recovery.act(plan, holder="replica-a/m1")
+    assert outcome.result is Result.DUPLICATE and f"event {EVENT} already handled by replica-b/m9" in outcome.reason
+    assert world.events("Requeued") == [] and worker_pods_deleted(world.kubeapi) == 0
+    assert await world.claims.get(world.mover.move_key(f"{NS}/train")) is None  # let go
+
+
+async def test_a_notice_located_before_another_replica_moved_its_run_is_done_with_that_move(
+        api: Any, kubeapi: KubeApiServer, s3: Any) -> None:
+    """A notice of the run in replica b located its run (the pods still on its instance); replica a's
+    handling of another notice then moved the run and let the move claim go.  b takes the move claim
+    and, the run's record saying it was moved after b's notice, moves nothing: one move, one
+    ``Requeued``, no claim or Event of b's."""
+    async with two_replicas(api, kubeapi, s3) as (a, b, clock):
+        second = state_change(clock[0], 2, event_id="7e9d2f6c-0000-4000-8000-00000000f002")
+        assert not await b.recovery.needs_event_claim(second)  # located now: the run on its instance
+        first = await a.recovery.act(state_change(clock[0]), holder="replica-a/m1")
+        assert first.result is Result.DONE and first.details["runs"][0]["requeue"]["capacity"] == "capacity-block"
+        events = kubeapi.list("events", namespace=None)
+        outcome = await b.recovery.act(second, holder="replica-b/m2")
+        assert outcome.result is Result.DONE, outcome.reason
+        (run,) = outcome.details["runs"]
+        assert run["joined"] == EVENT and "requeue" not in run, run
+        assert kubeapi.list("events", namespace=None) == events  # b recorded none
+        assert f"moved for event {EVENT} after this notice" in run["skipped"]
+        assert len(a.events("Requeued")) == 1 and worker_pods_deleted(kubeapi) == 2  # moved once
+        assert await b.claims.get(f"run/7e9d2f6c-0000-4000-8000-00000000f002/{NS}/train") is None
+        assert await b.claims.get(b.mover.move_key(f"{NS}/train")) is None  # let go
 
 
 async def test_a_notice_whose_run_its_follow_up_is_moving_does_not_wait(world: Follow) -> None:

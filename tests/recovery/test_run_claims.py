@@ -162,7 +162,8 @@ async def test_a_holder_that_cannot_renew_for_a_whole_ttl_stops_before_its_next_
     working = asyncio.create_task(world.recovery.act(plan, holder="replica-a/m1"))  # waits for S3
     while not world.gcs.drains:
         await asyncio.sleep(0.02)
-    refused = world.kubeapi.fail(verb="create", resource="leases", status=500, times=None)  # a renewal starts with a create
+    # a renewal is an update against the holder's last write (kube.leases, the writer's copy)
+    refused = world.kubeapi.fail(verb="update", resource="leases", status=500, times=None)
     end = time.monotonic() + 10 * TTL
     while refused.hits < 3:  # three renewals refused: a whole TTL (2 s, one every 2/3 s) without one
         assert time.monotonic() < end, "the holder never tried to renew its run claim"

@@ -58,7 +58,8 @@ Test controls (Python, on :class:`KubeApiServer`; direct changes bypass HTTP and
                                                                    aiohttp retries an idempotent
                                                                    request once after a drop, so
                                                                    ``times=2`` makes one visible)
-    ``delay(seconds, verb=, resource=, times=N)``                  hold matching requests
+    ``delay(seconds, verb=, resource=, times=N)``                  hold matching requests (``name=``
+                                                                   matches a create by its body's name)
     ``compact()``                                                  forget the change history: a watch
                                                                    from an older RV gets 410
     ``expire_watches()``                                           compact and end every open watch
@@ -82,7 +83,7 @@ import socket
 import uuid
 from collections import Counter, deque
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -1390,6 +1391,18 @@ class KubeApiServer:
         return _Call(verb=self._verb(request.method, name=name, query=request.query), rtype=rtype,
                      version=version, namespace=namespace, name=name, sub=sub)
 
+    async def _named(self, request: web.Request, call: _Call) -> _Call:
+        """``call`` as the test controls match it: a create names the object of its body (the URL
+        has none), so ``delay``/``fail`` with ``name=`` can hold the create of one object."""
+        if call.verb != "create" or call.name is not None or not (self._delays or self._faults):
+            return call
+        try:
+            body = await request.json()  # aiohttp keeps the body: the dispatch reads it again
+        except ValueError:
+            return call
+        name = ((body.get("metadata") or {}).get("name") if isinstance(body, dict) else None) or None
+        return replace(call, name=name) if isinstance(name, str) else call
+
     @staticmethod
     def _verb(method: str, *, name: str | None, query: Mapping[str, str]) -> str:
         if method == "GET":
@@ -1439,8 +1452,9 @@ class KubeApiServer:
                 "content_type": request.headers.get("Content-Type") if request.method in ("PATCH", "PUT", "POST") else None,
             }
             self._authorize(request, call)
+            matched = await self._named(request, call)
             for delay in self._delays:
-                if delay.applies(call):
+                if delay.applies(matched):
                     delay.hits += 1
                     try:
                         await asyncio.wait_for(self._stopping.wait(), delay.seconds)
@@ -1448,7 +1462,7 @@ class KubeApiServer:
                         pass
                     break
             for fault in self._faults:
-                if fault.applies(call):
+                if fault.applies(matched):
                     fault.hits += 1
                     if fault.status == 0:
                         self._log(record, status=0)
