@@ -737,7 +737,8 @@ def report(results: list[Result]) -> str:
                      f"x{a['writes_over_floor']} the floor: {'within' if a['within_2x_floor'] else 'NOT within'} 2x; "
                      f"named bookkeeping allowed {a['bookkeeping_per_run']}), reads {a['reads_per_run']}; "
                      f"watches {a['watches']}")
-        lines.append(f"    writes: {a['writes']}; answered 409 Conflict: {a['conflicts'] or 'none'}")
+        lines.append(f"    writes: {a['writes']}; answered 409 Conflict: {a['conflicts'] or 'none'}; "
+                     f"claim renewals: {a['claim_renewals']}")
         lines.append(f"    reads:  {a['reads']}")
         lines.append(f"    once the notices were settled ({a['quiet_from_s']} s on): {sum(a['quiet_reads'].values())} reads "
                      f"over {a['followup_run_minutes_quiet']} run-minutes of follow-up = "
