@@ -348,9 +348,18 @@ class Follower:
             return await self._stuck(record, verdict.reason)
         # wait: the stages reached (the next one's bound counts from now, for this replica and one that
         # takes the follow-up over) and the evidence for status; no write when neither changed
-        if advanced or record.evidence != seen.detail:
+        if advanced or (record.evidence != seen.detail and self._evidence_due(record)):
             record = await self._save(replace(record, evidence=seen.detail))
         return record
+
+    def _evidence_due(self, record: FollowUp) -> bool:
+        """Whether a wait in the stage it waited in before writes its new evidence: when the record has
+        none for the stage yet, or once the stage has waited half its bound (a stall nears: status
+        shows why).  Before that a look's progress ("3 of 10 worker pods bound") is not written each
+        time it changes (issue #45: under load a run's record was written once per pod bound)."""
+        if record.evidence is None or record.state == State.STUCK.value:
+            return True
+        return self.clock() - record.stage_since >= self.options.bounds.of(Stage(record.stage)) / 2
 
     def _advance(self, record: FollowUp, seen: StageSeen) -> FollowUp:
         """``record`` at the stage after its current one, which ``seen`` reached; not saved here (the

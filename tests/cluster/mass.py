@@ -62,15 +62,18 @@ RECORDS = "leases (follow-up records)"
 #: that join it and those handled after the move, decided by their Node's cordon, write no claim):
 #: without the follow-up created and completed; with it the move claim held from the handling's
 #: start stands for the run claim, which is written once, done (docs/reliability.md, "Fewer claims
-#: per run").  With the follow-up, its record (opened; the first look's evidence; the stages a look
-#: reaches and waits after; the end, the ledger kept in it in the same write).
+#: per run").  With the follow-up, its record (opened; a wait in each stage a look waits in, with
+#: the stages it reached and its evidence, new evidence in the same stage only once half the stage's
+#: bound passed; the end, the ledger kept in it in the same write: docs/requeue.md).
 BOOKKEEPING_PER_RUN = {"move claim": 2, "Events (Draining, CheckpointDurable, Requeued)": 3}
 BOOKKEEPING_UNFOLLOWED = {"run claim (standing for the event claim: created, completed)": 2}
 BOOKKEEPING_FOLLOWED = {"run claim (written done, the move claim standing for it)": 1, "Event TrainingResumed": 1,
-                        "follow-up record (opened, first wait, a stage waited after, end with the ledger)": 4}
+                        "follow-up record (opened; a wait in each stage a look waits in: admitted, scheduled, "
+                        "training; the end with the ledger)": 5}
 #: Per fallback (a move of its own): its move claim, its Events (RecoveryStalled, Requeued), the
-#: record's two writes (the move decided, the move made).
-BOOKKEEPING_PER_FALLBACK = {"move claim": 2, "Events (RecoveryStalled, Requeued)": 2, "follow-up record": 2}
+#: record's writes (the move decided, the move made, a wait in each stage again).
+BOOKKEEPING_PER_FALLBACK = {"move claim": 2, "Events (RecoveryStalled, Requeued)": 2,
+                            "follow-up record (move decided, made; a wait in each stage)": 5}
 STEP = 7
 
 

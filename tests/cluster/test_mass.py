@@ -18,13 +18,15 @@ workers: a run's bookkeeping is fixed, not per instance (the move claim, held fr
 start, created and let go; the leading notice's run claim, which stands for its event claim,
 written once, done, the move claim standing for it meanwhile; one Event per step on the RayJob:
 ``Draining``, ``CheckpointDurable``, ``Requeued``, ``TrainingResumed``; the follow-up record,
-opened, the first look's evidence, a stage a look waits after, the end with its ledger: 11
-writes), so the bound held here is ``writes <= floor + bookkeeping`` (11 per run, 6 per fallback:
-its move claim, ``RecoveryStalled`` and ``Requeued``, the record's move decided and made; 7 per
-run without the follow-up, whose run claim is created and completed).  A notice that joins its
+opened, a wait in each stage a look waits in (admitted, scheduled, training), the end with its
+ledger: 12 writes), so the bound held here is ``writes <= floor + bookkeeping`` (12 per run, 9 per
+fallback: its move claim, ``RecoveryStalled`` and ``Requeued``, the record's move decided and made
+and a wait in each stage again; 7 per run without the follow-up, whose run claim is created and
+completed).  A notice that joins its
 run's handling, or comes after its run moved (its Node's cordon decides it), writes nothing
-beyond its cordon.  At 10 workers (``bench/mass.py``: floor 13) the same allowance is 24 writes
-per run, x1.85 (docs/benchmarks.md).  Writes answered 409 Conflict are allowed
+beyond its cordon.  At 10 workers (``bench/mass.py``: floor 13) the same allowance is 25 writes
+per run, x1.92 (the full wave measured x1.74 with one replica idle, x1.91 under heavy load:
+docs/benchmarks.md).  Writes answered 409 Conflict are allowed
 besides (each is contention: a claim another holds, an object changed since it was read,
 retried), and so are claim renewals (``mass.claim_renewals``, from the audit log by Lease: a held
 claim is renewed every third of its TTL, so a loaded machine's longer handlings renew more; run 92

@@ -17,7 +17,7 @@ import pytest
 from tests.support.kubeapi import KubeApiServer
 
 from .conftest import instance, node, seed_world
-from .test_followup import Follow, requeued_onto_the_block, resume_record
+from .test_followup import BOUND, Follow, requeued_onto_the_block, resume_record
 from .test_followup_reads import leases_written
 from .test_recovery import BLOCK
 
@@ -79,5 +79,37 @@ async def test_a_look_that_reaches_a_stage_and_waits_writes_once_and_a_wait_like
         (ended,) = await world.pass_once()
         assert ended.state == "resumed" and leases_written(kubeapi) == 1
         assert ended.stage_seconds()["scheduled"] < ended.stage_seconds()["training"]
+    finally:
+        await world.cluster.stop()
+
+
+async def test_new_evidence_in_the_stage_it_waited_in_is_written_once_the_stage_waited_half_its_bound(
+        api: Any, kubeapi: KubeApiServer, s3: Any) -> None:
+    """A look's progress within a stage ("1 of 2 worker pods bound") is not written each time it
+    changes (under load a run's record was written once per pod bound): the first evidence of the
+    stage is, and new evidence again once the stage has waited half its bound (a stall nears:
+    status shows why)."""
+    seed_world(kubeapi, gcs_port=6379)
+    world = Follow(api=api, kubeapi=kubeapi, s3=s3, clock=[datetime.now(timezone.utc)])
+    await world.cluster.start()
+    try:
+        _, scheduler = await requeued_onto_the_block(world, when=world.clock[0])  # no Node of the block
+        world.later(timedelta(seconds=5))
+        (record,) = await world.pass_once()
+        assert record.stage == "scheduled" and (record.evidence or "").startswith("0 of 2 worker pod(s)")
+        obj = node("b1", instance(11), capacity="reserved")
+        obj["metadata"]["labels"].update(BLOCK_LABELS)
+        kubeapi.create(obj)
+        scheduler.step()  # one worker bound to the block's one Node; the other still unschedulable
+        world.later(timedelta(seconds=5))
+        kubeapi.reset_log()
+        (again,) = await world.pass_once()
+        assert (again.version, again.evidence) == (record.version, record.evidence) and leases_written(kubeapi) == 0
+        world.later(BOUND / 2)
+        kubeapi.reset_log()
+        (late,) = await world.pass_once()
+        assert late.stage == "scheduled" and (late.evidence or "").startswith("1 of 2 worker pod(s)"), late.evidence
+        assert leases_written(kubeapi) == 1
+        assert (await world.record())["evidence"] == late.evidence
     finally:
         await world.cluster.stop()
