@@ -33,6 +33,7 @@ run.  Figures go to docs/benchmarks.md (## Mass interruption on the real control
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -78,6 +79,9 @@ def main() -> int:
     parser.add_argument("--timeout", type=float, default=1200.0, help="each wave's bound, from its first notice")
     parser.add_argument("--quick", action="store_true", help="3 runs x 2 workers, the block fits 1")
     parser.add_argument("--json", type=Path, default=None, help="write the figures here")
+    parser.add_argument("--keep", type=Path, default=None,
+                        help="work in this folder and keep it (the daemons' logs, the drains recorded), "
+                             "instead of a temporary one")
     args = parser.parse_args()
     if args.quick:
         args.runs, args.workers, args.block_runs = 3, 2, 1
@@ -94,7 +98,11 @@ def main() -> int:
     def say(text: str) -> None:
         print(f"[{time.time() - start:6.0f} s] {text}", flush=True)
 
-    with tempfile.TemporaryDirectory(prefix="bench-mass-") as tmp, MotoServer() as moto, ControlPlane() as plane:
+    if args.keep is not None:
+        args.keep.mkdir(parents=True, exist_ok=True)
+    workdir = (contextlib.nullcontext(str(args.keep)) if args.keep is not None
+               else tempfile.TemporaryDirectory(prefix="bench-mass-"))
+    with workdir as tmp, MotoServer() as moto, ControlPlane() as plane:
         install_daemon_identity(plane)
         say(f"control plane up ({', '.join(plane.running())})")
         for config in configs:

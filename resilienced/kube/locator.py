@@ -34,7 +34,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from resilienced.errors import BackendUnavailable, PermanentError, RayAuthError
-from resilienced.kube.api import JsonObj
+from resilienced.kube.api import BACKEND, JsonObj
 from resilienced.kube.cluster_caches import VOLCANO_JOBS, ClusterCaches
 from resilienced.kube.facts import karpenter_facts, kueue_facts
 from resilienced.kube.gcs_nodes import GcsNodes
@@ -79,8 +79,23 @@ class _View:
     volcano_job: JsonObj | None = None  # Ray inside a Volcano Job: the Job (or what the pods say of it)
 
 
+#: How long locating waits for the Node and pod caches to follow the API server again (a re-list
+#: after a 410 Gone, a watch in its backoff) before it calls an instance unresolved (below).
+CURRENT_WAIT_S = 10.0
+
+
 class Locator:
-    """``locate`` over the cluster's ``caches``, with the Ray node ids from each cluster's GCS (``gcs``)."""
+    """``locate`` over the cluster's ``caches``, with the Ray node ids from each cluster's GCS (``gcs``).
+
+    An instance the caches do not resolve (no Node, or a Node that runs no Ray pod) while the Node
+    or pod cache lags the API server (``Informer.answers`` false: re-listing after a 410 Gone, or a
+    watch in its backoff) is looked at again once they follow it, waited for at most
+    :data:`CURRENT_WAIT_S`; still lagging, the notice is retried (``BackendUnavailable``), not
+    decided on a stale cache: a run whose pods came while the watch re-listed would be
+    ``not_actionable`` and its save lost (the chaos campaign's ``kube-watch-410`` fault, seen
+    under load).  An instance the caches do resolve is located at once, lagging or not: its
+    drain must not wait for the API server.
+    """
 
     def __init__(self, caches: ClusterCaches, *, gcs: GcsNodes) -> None:
         self._caches = caches
@@ -90,6 +105,20 @@ class Locator:
         self, *, instance_ids: Sequence[str], capacity_reservation_id: str | None = None
     ) -> Location:
         await self._caches.wait_ready()
+        location = await self._locate(instance_ids=instance_ids, capacity_reservation_id=capacity_reservation_id)
+        lagging = [i for i in (self._caches.nodes, self._caches.pods) if not i.answers]
+        if not location.unresolved or not lagging:
+            return location
+        current = await asyncio.gather(*(i.wait_until(lambda c: c.answers, timeout=CURRENT_WAIT_S) for i in lagging))
+        if not all(current):
+            why = "; ".join(f"{i.source.resource}: {i.behind or 'not running'}" for i in lagging if not i.answers)
+            raise BackendUnavailable(BACKEND, f"instance(s) {', '.join(location.unresolved)} not found in caches that "
+                                              f"lag the API server ({why}): looked at again", delay=5.0)
+        return await self._locate(instance_ids=instance_ids, capacity_reservation_id=capacity_reservation_id)
+
+    async def _locate(
+        self, *, instance_ids: Sequence[str], capacity_reservation_id: str | None = None
+    ) -> Location:
         ids = list(dict.fromkeys(instance_ids))
         if capacity_reservation_id:
             for node in self._caches.nodes.by_index("reservation", capacity_reservation_id):

@@ -325,3 +325,41 @@ async def test_the_requeue_a_run_carries_reaches_the_target(cluster: KubeCluster
     (target,) = (await cluster.locate(instance_ids=[instance(1)])).targets
     assert (target.facts.requeued_for, target.facts.requeued_capacity,
             target.facts.requeued_reservation_id) == ("ev-1", "capacity-block", "cr-0123")
+
+
+async def _a_run_came_while_the_pods_relisted(cluster: KubeCluster, kubeapi: KubeApiServer, *, hold_s: float) -> None:
+    """Every watch ends with 410 Gone; the pods' re-list is held ``hold_s``; meanwhile a run's worker
+    comes on a new Node, which the Node cache (re-listed at once) has."""
+    await cluster.caches.wait_ready()
+    await eventually(lambda: kubeapi.open_watches == len(cluster.caches.informers), what="every cache's watch to open")
+    kubeapi.delay(hold_s, verb="list", resource="pods", times=1)
+    kubeapi.expire_watches()
+    await eventually(lambda: cluster.caches.pods.behind is not None, what="the pod cache to know it lags")
+    kubeapi.create(node("n5", instance(5)))
+    kubeapi.create(ray_pod("train-w5", cluster="train-rc", node_name="n5", ip="10.0.5.1", group="gpu"))
+    await cluster.caches.nodes.wait_until(lambda c: c.get(None, "n5") is not None, timeout=LOCAL_BOUND_S)
+    assert cluster.caches.pods.by_index("node", "n5") == []  # the stale store: no pod on n5 yet
+
+
+async def test_a_run_that_came_while_the_pod_cache_relisted_is_located_not_decided_on_the_stale_cache(
+        cluster: KubeCluster, kubeapi: KubeApiServer, world: dict[str, str]) -> None:
+    """Seen in the chaos campaign's kube-watch-410 fault under load: the notice was decided
+    ``not_actionable`` ("runs no Ray pods") from a pod cache still re-listing, and the run was never
+    requeued.  An unresolved instance while a cache lags is looked at again once it follows."""
+    await _a_run_came_while_the_pods_relisted(cluster, kubeapi, hold_s=0.5)
+    location = await cluster.locate(instance_ids=[instance(5)])
+    assert location.unresolved == {}
+    (target,) = location.targets
+    assert (target.node, target.ray_cluster) == ("n5", "ml/train-rc")
+
+
+async def test_a_cache_that_keeps_lagging_makes_the_notice_retried_not_decided(
+        cluster: KubeCluster, kubeapi: KubeApiServer, world: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    from resilienced.kube import locator
+
+    monkeypatch.setattr(locator, "CURRENT_WAIT_S", 0.2)
+    await _a_run_came_while_the_pods_relisted(cluster, kubeapi, hold_s=5.0)
+    with pytest.raises(BackendUnavailable, match=f"instance\\(s\\) {instance(5)} not found in caches that lag"):
+        await cluster.locate(instance_ids=[instance(5)])
+    located = await cluster.locate(instance_ids=[instance(1)])  # one the caches resolve: at once, lagging or not
+    assert located.unresolved == {} and len(located.targets) == 1
