@@ -183,7 +183,14 @@ def test_a_terminated_node_leaves_the_gcs_itself_and_a_killed_one_is_found_by_it
         ray_cluster.wait_for(lambda nodes: not any(n.alive for n in nodes if n.node_id == node.node_id),
                              timeout_s=60, what=f"{node.name} dead")
         seen = death(node.node_id)
-        assert seen is not None and seen[0] == reason, seen
+        assert seen is not None, f"{node.name}: no death info"
+        if reason == "EXPECTED_TERMINATION" and seen[0] != reason:
+            # every process got SIGTERM at once: when the runtime env agent exits before the raylet
+            # has left, the raylet exits on its own as fate-sharing with it and says so to the GCS
+            # (seen in run 97, docs/development.md): the raylet still told the GCS itself, at once
+            assert seen[0] == "UNEXPECTED_TERMINATION" and "fate-shares" in seen[1], seen
+            continue
+        assert seen[0] == reason and "fate-shares" not in seen[1], seen
 
 
 class _Reaped:
