@@ -247,8 +247,10 @@ def test_when_no_capacity_can_place_the_run_the_follow_up_ends_stuck_and_says_wh
     assert [f["to"] for f in record["fallbacks"]] == ["on-demand"], json.dumps(record["fallbacks"], indent=1)
     assert "training" not in record["reached"], record["reached"]
     assert "didn't match Pod's node affinity/selector" in json.dumps(record), json.dumps(record, indent=1)
-    stuck = events(run.world, "RecoveryStuck")
-    assert stuck and "1 fallback(s) made, at most 1" in stuck[0]["message"], [e.get("message") for e in stuck]
+    # the end is saved, then its Event recorded (followup/follower.py ``_stuck``): wait for it (run 98
+    # read the Events between the two)
+    stuck = wait("the RecoveryStuck Event", lambda: events(run.world, "RecoveryStuck"), timeout=30, daemons=run.daemons)
+    assert "1 fallback(s) made, at most 1" in stuck[0]["message"], [e.get("message") for e in stuck]
     assert len(events(run.world, "Requeued")) == 2
     run.stop()
 
