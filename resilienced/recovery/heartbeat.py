@@ -10,7 +10,9 @@ aws-node-termination-handler does since 2025.
 
 A heartbeat that fails is logged and the next one is tried (one lost beat does not lose the hook:
 the interval is a third of the shortest timeout); an action no longer pending (completed by
-another replica, or timed out) ends the beats.  Nothing here changes the recovery's outcome.
+another replica, or timed out) ends the beats.  Leaving the block stops them: a heartbeat in flight
+finishes, none starts, so the action is completed after the last one.  Nothing here changes the
+recovery's outcome.
 """
 
 from __future__ import annotations
@@ -39,17 +41,26 @@ async def hook_kept_alive(lifecycle: LifecycleHooks | None, plan: Plan) -> Async
         yield beats
         return
     instance = plan.instance_ids[0] if plan.instance_ids else None
-    task = asyncio.create_task(_beat(lifecycle, action, instance, beats), name="resilienced.asg-heartbeat")
+    stop = asyncio.Event()
+    task = asyncio.create_task(_beat(lifecycle, action, instance, beats, stop), name="resilienced.asg-heartbeat")
     try:
         yield beats
     finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+        # no heartbeat after the block: one in flight finishes (not cut off mid-request, where AWS may
+        # have it already and record it after the action is completed), none starts (run 99)
+        stop.set()
+        try:
+            await asyncio.shield(task)
+        except asyncio.CancelledError:  # our caller is cancelled: the beats are, too
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            raise
 
 
-async def _beat(lifecycle: LifecycleHooks, action: LifecycleAction, instance: str | None, beats: list[str]) -> None:
-    while True:
+async def _beat(lifecycle: LifecycleHooks, action: LifecycleAction, instance: str | None, beats: list[str],
+                stop: asyncio.Event) -> None:
+    while not stop.is_set():
         try:
             pending = await lifecycle.heartbeat(action, instance_id=instance)
         except ResilienceError as e:
@@ -61,4 +72,6 @@ async def _beat(lifecycle: LifecycleHooks, action: LifecycleAction, instance: st
             if not pending:
                 _log.info("lifecycle action no longer pending: heartbeats stop", instance_id=instance)
                 return
-        await asyncio.sleep(lifecycle.heartbeat_seconds)
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(lifecycle.heartbeat_seconds):
+                await stop.wait()
