@@ -215,6 +215,7 @@ def test_a_node_stopped_before_is_never_signalled_by_a_pid_that_may_be_another_p
     import os
     import signal
     import subprocess
+    import time
 
     node = ray_cluster.add_node(labels={INSTANCE_ID_LABEL: "i-0pidreuse"}, num_cpus=1)
     ray_cluster.kill_node(node)
@@ -223,6 +224,10 @@ def test_a_node_stopped_before_is_never_signalled_by_a_pid_that_may_be_another_p
     try:
         with_child = subprocess.Popen(["sh", "-c", "sleep 300 & wait"], start_new_session=True)
         try:
+            end = time.monotonic() + 30  # the shell forks its child (run 100 looked before it had)
+            while not raycluster._descendants(with_child.pid):
+                assert time.monotonic() < end, "the shell never started its child"
+                time.sleep(0.01)
             for other in (foreign, with_child):  # the group id and the process tree of the old pid
                 node.process = _Reaped(other.pid)
                 ray_cluster.sigterm_node(node)
