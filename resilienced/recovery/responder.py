@@ -605,7 +605,7 @@ class Recovery:
         moved it, and took the move claim once that handling let it go, is done with that move, not
         a second one."""
         event = plan.event
-        async with self._moving(target, f"{holder}{EVENT_MARK}{event.event_id}") as moving:
+        async with self._moving(target, holder, event) as moving:
             if moving is None:
                 assert self.mover is not None and self.mover.claims is not None
                 current = await self.mover.claims.get(self.mover.move_key(target.run_key))
@@ -662,9 +662,14 @@ class Recovery:
         return (Step.REQUEUE in plan.steps and self.mover is not None and self.mover.claims is not None
                 and self.follower is not None and self._moves_whole_gangs(target))
 
-    def _moving(self, target: Target, holder: str) -> contextlib.AbstractAsyncContextManager[HeldClaim | None]:
+    def _moving(self, target: Target, holder: str,
+                event: Event) -> contextlib.AbstractAsyncContextManager[HeldClaim | None]:
+        """The run's move claim for this delivery, its holder marked with the event (:data:`EVENT_MARK`),
+        whether taken at the handling's start or at the requeue: a delivery of another replica that
+        finds it held tells a copy of its event from another notice the same way in both."""
         assert self.mover is not None
-        return self.mover.moving(target.run_key, holder=holder, ttl=self.options.claim_ttl_seconds)
+        return self.mover.moving(target.run_key, holder=f"{holder}{EVENT_MARK}{event.event_id}",
+                                 ttl=self.options.claim_ttl_seconds)
 
     async def _join_remotely(self, plan: Plan, target: Target, report: RunReport, *, mover: str) -> RunReport:
         """Join the handling of the run that another notice's delivery (``mover``, in another replica)
@@ -829,7 +834,7 @@ class Recovery:
         # once both change it (seen on the real control plane, tests/cluster/test_mass.py: two
         # ``Requeued`` per run, the Workload reactivated by one while the other steered it).  Taken in
         # the run claims' store, the same one the follow-up's moves use.
-        claim = (self._moving(target, holder) if self.mover.claims is not None else
+        claim = (self._moving(target, holder, event) if self.mover.claims is not None else
                  held_claim(self.claims, self.mover.move_key(target.run_key), holder=holder, logger=self._log,
                             ttl_seconds=self.options.claim_ttl_seconds, what="move claim", release_on_cancel=False))
         async with claim as held:
