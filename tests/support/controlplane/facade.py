@@ -53,6 +53,8 @@ PATCH_TYPES = {"merge": "application/merge-patch+json", "json": "application/jso
 GONE_TIMEOUT_S = 30.0
 #: The taints the node-lifecycle controller takes off a Node once it is Ready.
 _NOT_READY = ("node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable")
+#: The TTL controller's annotation on every Node (its one write to a new Node).
+_TTL_ANNOTATION = "node.alpha.kubernetes.io/ttl"
 #: The garbage collector's own finalizers (a deletion in progress), left in place.
 _GC_FINALIZERS = ("foregroundDeletion", "orphan")
 
@@ -295,7 +297,9 @@ class RealKubeApi:
         """A new Node once the plane is done with it: the ``node.kubernetes.io/not-ready`` taint the
         TaintNodesByCondition admission plugin puts on every new Node, kwok's Ready status and the
         node-lifecycle controller's removal of that taint (tests/support/controlplane/world.py
-        ``World.nodes``); kwok's next heartbeat is 20 to 45 s away (its node-heartbeat stage)."""
+        ``World.nodes``) and the TTL controller's ``node.alpha.kubernetes.io/ttl`` annotation
+        (pkg/controller/ttl/ttl_controller.go, v1.37.2); kwok's next heartbeat is 20 to 45 s away
+        (its node-heartbeat stage)."""
         name = node["metadata"]["name"]
 
         def settled() -> JsonObj | None:
@@ -305,7 +309,8 @@ class RealKubeApi:
             conditions = (found.get("status") or {}).get("conditions") or []
             taints = (found.get("spec") or {}).get("taints") or []
             ready = any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
-            return found if ready and not any(t["key"] in _NOT_READY for t in taints) else None
+            ttl = _TTL_ANNOTATION in (found["metadata"].get("annotations") or {})
+            return found if ready and ttl and not any(t["key"] in _NOT_READY for t in taints) else None
 
         return dict(self.plane.wait_for(f"Node {name} Ready and untainted", settled, timeout=GONE_TIMEOUT_S))
 
