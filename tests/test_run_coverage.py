@@ -31,7 +31,8 @@ sys.exit(EXIT)
 
 
 #: A process named as Ray's workers are, ended as Ray ends them: below Python (here SIGKILL, once
-#: its periodic save holds the line it ran; 60 s at most, then it fails).
+#: its periodic save holds the line it ran; 240 s at most, then it fails: a guard against a hang,
+#: far above the one-second save, for a machine at load average 25).
 RAY_WORKER = """
 import glob, os, signal, sys, time
 import coverage
@@ -39,7 +40,7 @@ from resilienced.clock import utcnow
 utcnow()
 out = os.path.dirname(os.environ["COVERAGE_PROCESS_START"])
 line = int(sys.argv[1])
-end = time.monotonic() + 60
+end = time.monotonic() + 240
 while time.monotonic() < end:
     for name in glob.glob(os.path.join(out, f".coverage.*pid{os.getpid()}.*")):
         data = coverage.CoverageData(basename=name)
@@ -50,7 +51,7 @@ while time.monotonic() < end:
         if any(line in (data.lines(f) or []) for f in data.measured_files() if f.endswith("clock.py")):
             os.kill(os.getpid(), signal.SIGKILL)
     time.sleep(0.1)
-sys.exit("the worker's line was not saved in 60 s")
+sys.exit("the worker's line was not saved in 240 s")
 """
 
 

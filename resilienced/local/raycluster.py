@@ -206,7 +206,8 @@ class LocalRayCluster:
         head_labels: labels of the head node.
         env: extra environment for every node process and in :attr:`env` (for example
             ``RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S``, ``RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S``).
-        start_timeout_s: how long one node may take to be listed ALIVE by the GCS.
+        start_timeout_s: how long one node may take to be listed ALIVE by the GCS (180 s: a guard
+            against a hang; a `ray start` took over 90 s on a 2-core machine at load average 25).
         object_store_memory: bytes of object store per node (small: tests share one machine).
         redis_address: ``host:port`` of a Redis the GCS keeps the cluster's state in (GCS fault
             tolerance, configured as KubeRay does: see the module docstring), so that the cluster
@@ -221,7 +222,7 @@ class LocalRayCluster:
         head_num_cpus: int = 0,
         head_labels: Mapping[str, str] | None = None,
         env: Mapping[str, str] | None = None,
-        start_timeout_s: float = 90.0,
+        start_timeout_s: float = 180.0,
         object_store_memory: int = 100 * 1024 * 1024,
         redis_address: str | None = None,
     ) -> None:
