@@ -536,8 +536,9 @@ class Recovery:
 
     async def _cordon_runless(self, plan: Plan, found: Targets) -> list[str]:
         """Cordon the Nodes of the plan's instances that run no Ray pod of a run (any more: a notice
-        handled after its run was moved finds the pods deleted, issue #45); the instances done."""
-        if Step.SIGNAL not in plan.steps:
+        handled after its run was moved finds the pods deleted, issue #45); the instances done.
+        In ray mode there is nothing to cordon and none is reported."""
+        if Step.SIGNAL not in plan.steps or self.cluster.mode != "kubernetes":
             return []
         lone = [i for i in found.instance_ids if i in found.unresolved]
         bare = [Target(instance_id=i, node=None, ray_cluster=None, ray_job=None, ray_node_ids=(),

@@ -206,10 +206,18 @@ async def test_strategic_merge_on_a_custom_resource_is_415(api: k8s.ApiClient, k
 
 
 async def test_resource_version_in_a_patch_is_a_precondition(api: k8s.ApiClient, kubeapi: KubeApiServer) -> None:
-    created = kubeapi.create(node("n1", None))  # the real one once kwok and the node controller are done
+    kubeapi.create(node("n1", None))  # the real one once kwok and the controllers are done
     core = k8s.CoreV1Api(api)
-    rv = created["metadata"]["resourceVersion"]
-    await core.patch_node("n1", {"metadata": {"resourceVersion": rv}, "spec": {"taints": [TAINT_A]}})
+    for _ in range(5):  # on the real plane kwok's heartbeat may come between the read and the patch
+        rv = kubeapi.get("nodes", "n1")["metadata"]["resourceVersion"]
+        try:
+            await core.patch_node("n1", {"metadata": {"resourceVersion": rv}, "spec": {"taints": [TAINT_A]}})
+        except ApiException as raced:
+            assert raced.status == 409
+            continue
+        break
+    else:
+        pytest.fail("another writer changed the Node between the read and the patch five times running")
     with pytest.raises(ApiException) as err:
         await core.patch_node("n1", {"metadata": {"resourceVersion": rv}, "spec": {"taints": [TAINT_B]}})
     assert err.value.status == 409 and json.loads(err.value.body)["reason"] == "Conflict"

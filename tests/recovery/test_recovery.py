@@ -29,7 +29,9 @@ from resilienced.kube.cluster import KubeCluster
 from resilienced.kube.leases import KubeLeaseClaims
 from resilienced.kube.marks import EVENT_ANNOTATION, TAINT_KEY
 from resilienced.model import Result, Target
-from resilienced.ports import CapacityReservation
+from resilienced.ports import CapacityReservation, RayNode
+from resilienced.ray.cluster import INSTANCE_ID_LABEL, RayModeCluster
+from resilienced.doubles import MemoryClaims
 from handlers.asg_lifecycle import LifecycleAction
 from resilienced.aws.autoscaling import Lifecycle
 from resilienced.recovery.responder import Recovery, RecoveryMetrics, RecoveryOptions
@@ -684,3 +686,24 @@ async def test_a_bug_while_locating_for_the_claim_question_sends_the_plan_the_cl
     with pytest.raises(KeyError):
         await world.recovery.act(plan, holder="replica-a/m1")
     assert world.recovery.waves.current(f"{NS}/train") is None and world.gcs.drains == []
+
+
+async def test_in_ray_mode_an_instance_without_a_run_is_not_reported_cordoned() -> None:
+    """Ray mode has no Node to cordon (``RayModeCluster.cordon`` does nothing): an instance that
+    runs no Ray node of a run is reported unresolved, never ``cordoned``."""
+    labelled = RayNode(node_id="01" * 28, address="10.0.0.5", alive=True,
+                       labels={INSTANCE_ID_LABEL: instance(1)})
+    gcs = RecordingGcs([labelled])
+    cluster = RayModeCluster(ray=gcs, checkpoint_uri=None)
+
+    async def control(target: Target) -> RecordingGcs:
+        return gcs
+
+    recovery = Recovery(cluster=cluster, claims=MemoryClaims(), ray_control=control)
+    plan = plan_of(body("EC2 Spot Instance Interruption Warning",
+                        {"instance-id": instance(2), "instance-action": "terminate"},
+                        when=datetime.now(timezone.utc)))
+    outcome = await recovery.act(plan, holder="replica-a/m1")
+    assert instance(2) in outcome.details["unresolved"], outcome.details
+    assert "cordoned" not in outcome.details, outcome.details
+    assert gcs.drains == []
