@@ -18,6 +18,7 @@ import pytest
 
 from tests.support.controlplane import ControlPlane
 from tests.support.controlplane.build import KUBE_VERSION
+from tests.support.controlplane.rest import RestError
 from tests.support.controlplane.world import GPU, World, can, karpenter_labels, kwok_node
 
 pytestmark = pytest.mark.cluster
@@ -108,3 +109,37 @@ def test_the_command_refuses_an_unknown_component(tmp_path: Path) -> None:
                           cwd=Path(__file__).resolve().parents[2])
     assert done.returncode == 2
     assert "unknown component(s) kubelet" in done.stderr
+
+
+def test_kueue_refuses_a_podset_change_while_the_workload_holds_quota(world: World) -> None:
+    """Kueue's webhook (v0.17.0 pkg/webhooks/workload_webhook.go ``ValidateWorkloadUpdate``): the
+    PodSets of a Workload holding quota are immutable (403, its words below); once it holds none
+    they may change.  The emulator's Kueue (tests/requeue/kueue_sim.py ``workload_webhook``) is
+    held to the same words."""
+    from tests.cluster.stage import queue_world, rayjob
+    from tests.requeue.kueue_sim import PODSET_REFUSAL
+
+    rayjob(world, queue=queue_world(world))
+    wl = world.wait("the Workload admitted", lambda: next(
+        (w for w in world.list("kueue.x-k8s.io/v1beta2", "workloads")
+         if condition(w, "QuotaReserved").get("status") == "True"), None))
+    name = wl["metadata"]["name"]
+    podsets = wl["spec"]["podSets"]
+    index = next(i for i, ps in enumerate(podsets) if ps["name"] == "gpu")
+    changed = [*podsets[:index], worker_selector(podsets[index], {"x": "y"}), *podsets[index + 1:]]
+    with pytest.raises(RestError) as refused:
+        world.patch("kueue.x-k8s.io/v1beta2", "workloads", name, {"spec": {"podSets": changed}})
+    assert (refused.value.status, refused.value.body["reason"]) == (403, "Forbidden"), refused.value
+    words = PODSET_REFUSAL.fullmatch(refused.value.body["message"])
+    assert words is not None and int(words.group(1)) == index, refused.value.body["message"]
+    # deactivated, Kueue evicts it and releases the quota: the same change is taken
+    world.patch("kueue.x-k8s.io/v1beta2", "workloads", name, {"spec": {"active": False}})
+    world.wait("the quota released", lambda: condition(
+        world.get("kueue.x-k8s.io/v1beta2", "workloads", name) or {}, "QuotaReserved").get("status") != "True")
+    taken = world.patch("kueue.x-k8s.io/v1beta2", "workloads", name, {"spec": {"podSets": changed}})
+    assert taken["spec"]["podSets"][index]["template"]["spec"]["nodeSelector"] == {"x": "y"}
+
+
+def worker_selector(podset: dict, selector: dict[str, str]) -> dict:
+    template = podset["template"]
+    return {**podset, "template": {**template, "spec": {**template["spec"], "nodeSelector": selector}}}

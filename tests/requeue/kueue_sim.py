@@ -51,6 +51,11 @@ seeds one, else unlimited; no cohort, no preemption); PodSets are the worker gro
    ``BadPodSetsUpdateError``, permanent, and the Workload is finished with reason
    ``FailedToStart`` (reconciler.go step 7, ``workloadfinish.Finish``): the run is dead.
 
+7. Workload webhook (``pkg/webhooks/workload_webhook.go`` ``ValidateWorkloadUpdate``, v0.17.0, the
+   release the real control plane runs): while the old Workload holds quota its PodSets are
+   immutable; a write over HTTP that changes them is refused 403 in the webhook's words
+   (:func:`workload_webhook`, checked against the real Kueue by tests/cluster/test_plane.py).
+
 ``foreign_suspend_writes`` counts changes of a job's ``spec.suspend`` that this stand-in did not
 make: resilienced must never write it (Kueue owns it).
 """
@@ -60,9 +65,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
+import json
+import re
 from typing import Any
 
-from tests.support.kubeapi import KubeApiServer
+from tests.support.kubeapi import ApiError, JsonObj, KubeApiServer, ResourceType
 
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 FLAVORS = (
@@ -198,11 +205,44 @@ def equivalent(job: dict, wl: dict) -> bool:
     return True
 
 
+def _go_json(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"))
+
+
+#: The words of rule 7's denial of one changed PodSet (index, then its JSON), as the real Kueue
+#: v0.17.0 answers (tests/cluster/test_plane.py holds the real one to it).
+PODSET_REFUSAL = re.compile(r'admission webhook "vworkload\.kb\.io" denied the request: '
+                            r"spec\.podSets\.(\d+): Invalid value: \{.*\}: field is immutable")
+
+
+def workload_webhook(rtype: ResourceType, new: JsonObj, old: JsonObj | None) -> None:
+    """Rule 7: Kueue's validating webhook ``vworkload.kb.io`` on a Workload update (a denial is
+    403 Forbidden with the field errors aggregated: one as it is, several in brackets; the
+    invalid value is the new PodSet, or the new list when the count differs)."""
+    if old is None or (rtype.group, rtype.plural) != ("kueue.x-k8s.io", "workloads"):
+        return
+    if (_cond(old, "QuotaReserved") or {}).get("status") != "True":
+        return
+    before = (old.get("spec") or {}).get("podSets") or []
+    after = (new.get("spec") or {}).get("podSets") or []
+    if len(after) != len(before):
+        errors = [f"spec.podSets: Invalid value: {_go_json(after)}: field is immutable"]
+    else:
+        errors = [f"spec.podSets.{i}: Invalid value: {_go_json(a)}: field is immutable"
+                  for i, (a, b) in enumerate(zip(after, before)) if a != b]
+    if errors:
+        text = errors[0] if len(errors) == 1 else "[" + ", ".join(errors) + "]"
+        raise ApiError(403, f'admission webhook "vworkload.kb.io" denied the request: {text}')
+
+
 class KueueSim:
-    """Runs the rules above every ``interval`` seconds until stopped (use ``async with``)."""
+    """Runs the rules above every ``interval`` seconds until stopped (use ``async with``); rule 7
+    is registered on the server from the start."""
 
     def __init__(self, server: KubeApiServer, *, namespace: str, interval: float = 0.01) -> None:
         self.server = server
+        if workload_webhook not in server.webhooks:
+            server.webhooks.append(workload_webhook)
         self.namespace = namespace
         self.interval = interval
         self.admitted: list[str] = []  # flavors admitted on, in order ("a+b" when PodSets differ)

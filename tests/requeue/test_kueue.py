@@ -7,11 +7,13 @@ docstring for the rules and their sources in Kueue v0.19.2).
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import Callable
 
 import pytest
 from kubernetes_asyncio import client as k8s
+from kubernetes_asyncio.client.exceptions import ApiException
 
 from resilienced.model import Capacity, CapacityDecision
 from resilienced.errors import PermanentError, TemporaryError
@@ -20,7 +22,7 @@ from resilienced.requeue.kueue import KueueRequeuer
 from resilienced.requeue.kueue import DEACTIVATED_FOR, discover_workload_version
 from resilienced.requeue.rbac import requested_verbs
 from tests.requeue.conftest import kueue_serving
-from tests.requeue.kueue_sim import KueueSim, equivalent, workload_for
+from tests.requeue.kueue_sim import PODSET_REFUSAL, KueueSim, equivalent, workload_for
 from tests.requeue.objects import NS, SPOT_AFFINITY, rayjob
 from tests.support.kubeapi import KubeApiServer
 
@@ -32,6 +34,7 @@ EVENT = Event(kind=Kind.SPOT_INTERRUPTION, event_id="ev-7", instance_ids=("i-0aa
 TARGET = Target(instance_id="i-0aaa", node="spot-1", ray_cluster=f"{NS}/train", ray_job=f"{NS}/job",
                 ray_node_ids=(), checkpoint_uri=None)
 WRITES = {"patch", "delete", "create", "update"}
+MERGE = "application/merge-patch+json"
 
 
 def seed_admitted_on_spot(kubeapi: KubeApiServer, *, tolerations: list | None = None) -> None:
@@ -353,3 +356,30 @@ async def test_with_a_finished_slice_the_run_still_lands_on_the_block_flavor(
         await requeuer.requeue(TARGET, decision=BLOCK, event=EVENT)
         await eventually(lambda: kueue.admitted == ["capacity-block"]
                          and not kubeapi.get("rayjobs", "job", namespace=NS)["spec"]["suspend"])
+
+
+async def test_the_simulator_refuses_a_podset_change_while_the_workload_holds_quota(
+        api: k8s.ApiClient, kubeapi: KubeApiServer) -> None:
+    """Rule 7, in the real Kueue's words (tests/cluster/test_plane.py): refused while the Workload
+    holds quota, taken once Kueue released it."""
+    seed_admitted_on_spot(kubeapi)
+    custom = k8s.CustomObjectsApi(api)
+    wl = kubeapi.list("workloads", namespace=NS)[0]
+    name, podsets = wl["metadata"]["name"], wl["spec"]["podSets"]
+    changed = [{**ps, "template": {**ps["template"], "spec": {**ps["template"]["spec"], "nodeSelector": {"x": "y"}}}}
+               if i == len(podsets) - 1 else ps for i, ps in enumerate(podsets)]
+    async with KueueSim(kubeapi, namespace=NS):
+        with pytest.raises(ApiException) as refused:
+            await custom.patch_namespaced_custom_object("kueue.x-k8s.io", "v1beta2", NS, "workloads", name,
+                                                        {"spec": {"podSets": changed}}, _content_type=MERGE)
+        body = json.loads(refused.value.body)
+        assert (refused.value.status, body["reason"]) == (403, "Forbidden"), body["message"]
+        words = PODSET_REFUSAL.fullmatch(body["message"])
+        assert words is not None and int(words.group(1)) == len(podsets) - 1, body["message"]
+        await custom.patch_namespaced_custom_object("kueue.x-k8s.io", "v1beta2", NS, "workloads", name,
+                                                    {"spec": {"active": False}}, _content_type=MERGE)
+        await eventually(lambda: not any(c["type"] == "QuotaReserved" and c["status"] == "True" for c in
+                                         kubeapi.get("workloads", name, namespace=NS)["status"].get("conditions", [])))
+        taken = await custom.patch_namespaced_custom_object("kueue.x-k8s.io", "v1beta2", NS, "workloads", name,
+                                                            {"spec": {"podSets": changed}}, _content_type=MERGE)
+    assert taken["spec"]["podSets"][-1]["template"]["spec"]["nodeSelector"] == {"x": "y"}

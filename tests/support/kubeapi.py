@@ -45,9 +45,9 @@ Approximated (documented in docs/kubernetes.md)
     ``tolerations`` (no patch strategy); a merged list is ordered as the real server orders it.
     ``$patch: delete|replace`` and ``$deleteFromPrimitiveList`` are honoured, ``$setElementOrder``
     and ``$retainKeys`` ignored.  No server-side apply (415), no dryRun, no garbage collection of
-    dependents, no admission plugins or webhooks (no defaults: the real server gives a new Node the
-    ``node.kubernetes.io/not-ready`` taint and a pod its tolerations of it), validation of built-in
-    kinds only as listed above, namespaces need not exist, and lists are always served from the
+    dependents, no admission plugins (no defaults: the real server gives a new Node the
+    ``node.kubernetes.io/not-ready`` taint and a pod its tolerations of it), validating webhooks
+    only where a test registers one (``webhooks``), validation of built-in kinds only as listed above, namespaces need not exist, and lists are always served from the
     newest state (``resourceVersion``/``resourceVersionMatch`` on a list are ignored).
     tests/kube/test_kubeapi_*.py run against the real API server too (docs/requeue.md, issue #40).
 
@@ -82,7 +82,7 @@ import re
 import socket
 import uuid
 from collections import Counter, deque
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
@@ -925,6 +925,10 @@ class KubeApiServer:
         self._faults: list[Fault] = []
         self._delays: list[Delay] = []
         self.requests: list[RequestRecord] = []
+        #: validating admission webhooks of the controllers a test plays (tests/requeue/kueue_sim.py
+        #: registers Kueue's): each is called with (kind, new object, old object or None) on a
+        #: write over HTTP of a main resource and refuses it by raising :class:`ApiError`
+        self.webhooks: list[Callable[[ResourceType, JsonObj, JsonObj | None], None]] = []
         self._runner: web.AppRunner | None = None
         self._stopping = asyncio.Event()
         self.port = 0
@@ -1193,6 +1197,8 @@ class KubeApiServer:
         if schema_version is not None:
             self._validate(rtype, _view(rtype, obj))
             obj = self._admit(rtype, obj, version=schema_version)
+            for webhook in self.webhooks:
+                webhook(rtype, obj, None)
         return self._commit(rtype, kind="ADDED", obj=obj, old=None)
 
     @staticmethod
@@ -1303,6 +1309,9 @@ class KubeApiServer:
             if not status_only:
                 self._validate(rtype, _view(rtype, result), old=_view(rtype, current))
             result = self._admit(rtype, result, version=schema_version)
+            if not status_only:
+                for webhook in self.webhooks:
+                    webhook(rtype, result, current)
         if _without_rv(result) == _without_rv(current):
             return copy.deepcopy(current)  # a no-op write keeps its resourceVersion, as on the real server
         meta = result["metadata"]
