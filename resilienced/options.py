@@ -144,11 +144,17 @@ class Group:
     TITLE: ClassVar[str] = "settings"
 
     def __post_init__(self) -> None:
-        """An enum setting given its text (``ModeSettings(mode="ray")``) holds the member, as if parsed."""
+        """An enum setting given its text in code (``ModeSettings(mode="ray")``: the drill, tests)
+        holds the member, parsed as its flag's text is (any case; a ConfigError naming the flag)."""
         for f in self.options():
             value = getattr(self, f.name)
-            if isinstance(f.default, enum.Enum) and not isinstance(value, type(f.default)):
-                object.__setattr__(self, f.name, type(f.default)(value))
+            if not isinstance(f.default, enum.Enum) or isinstance(value, type(f.default)):
+                continue
+            try:
+                member = f.metadata["option"].parse(value) if isinstance(value, str) else type(f.default)(value)
+            except ValueError as e:
+                raise ConfigError(flag_of(f), str(e)) from None
+            object.__setattr__(self, f.name, member)
 
     @classmethod
     def options(cls) -> list[dataclasses.Field]:

@@ -146,6 +146,9 @@ def test_enum_settings_hold_the_member_parsed_once_and_name_the_flag_on_a_bad_va
     # given its text in code (the drill, tests), an enum setting still holds the member
     assert ModeSettings(mode="kubernetes").mode is Mode.KUBERNETES
     assert IntakeSettings(rebalance_policy="checkpoint-ahead").rebalance_policy is RebalancePolicy.CHECKPOINT_AHEAD
+    assert ModeSettings(mode="RAY").mode is Mode.RAY  # as its flag's text is read
+    with pytest.raises(ConfigError, match=r"^--mode: expected one of plan, kubernetes, ray, got 'k8s'$"):
+        ModeSettings(mode="k8s")
     with pytest.raises(ConfigError, match=r"^--mode: expected one of plan, kubernetes, ray, got 'k8s' "
                                           r"\(from env RESILIENCED_MODE\)$"):
         settings([], {"RESILIENCED_MODE": "k8s"})
