@@ -14,7 +14,7 @@ and what could not be resolved or located is then said in ``unresolved`` instead
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 
 from resilienced.errors import PermanentError, ResilienceError
@@ -75,18 +75,28 @@ async def find_targets(plan: Plan, *, cluster: Cluster, capacity: CapacitySource
 
 
 def group(targets: Sequence[Target]) -> list[Target]:
-    """One target per run: several instances of one run are one gang."""
-    runs: dict[str, Target] = {}
+    """One target per run: several instances of one run are one gang (:func:`merged`), each
+    instance once in the run's instances and lost instances."""
+    runs: dict[str, list[Target]] = {}
     for target in targets:
-        have = runs.get(target.run_key)
-        lost = target.facts.lost_instance_ids or (target.instance_id,)
-        if have is None:
-            runs[target.run_key] = replace(target, facts=replace(
-                target.facts, lost_instance_ids=lost, instance_ids=(target.instance_id,)))
-            continue
-        facts = replace(have.facts, instance_ids=(*have.facts.instance_ids, target.instance_id),
-                        lost_instance_ids=tuple(dict.fromkeys((*have.facts.lost_instance_ids, *lost))))
-        runs[target.run_key] = replace(
-            have, ray_node_ids=tuple(dict.fromkeys((*have.ray_node_ids, *target.ray_node_ids))),
-            facts=facts)
-    return list(runs.values())
+        runs.setdefault(target.run_key, []).append(replace(target, facts=replace(
+            target.facts, instance_ids=(target.instance_id,),
+            lost_instance_ids=target.facts.lost_instance_ids or (target.instance_id,))))
+    return [merged(first, rest) for first, *rest in runs.values()]
+
+
+def merged(target: Target, others: Iterable[Target]) -> Target:
+    """``target`` with the instances, lost instances and Ray nodes of ``others`` (the same run)."""
+    instances = dict.fromkeys(target.facts.instance_ids or (target.instance_id,))
+    lost = dict.fromkeys(target.facts.lost_instance_ids or (target.instance_id,))
+    nodes = dict.fromkeys(target.ray_node_ids)
+    added = False
+    for other in others:
+        added = True
+        instances.update(dict.fromkeys(other.facts.instance_ids or (other.instance_id,)))
+        lost.update(dict.fromkeys(other.facts.lost_instance_ids or (other.instance_id,)))
+        nodes.update(dict.fromkeys(other.ray_node_ids))
+    if not added:
+        return target
+    return replace(target, ray_node_ids=tuple(nodes), facts=replace(
+        target.facts, instance_ids=tuple(instances), lost_instance_ids=tuple(lost)))

@@ -28,11 +28,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Iterable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
 from resilienced.errors import TemporaryError
 from resilienced.model import Step, Target
+from resilienced.recovery.targets import merged
 
 R = TypeVar("R")
 
@@ -137,20 +138,3 @@ class Waves(Generic[R]):
         finally:
             del self._by_run[run]
             wave.fail(TemporaryError(f"the handling of run {run} (event {event_id}) ended without an outcome"))
-
-
-def merged(target: Target, others: Iterable[Target]) -> Target:
-    """``target`` with the instances, lost instances and Ray nodes of ``others`` (the same run)."""
-    instances = dict.fromkeys(target.facts.instance_ids or (target.instance_id,))
-    lost = dict.fromkeys(target.facts.lost_instance_ids or (target.instance_id,))
-    nodes = dict.fromkeys(target.ray_node_ids)
-    added = False
-    for other in others:
-        added = True
-        instances.update(dict.fromkeys(other.facts.instance_ids or (other.instance_id,)))
-        lost.update(dict.fromkeys(other.facts.lost_instance_ids or (other.instance_id,)))
-        nodes.update(dict.fromkeys(other.ray_node_ids))
-    if not added:
-        return target
-    return replace(target, ray_node_ids=tuple(nodes), facts=replace(
-        target.facts, instance_ids=tuple(instances), lost_instance_ids=tuple(lost)))
