@@ -27,7 +27,10 @@ from kubernetes_asyncio import client as k8s
 
 from resilienced.kube.api import MERGE_PATCH, KubeStatusError, call
 from resilienced.kube.leases import MANAGED_BY
+from resilienced.log import get as get_logger
 from resilienced.model import JsonValue
+
+log = get_logger(__name__)
 
 RECORD_ANNOTATION = "resilienced.io/follow-up"
 RUN_ANNOTATION = "resilienced.io/run"
@@ -51,9 +54,12 @@ class KubeFollowUps:
         meta = lease.get("metadata") or {}
         try:
             record = json.loads((meta.get("annotations") or {}).get(RECORD_ANNOTATION) or "")
-        except ValueError:
+            if not isinstance(record, dict):
+                raise ValueError(f"not a JSON object but {type(record).__name__}")
+        except ValueError as e:  # skipped, and said, as the Ray KV store does (ray/followup_store.py)
+            log.warning("follow-up record unreadable", lease=meta.get("name"), error=str(e))
             return None
-        return (record, str(meta.get("resourceVersion"))) if isinstance(record, dict) else None
+        return record, str(meta.get("resourceVersion"))
 
     async def get(self, run: str) -> tuple[dict[str, JsonValue], str] | None:
         try:

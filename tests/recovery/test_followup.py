@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import structlog
 from prometheus_client import CollectorRegistry
 
 from resilienced.app import cli
@@ -551,3 +552,20 @@ async def eventually(check: Callable[[], bool], *, timeout: float = 10.0) -> Non
     while not check():
         assert time.monotonic() < deadline, "condition not reached in time"
         await asyncio.sleep(0.01)
+
+
+async def test_an_unreadable_follow_up_record_is_skipped_and_said(world: Follow, kubeapi: KubeApiServer) -> None:
+    """A Lease labelled as a follow-up record whose record is not a JSON object (edited by hand, cut
+    off) is no run's record: the pass skips it, ``get`` finds none, and the log names the Lease."""
+    from resilienced.kube.followup_store import KIND_LABEL, RECORD_ANNOTATION
+    from resilienced.kube.leases import MANAGED_BY
+
+    for name, text in (("resilienced-fu-cut", '{"run": "ml/tr'), ("resilienced-fu-list", "[1, 2]")):
+        kubeapi.create({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": {
+            "name": name, "namespace": DAEMON_NS, "labels": {**MANAGED_BY, **KIND_LABEL},
+            "annotations": {RECORD_ANNOTATION: text}}, "spec": {}})
+    with structlog.testing.capture_logs() as logs:
+        assert await world.pass_once() == []
+    said = {line["lease"]: line["error"] for line in logs if line["event"] == "follow-up record unreadable"}
+    assert set(said) == {"resilienced-fu-cut", "resilienced-fu-list"}, logs
+    assert said["resilienced-fu-list"] == "not a JSON object but list"
