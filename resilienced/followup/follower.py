@@ -27,7 +27,11 @@ waiting run costs no write), and the stages one look reaches are saved in one wr
 verdict (the end, a move, or the wait's: the stage reached and its evidence), not one per stage.
 Every write of a record is at the version read, so two replicas' looks at one run, or a look and a
 notice's requeue, never both write: the later one finds the record changed (:class:`RecordChanged`)
-and the run is looked at again next pass.
+and the run is looked at again next pass.  So that two replicas do not both look at every run and
+race for each of its writes, a run is looked at every pass by the replica that wrote its record last
+(``FollowUp.looked_by``: the one whose notice opened it, or that moved it last) and by the others
+only once it has waited in its stage half the stage's bound or :data:`TAKEOVER_PASSES` passes,
+whichever is sooner (its writer may be gone), or has a move to finish (:meth:`Follower._looks_at`).
 
 Each end and each fallback is an Event on the run, a webhook notification and metrics.
 """
@@ -136,6 +140,10 @@ class RecordChanged(TemporaryError):
 
 #: Times a requeue's follow-up is opened again on a record a look changed meanwhile.
 OPEN_TRIES = 3
+
+#: Passes another replica's run may wait in its stage before this replica looks at it too (unless
+#: half the stage's bound comes sooner): its writer may be gone (``Follower._looks_at``).
+TAKEOVER_PASSES = 6
 
 
 class FollowUpMetrics:
@@ -252,6 +260,18 @@ class Follower:
                 self._log.warning("follow-up pass failed", error=str(e))
             await asyncio.sleep(self.options.interval_s)
 
+    def _looks_at(self, record: FollowUp, now: datetime) -> bool:
+        """Whether this pass looks at ``record`` (see the module doc): a record this replica wrote
+        last, or of no known writer, or with a move to finish, always; another replica's once it
+        waited in its stage ``min(bound / 2, TAKEOVER_PASSES x interval)``.  A writer that is gone
+        delays the look that sees the run train again by that much; a fallback is not delayed
+        (it comes at the stage's bound)."""
+        if record.looked_by in (None, self.replica) or record.moving is not None:
+            return True
+        wait = min(self.options.bounds.of(Stage(record.stage)) / 2,
+                   timedelta(seconds=TAKEOVER_PASSES * self.options.interval_s))
+        return now - record.stage_since >= wait
+
     async def pass_once(self) -> list[FollowUp]:
         """One look at every open follow-up; returns the records as they are after it."""
         now = self.clock()
@@ -268,6 +288,8 @@ class Follower:
                 if record.ended_at is not None and now - record.ended_at > self.options.keep:
                     await self.store.delete(record.run, version=record.version or "")
                     return None
+                return record
+            if not self._looks_at(record, now):
                 return record
             async with looks:
                 return await self._follow(record)
@@ -516,6 +538,7 @@ class Follower:
         return Event(kind=Kind(record.kind), event_id=f"{record.event_id}/fallback-{n}", time=record.notice_at)
 
     async def _save(self, record: FollowUp) -> FollowUp:
+        record = replace(record, looked_by=self.replica)
         version = await self.store.put(record.run, record.as_json(), version=record.version)
         if version is None:
             raise RecordChanged(f"the follow-up of {record.run} was changed by another replica; looked at again "

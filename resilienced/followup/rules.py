@@ -87,7 +87,9 @@ class FollowUp:
     ``on-demand``) or reservation ids -> ISO time until which they are not tried again for this
     run; ``moving``: a move decided and not yet recorded as made (``{"to": decision, "event_id",
     "from", "stage", "reason"}``): whoever takes the follow-up over applies that move again
-    (idempotent) instead of deciding another; ``version``: the store's, not serialised.
+    (idempotent) instead of deciding another; ``looked_by``: the replica whose follower wrote it
+    last, which looks at it every pass (the others once it has waited in its stage a while:
+    ``Follower._looks_at``); ``version``: the store's, not serialised.
     """
 
     run: str
@@ -115,6 +117,7 @@ class FollowUp:
     evidence: str | None = None
     ledgers: tuple[Mapping[str, JsonValue], ...] = ()  # the run's recoveries' ledgers (resilienced.ops.ledger), newest last
     bought: Mapping[str, JsonValue] = field(default_factory=dict)  # reservation id -> the offering a move bought
+    looked_by: str | None = field(default=None, compare=False)  # the replica that wrote it last
     version: str | None = field(default=None, compare=False)
 
     @property

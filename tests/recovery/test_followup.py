@@ -21,6 +21,7 @@ import json
 from collections import Counter
 import time
 from collections.abc import AsyncIterator, Callable
+from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
@@ -569,3 +570,32 @@ async def test_an_unreadable_follow_up_record_is_skipped_and_said(world: Follow,
     said = {line["lease"]: line["error"] for line in logs if line["event"] == "follow-up record unreadable"}
     assert set(said) == {"resilienced-fu-cut", "resilienced-fu-list"}, logs
     assert said["resilienced-fu-list"] == "not a JSON object but list"
+
+
+async def test_another_replica_looks_at_a_run_once_it_has_waited_in_its_stage(
+        api: Any, kubeapi: KubeApiServer, s3: Any) -> None:
+    """The replica that wrote a run's record last looks at it every pass; another leaves it alone
+    until it has waited in its stage ``min(bound / 2, TAKEOVER_PASSES x interval)`` (its writer may
+    be gone), so two replicas do not race for every write of every run (issue #45)."""
+    from resilienced.followup.follower import TAKEOVER_PASSES
+
+    from .test_followup_reads import leases_written
+    from .test_followup_writes import BLOCK_LABELS
+
+    async with two_replicas(api, kubeapi, s3) as (a, b, clock):
+        for name, n in (("b1", 11), ("b2", 12)):  # the block's Nodes: the workers are bound at once
+            obj = node(name, instance(n), capacity="reserved")
+            obj["metadata"]["labels"].update(BLOCK_LABELS)
+            kubeapi.create(obj)
+        await requeued_onto_the_block(a, when=clock[0])  # a's notice opened the follow-up
+        assert (await a.record())["looked_by"] == a.follower.replica == "replica-a"
+        b.follower.options = replace(b.follower.options, interval_s=5.0)
+        wait = min(BOUND / 2, timedelta(seconds=TAKEOVER_PASSES * 5.0))
+        await resume_record(s3, at=clock[0] + timedelta(seconds=1), step=5)  # the run trains again
+        b.later(wait - timedelta(seconds=1))
+        kubeapi.reset_log()
+        (left,) = await b.pass_once()
+        assert (left.state, left.looked_by) == ("following", "replica-a") and leases_written(kubeapi) == 0
+        b.later(timedelta(seconds=1))
+        (taken,) = await b.pass_once()
+        assert (taken.state, taken.looked_by) == ("resumed", "replica-b")
