@@ -589,8 +589,9 @@ async def test_another_replica_looks_at_a_run_once_it_has_waited_in_its_stage(
             kubeapi.create(obj)
         await requeued_onto_the_block(a, when=clock[0])  # a's notice opened the follow-up
         assert (await a.record())["looked_by"] == a.follower.replica == "replica-a"
-        b.follower.options = replace(b.follower.options, interval_s=5.0)
-        wait = min(BOUND / 2, timedelta(seconds=TAKEOVER_PASSES * 5.0))
+        b.follower.options = replace(b.follower.options, interval_s=2.0)
+        wait = timedelta(seconds=TAKEOVER_PASSES * 2.0)  # 12 s: sooner than half the bound (30 s)
+        assert wait < BOUND / 2
         await resume_record(s3, at=clock[0] + timedelta(seconds=1), step=5)  # the run trains again
         b.later(wait - timedelta(seconds=1))
         kubeapi.reset_log()

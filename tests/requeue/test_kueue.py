@@ -365,10 +365,16 @@ async def test_the_simulator_refuses_a_podset_change_while_the_workload_holds_qu
     seed_admitted_on_spot(kubeapi)
     custom = k8s.CustomObjectsApi(api)
     wl = kubeapi.list("workloads", namespace=NS)[0]
+    # seeded directly, so not defaulted: a port without its protocol (the schema defaults TCP)
+    wl["spec"]["podSets"][-1]["template"]["spec"]["containers"][0]["ports"] = [{"containerPort": 8265}]
+    wl = kubeapi.put(wl)
     name, podsets = wl["metadata"]["name"], wl["spec"]["podSets"]
     changed = [{**ps, "template": {**ps["template"], "spec": {**ps["template"]["spec"], "nodeSelector": {"x": "y"}}}}
                if i == len(podsets) - 1 else ps for i, ps in enumerate(podsets)]
     async with KueueSim(kubeapi, namespace=NS):
+        # a write that leaves the PodSets as they are stored (defaults and all) is taken
+        await custom.patch_namespaced_custom_object("kueue.x-k8s.io", "v1beta2", NS, "workloads", name,
+                                                    {"metadata": {"labels": {"seen": "yes"}}}, _content_type=MERGE)
         with pytest.raises(ApiException) as refused:
             await custom.patch_namespaced_custom_object("kueue.x-k8s.io", "v1beta2", NS, "workloads", name,
                                                         {"spec": {"podSets": changed}}, _content_type=MERGE)

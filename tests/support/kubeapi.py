@@ -1202,17 +1202,23 @@ class KubeApiServer:
         return self._commit(rtype, kind="ADDED", obj=obj, old=None)
 
     @staticmethod
-    def _admit(rtype: ResourceType, obj: JsonObj, *, version: str) -> JsonObj:
-        """A custom resource written over HTTP: pruned, then validated against its CRD schema (422)."""
-        if rtype.builtin:
-            return obj
-        api_version = rtype.api_version(version)
-        schema = crdschema.schema_for(api_version, rtype.kind)
+    def _defaulted(rtype: ResourceType, obj: JsonObj, *, version: str) -> JsonObj:
+        """A custom resource as its CRD schema stores it: pruned, its defaults filled in (a copy)."""
+        schema = None if rtype.builtin else crdschema.schema_for(rtype.api_version(version), rtype.kind)
         if schema is None:
             return obj
-        pruned = crdschema.prune(obj, schema, root=True)
+        pruned = crdschema.prune(copy.deepcopy(obj), schema, root=True)
         _schema_default(pruned, {**schema, "properties": {k: v for k, v in (schema.get("properties") or {}).items()
                                                           if k != "metadata"}})
+        return pruned
+
+    @classmethod
+    def _admit(cls, rtype: ResourceType, obj: JsonObj, *, version: str) -> JsonObj:
+        """A custom resource written over HTTP: pruned, then validated against its CRD schema (422)."""
+        schema = None if rtype.builtin else crdschema.schema_for(rtype.api_version(version), rtype.kind)
+        if schema is None:
+            return obj
+        pruned = cls._defaulted(rtype, obj, version=version)
         body = {k: v for k, v in pruned.items() if k != "metadata"}
         checked = {**schema, "properties": {k: v for k, v in (schema.get("properties") or {}).items() if k != "metadata"}}
         found = sorted({_schema_error(e) for e in jsonschema.Draft7Validator(checked).iter_errors(body)})
@@ -1309,9 +1315,12 @@ class KubeApiServer:
             if not status_only:
                 self._validate(rtype, _view(rtype, result), old=_view(rtype, current))
             result = self._admit(rtype, result, version=schema_version)
-            if not status_only:
+            if not status_only and self.webhooks:
+                # the real server hands a webhook the old object as stored: written through it, so
+                # defaulted; one a test seeded directly is defaulted here the same way
+                old = self._defaulted(rtype, current, version=schema_version)
                 for webhook in self.webhooks:
-                    webhook(rtype, result, current)
+                    webhook(rtype, result, old)
         if _without_rv(result) == _without_rv(current):
             return copy.deepcopy(current)  # a no-op write keeps its resourceVersion, as on the real server
         meta = result["metadata"]
