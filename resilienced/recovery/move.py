@@ -173,8 +173,9 @@ class Mover:
 
 
 async def read_follow_up(store: FollowUpStore, run: str, *, logger: log.Logger) -> FollowUp | None:
-    """The run's follow-up record, or None (none, or unreadable: a corrupt record must not block
-    the run, it is replaced)."""
+    """The run's follow-up record, or None (none, or unreadable: said in the log; the run is moved
+    all the same, but a follow-up opened for it finds the unreadable record in its place and is
+    not written: the stores do not hand back an unreadable record's version yet)."""
     found = await store.get(run)
     if found is None:
         return None
