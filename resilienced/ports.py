@@ -106,8 +106,9 @@ class Cluster(Protocol):
         self, *, instance_ids: Sequence[str], capacity_reservation_id: str | None = None
     ) -> Location: ...
 
-    async def cordon(self, target: Target, *, reason: str, deadline: datetime | None) -> None:
-        """Keep new work off the target's node (kubernetes: NoSchedule taint; ray: nothing)."""
+    async def cordon(self, target: Target, *, reason: str, deadline: datetime | None) -> bool:
+        """Keep new work off the target's node (kubernetes: NoSchedule taint; ray: nothing); whether
+        a node carries the cordon now (False: no node to mark, or ray mode)."""
         ...
 
     async def record(

@@ -136,8 +136,8 @@ class KubeCluster:
     ) -> Location:
         return await self.locator.locate(instance_ids=instance_ids, capacity_reservation_id=capacity_reservation_id)
 
-    async def cordon(self, target: Target, *, reason: str, deadline: datetime | None) -> None:
-        await self.marks.cordon(target, reason=reason, deadline=deadline)
+    async def cordon(self, target: Target, *, reason: str, deadline: datetime | None) -> bool:
+        return await self.marks.cordon(target, reason=reason, deadline=deadline)
 
     async def record(self, target: Target, *, reason: str, message: str, warning: bool = False,
                      once: str | None = None) -> None:

@@ -78,17 +78,19 @@ class Marks:
         found = self._caches.nodes.by_index("instance", instance) if instance else []
         return (name_of(found[0]) or None) if found else None
 
-    async def cordon(self, target: Target, *, reason: str, deadline: datetime | None) -> None:
+    async def cordon(self, target: Target, *, reason: str, deadline: datetime | None) -> bool:
         """Taint the Node ``resilienced.io/interruption=<reason>:NoSchedule`` (once; patch, not replace).
 
         Node taints have no strategic-merge key, so the patch carries the whole list, guarded by
         the resourceVersion it was read at; a 409 re-reads the Node and tries again.  A target
         without a Node name (an instance whose Node runs no Ray pod any more: a notice that came
         after its run was moved, issue #45) is the Node of its instance, if the cache has one.
+        Whether the Node carries resilienced's cordon now (False: no Node, or gone).
         """
         name = target.node or self._node_of(target.instance_id)
-        if name is not None:
-            await self._cordon(name, reason=reason, deadline=deadline, event_id=None)
+        if name is None:
+            return False
+        return await self._cordon(name, reason=reason, deadline=deadline, event_id=None) != "gone"
 
     def cordon_claimable(self, instance_id: str, *, event_id: str) -> bool:
         """``ports.CordonClaims``: the instance's Node is in the cache, without resilienced's cordon

@@ -210,10 +210,11 @@ class RayModeCluster:
                     break
         return out
 
-    async def cordon(self, target: Target, *, reason: str, deadline: datetime | None) -> None:
-        """Nothing to do in ray mode: a draining Ray node takes no new work already."""
+    async def cordon(self, target: Target, *, reason: str, deadline: datetime | None) -> bool:
+        """Nothing to do in ray mode: a draining Ray node takes no new work already (False)."""
         log.info("ray mode: no cordon; the drain keeps new work off its Ray nodes",
                  instance_id=target.instance_id, reason=reason)
+        return False
 
     async def record(
         self, target: Target, *, reason: str, message: str, warning: bool = False,

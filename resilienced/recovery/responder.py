@@ -536,16 +536,16 @@ class Recovery:
 
     async def _cordon_runless(self, plan: Plan, found: Targets) -> list[str]:
         """Cordon the Nodes of the plan's instances that run no Ray pod of a run (any more: a notice
-        handled after its run was moved finds the pods deleted, issue #45); the instances done.
-        In ray mode there is nothing to cordon and none is reported."""
-        if Step.SIGNAL not in plan.steps or self.cluster.mode != "kubernetes":
+        handled after its run was moved finds the pods deleted, issue #45); the instances whose node
+        carries the cordon (none without a Node, nor in ray mode: nothing to cordon there)."""
+        if Step.SIGNAL not in plan.steps:
             return []
         lone = [i for i in found.instance_ids if i in found.unresolved]
         bare = [Target(instance_id=i, node=None, ray_cluster=None, ray_job=None, ray_node_ids=(),
                        checkpoint_uri=None) for i in lone]
-        await asyncio.gather(*(self.cluster.cordon(t, reason=plan.event.kind.value, deadline=self._deadline(plan, t))
-                               for t in bare))
-        return lone
+        marked = await asyncio.gather(*(self.cluster.cordon(t, reason=plan.event.kind.value,
+                                                             deadline=self._deadline(plan, t)) for t in bare))
+        return [i for i, done in zip(lone, marked) if done]
 
     async def _lead(self, plan: Plan, target: Target, *, holder: str, wave: Wave[RunReport] | None) -> RunReport:
         """The run's steps under its run claim (``claims.held_claim``: renewed every third of its

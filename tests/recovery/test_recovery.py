@@ -707,3 +707,12 @@ async def test_in_ray_mode_an_instance_without_a_run_is_not_reported_cordoned() 
     assert instance(2) in outcome.details["unresolved"], outcome.details
     assert "cordoned" not in outcome.details, outcome.details
     assert gcs.drains == []
+
+
+async def test_an_instance_without_a_node_is_not_reported_cordoned(world: World) -> None:
+    """An instance the cluster has no Node for has nothing to cordon: it is reported unresolved,
+    never ``cordoned`` (``Cluster.cordon`` says whether a Node carries the cordon)."""
+    outcome = await world.recovery.act(spot_notice(9, when=datetime.now(timezone.utc)), holder="replica-a/m1")
+    assert instance(9) in outcome.details["unresolved"], outcome.details
+    assert "cordoned" not in outcome.details, outcome.details
+    assert world.gcs.drains == []
