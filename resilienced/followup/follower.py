@@ -268,8 +268,7 @@ class Follower:
         (it comes at the stage's bound)."""
         if record.looked_by in (None, self.replica) or record.moving is not None:
             return True
-        wait = min(self.options.bounds.of(Stage(record.stage)) / 2,
-                   timedelta(seconds=TAKEOVER_PASSES * self.options.interval_s))
+        wait = min(self._half_bound(record), timedelta(seconds=TAKEOVER_PASSES * self.options.interval_s))
         return now - record.stage_since >= wait
 
     async def pass_once(self) -> list[FollowUp]:
@@ -381,7 +380,11 @@ class Follower:
         time it changes (issue #45: under load a run's record was written once per pod bound)."""
         if record.evidence is None or record.state == State.STUCK.value:
             return True
-        return self.clock() - record.stage_since >= self.options.bounds.of(Stage(record.stage)) / 2
+        return self.clock() - record.stage_since >= self._half_bound(record)
+
+    def _half_bound(self, record: FollowUp) -> timedelta:
+        """Half the bound of the record's stage: a stall nears (evidence is written, another replica looks)."""
+        return self.options.bounds.of(Stage(record.stage)) / 2
 
     def _advance(self, record: FollowUp, seen: StageSeen) -> FollowUp:
         """``record`` at the stage after its current one, which ``seen`` reached; not saved here (the
